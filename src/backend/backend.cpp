@@ -1,0 +1,39 @@
+#include "backend/backend.h"
+
+namespace primus {
+
+void Backend::unimplemented(const char* op) const {
+  throw RuntimeError(fmt::format("[op {}] not implemented on backend {}", op, name()));
+}
+
+void Backend::gemm(const GemmArgs&) { unimplemented("gemm"); }
+void Backend::embedding_forward(const EmbeddingArgs&) { unimplemented("embedding_forward"); }
+void Backend::embedding_backward(const EmbeddingArgs&) { unimplemented("embedding_backward"); }
+void Backend::rmsnorm_forward(const RmsNormArgs&) { unimplemented("rmsnorm_forward"); }
+void Backend::rmsnorm_backward(const RmsNormArgs&) { unimplemented("rmsnorm_backward"); }
+void Backend::rope_forward(const RopeArgs&) { unimplemented("rope_forward"); }
+void Backend::rope_backward(const RopeArgs&) { unimplemented("rope_backward"); }
+void Backend::attention_forward(const AttentionArgs&) { unimplemented("attention_forward"); }
+void Backend::attention_backward(const AttentionArgs&) { unimplemented("attention_backward"); }
+void Backend::swiglu_forward(const SwiGluArgs&) { unimplemented("swiglu_forward"); }
+void Backend::swiglu_backward(const SwiGluArgs&) { unimplemented("swiglu_backward"); }
+void Backend::cross_entropy_forward(const CrossEntropyArgs&) { unimplemented("cross_entropy_forward"); }
+void Backend::cross_entropy_backward(const CrossEntropyArgs&) { unimplemented("cross_entropy_backward"); }
+void Backend::adamw_step(const AdamWArgs&) { unimplemented("adamw_step"); }
+void Backend::add_inplace(Tensor&, const Tensor&) { unimplemented("add_inplace"); }
+void Backend::scale_inplace(Tensor&, float) { unimplemented("scale_inplace"); }
+double Backend::sum_squares(const Tensor&) { unimplemented("sum_squares"); }
+
+namespace {
+Backend* g_backends[2] = {nullptr, nullptr};
+}
+
+Backend& backend_for(Device device) {
+  Backend* backend = g_backends[static_cast<int>(device.type)];
+  if (backend == nullptr) throw RuntimeError(fmt::format("no backend for device {} (not built or not started)", device.str()));
+  return *backend;
+}
+
+void register_backend(DeviceType type, Backend* backend) { g_backends[static_cast<int>(type)] = backend; }
+
+}  // namespace primus

@@ -1,0 +1,135 @@
+// The backend seam: one virtual entry per op family, with typed argument structs.
+// The CPU backend is the numerical spec; device backends (CUDA now, HIP later) override entries.
+// An entry a backend does not implement throws naming the op and the backend.
+//
+// Conventions: row-major, contiguous tensors; shapes are written next to each field.
+// "accumulate" outputs are added to (gradients); all others are overwritten.
+#pragma once
+
+#include <string>
+
+#include "core/tensor.h"
+
+namespace primus {
+
+// C = alpha * op(A) · op(B) + beta * C, op(X) = X or Xᵀ. A: [M,K] (or [K,M] if trans_a), B: [K,N] (or [N,K]).
+struct GemmArgs {
+  const Tensor* a = nullptr;
+  const Tensor* b = nullptr;
+  Tensor* c = nullptr;  // [M, N]
+  bool trans_a = false;
+  bool trans_b = false;
+  float alpha = 1.0f;
+  float beta = 0.0f;
+};
+
+struct EmbeddingArgs {
+  const Tensor* ids = nullptr;    // [N] i32
+  const Tensor* table = nullptr;  // [V, C]  (forward)
+  Tensor* out = nullptr;          // [N, C]  (forward)
+  const Tensor* dout = nullptr;   // [N, C]  (backward)
+  Tensor* dtable = nullptr;       // [V, C]  (backward, accumulate)
+};
+
+struct RmsNormArgs {
+  const Tensor* x = nullptr;       // [N, C]
+  const Tensor* weight = nullptr;  // [C]
+  float eps = 1e-5f;
+  Tensor* y = nullptr;             // [N, C]  (forward)
+  Tensor* rstd = nullptr;          // [N]     (forward writes, backward reads) 1/sqrt(mean(x²)+eps)
+  const Tensor* dy = nullptr;      // [N, C]  (backward)
+  Tensor* dx = nullptr;            // [N, C]  (backward)
+  Tensor* dweight = nullptr;       // [C]     (backward, accumulate)
+};
+
+// Rotary embedding in the Hugging Face "rotate half" layout: pair (i, i + D/2) rotates by angle[t, i].
+// Applied in place. backward applies the inverse rotation to the incoming gradient.
+struct RopeArgs {
+  Tensor* x = nullptr;            // [B, T, H, D]
+  const Tensor* cos = nullptr;    // [T, D/2]
+  const Tensor* sin = nullptr;    // [T, D/2]
+};
+
+// Causal grouped-query attention, softmax scale 1/sqrt(D). Query head h reads kv head h / (Hq / Hkv).
+struct AttentionArgs {
+  const Tensor* q = nullptr;    // [B, T, Hq, D]
+  const Tensor* k = nullptr;    // [B, T, Hkv, D]
+  const Tensor* v = nullptr;    // [B, T, Hkv, D]
+  Tensor* out = nullptr;        // [B, T, Hq, D]  (forward writes, backward reads)
+  Tensor* lse = nullptr;        // [B, Hq, T]     log-sum-exp of scaled scores (forward writes, backward reads)
+  const Tensor* dout = nullptr; // [B, T, Hq, D]  (backward)
+  Tensor* dq = nullptr;         // [B, T, Hq, D]  (backward)
+  Tensor* dk = nullptr;         // [B, T, Hkv, D] (backward)
+  Tensor* dv = nullptr;         // [B, T, Hkv, D] (backward)
+};
+
+// SwiGLU: out = silu(gate) * up.
+struct SwiGluArgs {
+  const Tensor* gate = nullptr;  // [N, F]
+  const Tensor* up = nullptr;    // [N, F]
+  Tensor* out = nullptr;         // [N, F]  (forward)
+  const Tensor* dout = nullptr;  // [N, F]  (backward)
+  Tensor* dgate = nullptr;       // [N, F]  (backward)
+  Tensor* dup = nullptr;         // [N, F]  (backward)
+};
+
+// Softmax cross-entropy per row. Rows whose target is negative are ignored (loss 0, gradient 0).
+struct CrossEntropyArgs {
+  const Tensor* logits = nullptr;   // [N, V]
+  const Tensor* targets = nullptr;  // [N] i32
+  Tensor* losses = nullptr;         // [N]  (forward) -log softmax(logits)[target]
+  Tensor* lse = nullptr;            // [N]  (forward writes, backward reads)
+  float grad_scale = 1.0f;          // (backward) dL/dloss_i for every counted row, e.g. 1/num_tokens
+  Tensor* dlogits = nullptr;        // [N, V] (backward; may alias logits)
+};
+
+// Decoupled-weight-decay Adam (Loshchilov & Hutter), one step, in place, with bias correction.
+struct AdamWArgs {
+  Tensor* param = nullptr;        // [n] f32 master weights
+  const Tensor* grad = nullptr;   // [n] f32
+  Tensor* exp_avg = nullptr;      // [n] f32 first moment
+  Tensor* exp_avg_sq = nullptr;   // [n] f32 second moment
+  float lr = 0.0f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+  int64_t step = 1;               // 1-based step count for bias correction
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  virtual Device device() const = 0;
+
+  virtual void gemm(const GemmArgs& args);
+  virtual void embedding_forward(const EmbeddingArgs& args);
+  virtual void embedding_backward(const EmbeddingArgs& args);
+  virtual void rmsnorm_forward(const RmsNormArgs& args);
+  virtual void rmsnorm_backward(const RmsNormArgs& args);
+  virtual void rope_forward(const RopeArgs& args);
+  virtual void rope_backward(const RopeArgs& args);
+  virtual void attention_forward(const AttentionArgs& args);
+  virtual void attention_backward(const AttentionArgs& args);
+  virtual void swiglu_forward(const SwiGluArgs& args);
+  virtual void swiglu_backward(const SwiGluArgs& args);
+  virtual void cross_entropy_forward(const CrossEntropyArgs& args);
+  virtual void cross_entropy_backward(const CrossEntropyArgs& args);
+  virtual void adamw_step(const AdamWArgs& args);
+  // y += x (same shape)
+  virtual void add_inplace(Tensor& y, const Tensor& x);
+  // x *= s
+  virtual void scale_inplace(Tensor& x, float s);
+  // Σ x² accumulated in double, in an order that does not depend on thread scheduling.
+  virtual double sum_squares(const Tensor& x);
+
+ protected:
+  [[noreturn]] void unimplemented(const char* op) const;
+};
+
+// The backend that owns tensors on this device. The CPU backend always exists.
+Backend& backend_for(Device device);
+void register_backend(DeviceType type, Backend* backend);
+
+}  // namespace primus

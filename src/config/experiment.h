@@ -1,0 +1,84 @@
+// The typed result of loading an experiment config: every value the program uses, already validated.
+// Layers and trainers read these structs; nothing looks options up by string after loading.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace primus {
+
+// Model shape keys (Megatron-LM argument names). Filled from the model preset, then overrides.
+struct ModelArgs {
+  std::string preset;                  // as written in modules.<m>.model (name or path)
+  int64_t num_layers = 0;
+  int64_t hidden_size = 0;
+  int64_t ffn_hidden_size = 0;
+  int64_t num_attention_heads = 0;
+  int64_t num_query_groups = 0;        // resolved: equals num_attention_heads unless group_query_attention
+  int64_t kv_channels = 0;             // resolved head dim: hidden_size / heads unless given
+  int64_t vocab_size = 0;              // resolved: the preset's value, or the tokenizer's padded size
+  int64_t max_position_embeddings = 0;
+  double rotary_base = 10000.0;
+  bool use_rope_scaling = false;       // Llama 3.1 frequency scaling
+  double rope_scaling_factor = 8.0;
+  double rope_scaling_low_freq_factor = 1.0;
+  double rope_scaling_high_freq_factor = 4.0;
+  int64_t rope_scaling_original_max_position_embeddings = 8192;
+  double norm_epsilon = 1e-5;
+  bool qk_layernorm = false;           // Qwen3: RMSNorm over head_dim on q and k before RoPE
+  bool untie_embeddings_and_output_weights = false;
+  double init_method_std = 0.02;
+};
+
+// Training keys (Megatron-LM argument names).
+struct TrainingArgs {
+  int64_t train_iters = 0;
+  int64_t micro_batch_size = 1;
+  int64_t global_batch_size = 1;
+  int64_t seq_length = 0;
+  int64_t data_parallel_size = 1;      // derived: world size / (tensor × pipeline parallel); 1 for now
+  double lr = 0.0;
+  double min_lr = 0.0;
+  int64_t lr_warmup_iters = 0;
+  std::string lr_decay_style = "cosine";  // constant | linear | cosine
+  int64_t lr_decay_iters = 0;          // resolved: train_iters when not given
+  double weight_decay = 0.01;
+  double adam_beta1 = 0.9;
+  double adam_beta2 = 0.999;
+  double adam_eps = 1e-8;
+  double clip_grad = 1.0;              // 0 disables clipping
+  int64_t seed = 1234;
+  int64_t log_interval = 100;
+  int64_t eval_interval = 1000;        // 0 disables evaluation
+  int64_t eval_iters = 100;
+  std::string save;                    // checkpoint directory; empty: <run dir>/checkpoints
+  int64_t save_interval = 0;           // 0: save only at the end
+  std::string load;                    // directory to resume from; empty: same as save
+  std::string pretrained_checkpoint;   // Hugging Face model directory to start from (weights only)
+  bool mock_data = false;
+  std::vector<std::string> data_path;  // text files or directories (byte-level tokenizer for now)
+  std::string split = "969,30,1";
+  std::string tokenizer_type = "ByteLevelTokenizer";
+  std::string device = "auto";         // auto | cpu
+  int64_t sample_length = 0;           // tokens to generate at the end of training (0: none)
+  std::string sample_prompt;
+};
+
+struct ExperimentConfig {
+  std::string source_path;             // the experiment file as given
+  std::string work_group;
+  std::string user_name;
+  std::string exp_name;
+  std::string workspace;
+  std::map<std::string, std::string> env;  // applied to the process environment before the run
+  std::string module_name;             // "pre_trainer"
+  std::string framework;               // "megatron"
+  ModelArgs model;
+  TrainingArgs train;
+  std::string effective_yaml;          // the merged config, written to <run dir>/config.yaml
+  std::string run_dir() const { return workspace + "/" + exp_name; }
+};
+
+}  // namespace primus

@@ -1,0 +1,50 @@
+// Errors and exit codes. Library code throws; only main() turns an Error into an exit code.
+//   UsageError   -> exit 2: bad arguments, config, or user input (files named by the user).
+//   RuntimeError -> exit 3: failures while running (corrupt checkpoint, I/O error, broken invariant).
+#pragma once
+
+#include <fmt/format.h>
+
+#include <stdexcept>
+#include <string>
+
+namespace primus {
+
+enum ExitCode : int {
+  kExitOk = 0,
+  kExitChecksFailed = 1,
+  kExitUsage = 2,
+  kExitRuntime = 3,
+};
+
+class Error : public std::runtime_error {
+ public:
+  Error(int exit_code, const std::string& message) : std::runtime_error(message), exit_code_(exit_code) {}
+  int exit_code() const { return exit_code_; }
+
+ private:
+  int exit_code_;
+};
+
+// Bad input from the user: arguments, config files, data paths. Exit code 2.
+class UsageError : public Error {
+ public:
+  explicit UsageError(const std::string& message) : Error(kExitUsage, message) {}
+};
+
+// A failure while running: I/O, corrupt files, broken invariants. Exit code 3.
+class RuntimeError : public Error {
+ public:
+  explicit RuntimeError(const std::string& message) : Error(kExitRuntime, message) {}
+};
+
+[[noreturn]] void throw_check_failure(const char* expr, const char* file, int line, const std::string& message);
+
+}  // namespace primus
+
+// Invariant check that stays on in release builds. Throws RuntimeError naming the expression and place.
+// Usage: PRIMUS_CHECK(a.numel() == b.numel(), "[op rmsnorm] x has {} elements, w {}", a.numel(), b.numel());
+#define PRIMUS_CHECK(cond, ...)                                                           \
+  do {                                                                                    \
+    if (!(cond)) ::primus::throw_check_failure(#cond, __FILE__, __LINE__, fmt::format(__VA_ARGS__)); \
+  } while (0)

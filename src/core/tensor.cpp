@@ -1,0 +1,126 @@
+#include "core/tensor.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+
+namespace primus {
+
+namespace {
+
+class CpuAllocator : public Allocator {
+ public:
+  void* allocate(size_t bytes) override {
+    // 64-byte alignment for SIMD; aligned_alloc needs a size that is a multiple of the alignment.
+    size_t rounded = (bytes + 63) / 64 * 64;
+    void* ptr = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+    if (ptr == nullptr) throw RuntimeError(fmt::format("out of host memory allocating {} bytes", bytes));
+    return ptr;
+  }
+  void deallocate(void* ptr, size_t) override { std::free(ptr); }
+  Device device() const override { return kCpuDevice; }
+};
+
+CpuAllocator g_cpu_allocator;
+Allocator* g_allocators[2] = {&g_cpu_allocator, nullptr};
+
+}  // namespace
+
+Allocator& allocator_for(Device device) {
+  Allocator* allocator = g_allocators[static_cast<int>(device.type)];
+  if (allocator == nullptr) throw RuntimeError(fmt::format("no allocator for device {} (backend not built or not started)", device.str()));
+  return *allocator;
+}
+
+void register_allocator(DeviceType type, Allocator* allocator) { g_allocators[static_cast<int>(type)] = allocator; }
+
+int64_t shape_numel(const Shape& shape) {
+  return std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<int64_t>());
+}
+
+std::string shape_str(const Shape& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
+
+Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device), allocator_(&allocator_for(device)) {
+  data_ = allocator_->allocate(bytes);
+}
+
+Storage::~Storage() { allocator_->deallocate(data_, bytes_); }
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+  for (int64_t d : shape) PRIMUS_CHECK(d >= 0, "negative dimension in shape {}", shape_str(shape));
+  Tensor t;
+  t.shape_ = shape;
+  t.dtype_ = dtype;
+  t.storage_ = std::make_shared<Storage>(t.nbytes(), device);
+#ifndef NDEBUG
+  if (device.is_cpu()) std::memset(t.storage_->data(), 0xFF, t.nbytes());  // NaN for floats: catches reads of unset memory
+#endif
+  return t;
+}
+
+Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
+  Tensor t = empty(shape, dtype, device);
+  t.zero();
+  return t;
+}
+
+int64_t Tensor::dim(int i) const {
+  int n = ndim();
+  int k = i < 0 ? i + n : i;
+  PRIMUS_CHECK(k >= 0 && k < n, "dim {} out of range for tensor {}", i, describe());
+  return shape_[k];
+}
+
+std::string Tensor::describe() const {
+  return fmt::format("{} {} {}", shape_str(shape_), dtype_name(dtype_), device().str());
+}
+
+void* Tensor::data() const {
+  PRIMUS_CHECK(defined(), "access to an undefined tensor");
+  return static_cast<char*>(storage_->data()) + offset_bytes_;
+}
+
+float* Tensor::f32() const {
+  PRIMUS_CHECK(dtype_ == DType::kF32, "expected f32 tensor, got {}", describe());
+  return static_cast<float*>(data());
+}
+
+int32_t* Tensor::i32() const {
+  PRIMUS_CHECK(dtype_ == DType::kI32, "expected i32 tensor, got {}", describe());
+  return static_cast<int32_t*>(data());
+}
+
+Tensor Tensor::slice_elements(int64_t offset, const Shape& shape) const {
+  PRIMUS_CHECK(offset >= 0 && offset + shape_numel(shape) <= numel(), "slice [{}, +{}) outside tensor {}", offset,
+               shape_numel(shape), describe());
+  Tensor t = *this;
+  t.offset_bytes_ += static_cast<size_t>(offset) * dtype_size(dtype_);
+  t.shape_ = shape;
+  return t;
+}
+
+Tensor Tensor::reshape(const Shape& shape) const {
+  PRIMUS_CHECK(shape_numel(shape) == numel(), "cannot reshape {} to {}", describe(), shape_str(shape));
+  Tensor t = *this;
+  t.shape_ = shape;
+  return t;
+}
+
+void Tensor::fill(float value) const {
+  PRIMUS_CHECK(device().is_cpu(), "fill on {} needs the backend", describe());
+  float* p = f32();
+  std::fill(p, p + numel(), value);
+}
+
+void Tensor::zero() const {
+  PRIMUS_CHECK(device().is_cpu(), "zero on {} needs the backend", describe());
+  std::memset(data(), 0, nbytes());
+}
+
+void Tensor::copy_from(const Tensor& other) const {
+  PRIMUS_CHECK(dtype_ == other.dtype_ && numel() == other.numel(), "copy {} <- {}", describe(), other.describe());
+  PRIMUS_CHECK(device().is_cpu() && other.device().is_cpu(), "copy between devices needs the backend");
+  std::memcpy(data(), other.data(), nbytes());
+}
+
+}  // namespace primus

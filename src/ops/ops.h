@@ -1,0 +1,41 @@
+// Op entry points: check shapes, dtypes and devices with messages that name the op, then dispatch
+// to the backend that owns the tensors. Layers call only these, never a backend directly.
+#pragma once
+
+#include "backend/backend.h"
+
+namespace primus::ops {
+
+// y[N,out] = x[N,in] · w[out,in]ᵀ  (PyTorch/HF Linear layout)
+void linear_forward(const Tensor& x, const Tensor& w, Tensor& y);
+// dx[N,in] = dy · w (overwritten) ; dw[out,in] += dyᵀ · x (accumulated). Either output may be undefined (skipped).
+void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor& dx, Tensor& dw);
+void gemm(const GemmArgs& args);
+
+void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out);
+void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable);
+
+void rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, Tensor& y, Tensor& rstd);
+void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd, Tensor& dx,
+                      Tensor& dweight);
+
+void rope_forward(Tensor& x, const Tensor& cos, const Tensor& sin);
+void rope_backward(Tensor& dx, const Tensor& cos, const Tensor& sin);
+
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse);
+void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                        const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv);
+
+void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& out);
+void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dout, Tensor& dgate, Tensor& dup);
+
+void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& losses, Tensor& lse);
+void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, float grad_scale,
+                            Tensor& dlogits);
+
+void adamw_step(const AdamWArgs& args);
+void add_inplace(Tensor& y, const Tensor& x);
+void scale_inplace(Tensor& x, float s);
+double sum_squares(const Tensor& x);
+
+}  // namespace primus::ops

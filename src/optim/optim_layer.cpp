@@ -1,0 +1,1 @@
+// placeholder translation unit so the optim layer library exists before its code lands

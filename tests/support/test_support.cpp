@@ -1,0 +1,67 @@
+#include "support/test_support.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <vector>
+
+namespace primus::testing {
+
+Tensor random_tensor(const Shape& shape, Rng& rng, float scale) {
+  Tensor t = Tensor::empty(shape, DType::kF32);
+  float* p = t.f32();
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] = static_cast<float>(rng.normal()) * scale;
+  return t;
+}
+
+Tensor random_ids(const Shape& shape, int64_t vocab, Rng& rng) {
+  Tensor t = Tensor::empty(shape, DType::kI32);
+  int32_t* p = t.i32();
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] = static_cast<int32_t>(rng.below(static_cast<uint64_t>(vocab)));
+  return t;
+}
+
+double relative_error(const Tensor& a, const Tensor& b) {
+  PRIMUS_CHECK(a.numel() == b.numel(), "relative_error: {} vs {}", a.describe(), b.describe());
+  double diff = 0, ref = 0;
+  const float* pa = a.f32();
+  const float* pb = b.f32();
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    double d = static_cast<double>(pa[i]) - pb[i];
+    diff += d * d;
+    ref += static_cast<double>(pb[i]) * pb[i];
+  }
+  return std::sqrt(diff) / std::max(std::sqrt(ref), 1e-30);
+}
+
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  PRIMUS_CHECK(a.numel() == b.numel(), "max_abs_diff: {} vs {}", a.describe(), b.describe());
+  double m = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) m = std::max(m, std::fabs(static_cast<double>(a.f32()[i]) - b.f32()[i]));
+  return m;
+}
+
+std::string shakespeare_path() { return std::string(PRIMUS_TEST_SHARED_DIR) + "/data/tinyshakespeare.txt"; }
+std::string assets_dir() { return PRIMUS_TEST_ASSETS_DIR; }
+
+namespace {
+struct TempDirs {
+  std::vector<std::filesystem::path> dirs;
+  ~TempDirs() {
+    std::error_code ec;
+    for (auto& d : dirs) std::filesystem::remove_all(d, ec);
+  }
+};
+TempDirs g_temp_dirs;
+}  // namespace
+
+std::string temp_dir(const std::string& label) {
+  std::string pattern = (std::filesystem::temp_directory_path() / ("primus-" + label + "-XXXXXX")).string();
+  std::vector<char> buf(pattern.begin(), pattern.end());
+  buf.push_back('\0');
+  PRIMUS_CHECK(mkdtemp(buf.data()) != nullptr, "mkdtemp failed for {}", pattern);
+  g_temp_dirs.dirs.emplace_back(buf.data());
+  return buf.data();
+}
+
+}  // namespace primus::testing

@@ -1,0 +1,25 @@
+// Shared helpers for tests: fresh random tensors, comparisons, paths to test data.
+#pragma once
+
+#include <string>
+
+#include "core/rng.h"
+#include "core/tensor.h"
+
+namespace primus::testing {
+
+// A tensor of N(0, scale²) values from a generator seeded per test; never zeros.
+Tensor random_tensor(const Shape& shape, Rng& rng, float scale = 1.0f);
+// Random token ids in [0, vocab).
+Tensor random_ids(const Shape& shape, int64_t vocab, Rng& rng);
+// ||a - b|| / max(||b||, tiny): the relative error of a whole tensor.
+double relative_error(const Tensor& a, const Tensor& b);
+// max |a - b|
+double max_abs_diff(const Tensor& a, const Tensor& b);
+// ../shared/data/tinyshakespeare.txt (the corpus shipped beside the checkout)
+std::string shakespeare_path();
+std::string assets_dir();
+// A fresh empty directory under the system temp dir, removed at process exit.
+std::string temp_dir(const std::string& label);
+
+}  // namespace primus::testing
