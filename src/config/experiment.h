@@ -18,7 +18,8 @@ struct ModelArgs {
   int64_t num_attention_heads = 0;
   int64_t num_query_groups = 0;        // resolved: equals num_attention_heads unless group_query_attention
   int64_t kv_channels = 0;             // resolved head dim: hidden_size / heads unless given
-  int64_t vocab_size = 0;              // resolved: the preset's value, or the tokenizer's padded size
+  int64_t vocab_size = 0;              // 0 when not given: the trainer uses the tokenizer's size, padded
+  int64_t make_vocab_size_divisible_by = 128;
   int64_t max_position_embeddings = 0;
   double rotary_base = 10000.0;
   bool use_rope_scaling = false;       // Llama 3.1 frequency scaling
