@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs what Primus needs from Debian's packages (Debian 12 "bookworm").
+#   scripts/setup.sh          build dependencies and the default job's text (fortunes)
+#   scripts/setup.sh --test   also what the tests need (PyTorch and numpy for the parity tests)
+# Packages already present are skipped, so a second run costs nothing.
+set -euo pipefail
+
+packages=(cmake ninja-build ccache g++ pkg-config
+          libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev
+          libgtest-dev libgmock-dev libopenblas-openmp-dev
+          fortunes)
+if [[ "${1:-}" == "--test" ]]; then
+  packages+=(python3 python3-torch python3-numpy)
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if (( ${#missing[@]} )); then
+  echo "setup: installing ${missing[*]}"
+  sudo_cmd=()
+  [[ $(id -u) -eq 0 ]] || sudo_cmd=(sudo)
+  "${sudo_cmd[@]}" apt-get update -q
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+else
+  echo "setup: all Debian packages present"
+fi

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# README command 2: install, build, and run every test (ctest), then the config/CLI error tests again
+# under AddressSanitizer + UndefinedBehaviorSanitizer.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh --test
+export CCACHE_DIR="${CCACHE_DIR:-$PWD/.ccache}"
+bash scripts/build.sh -DPRIMUS_WERROR=ON
+ctest --test-dir build --output-on-failure -j"$(nproc)"
+
+# Bad configs and bad arguments must fail cleanly under the sanitizers too.
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DPRIMUS_WERROR=ON \
+  -DPRIMUS_SANITIZE=address,undefined >/dev/null
+cmake --build build-asan -j"$(nproc)" --target primus-cli config_errors_test cli_test
+ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure -R '^(ConfigErrors|Cli)' -j"$(nproc)"

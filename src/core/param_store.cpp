@@ -1,0 +1,53 @@
+#include "core/param_store.h"
+
+
+namespace primus {
+
+namespace {
+// FNV-1a: a hash of the name that is the same on every platform and build, so initial weights are too.
+uint64_t stable_hash(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+}  // namespace
+
+ParamStore::ParamStore(std::vector<ParamSpec> specs, Device device) : specs_(std::move(specs)) {
+  for (size_t i = 0; i < specs_.size(); ++i) {
+    PRIMUS_CHECK(index_.emplace(specs_[i].name, i).second, "duplicate parameter name {}", specs_[i].name);
+    offsets_.push_back(total_);
+    total_ += shape_numel(specs_[i].shape);
+  }
+  params_ = Tensor::empty({total_}, DType::kF32, device);
+  grads_ = Tensor::zeros({total_}, DType::kF32, device);
+}
+
+size_t ParamStore::find(const std::string& name) const {
+  auto it = index_.find(name);
+  PRIMUS_CHECK(it != index_.end(), "unknown parameter '{}'", name);
+  return it->second;
+}
+
+Tensor ParamStore::param(const std::string& name) const { return param(find(name)); }
+Tensor ParamStore::grad(const std::string& name) const { return grad(find(name)); }
+Tensor ParamStore::param(size_t i) const { return params_.slice_elements(offsets_[i], specs_[i].shape); }
+Tensor ParamStore::grad(size_t i) const { return grads_.slice_elements(offsets_[i], specs_[i].shape); }
+
+void ParamStore::initialize(uint64_t seed) {
+  PRIMUS_CHECK(params_.device().is_cpu(), "initialize on the host, then copy to the device");
+  for (size_t i = 0; i < specs_.size(); ++i) {
+    const ParamSpec& spec = specs_[i];
+    Tensor view = param(i);
+    float* p = view.f32();
+    if (spec.init == ParamInit::kOnes) {
+      view.fill(1.0f);
+      continue;
+    }
+    Rng rng = Rng::derive(seed, stable_hash(spec.name));
+    for (int64_t k = 0; k < view.numel(); ++k) p[k] = static_cast<float>(rng.normal() * spec.init_std);
+  }
+}
+
+void ParamStore::zero_grads() { grads_.zero(); }
+
+}  // namespace primus

@@ -1,0 +1,60 @@
+// Flat parameter storage with named views.
+// Parameters and their gradients each live in ONE contiguous buffer laid out from a spec table, in the
+// order of the table; layers, the optimizer and checkpoint I/O see named views into it. One buffer makes
+// fused optimizers, gradient-norm reductions, bucketed all-reduce and sharding simple later on.
+// Names follow Hugging Face (`model.layers.0.self_attn.q_proj.weight`).
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/rng.h"
+#include "core/tensor.h"
+
+namespace primus {
+
+enum class ParamInit { kNormal, kOnes };
+
+struct ParamSpec {
+  std::string name;
+  Shape shape;
+  ParamInit init = ParamInit::kNormal;
+  double init_std = 0.02;     // for kNormal
+  bool weight_decay = true;   // Megatron convention: no decay on 1-D tensors (norm weights, biases)
+};
+
+class ParamStore {
+ public:
+  ParamStore() = default;
+  ParamStore(std::vector<ParamSpec> specs, Device device);
+
+  const std::vector<ParamSpec>& specs() const { return specs_; }
+  int64_t numel() const { return total_; }
+  const Tensor& flat_params() const { return params_; }
+  const Tensor& flat_grads() const { return grads_; }
+  bool contains(const std::string& name) const { return index_.count(name) != 0; }
+  // Named views; throw RuntimeError naming the parameter when unknown.
+  Tensor param(const std::string& name) const;
+  Tensor grad(const std::string& name) const;
+  Tensor param(size_t i) const;
+  Tensor grad(size_t i) const;
+  int64_t offset(size_t i) const { return offsets_[i]; }
+
+  // Fills parameters from their specs; stream i of `seed` is used for spec i so a parameter's initial
+  // values do not depend on the other parameters (adding a layer does not change the first ones).
+  void initialize(uint64_t seed);
+  void zero_grads();
+
+ private:
+  size_t find(const std::string& name) const;
+
+  std::vector<ParamSpec> specs_;
+  std::vector<int64_t> offsets_;
+  std::map<std::string, size_t> index_;
+  int64_t total_ = 0;
+  Tensor params_;  // [total] f32
+  Tensor grads_;   // [total] f32
+};
+
+}  // namespace primus

@@ -1,0 +1,96 @@
+#include "layers/attention.h"
+
+#include "ops/ops.h"
+
+namespace primus {
+
+namespace {
+
+Tensor linear(const Tensor& x, const Tensor& w) {
+  Tensor y = Tensor::empty({x.dim(0), w.dim(0)}, DType::kF32, x.device());
+  ops::linear_forward(x, w, y);
+  return y;
+}
+
+// dw += dyᵀ · x, and dy · w goes into dx_sum: assigned when dx_sum is undefined, added otherwise
+// (a layer input that feeds several projections sums their gradients).
+void linear_grad(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor& dw, Tensor& dx_sum) {
+  Tensor dx = Tensor::empty(x.shape(), DType::kF32, x.device());
+  ops::linear_backward(x, w, dy, dx, dw);
+  if (dx_sum.defined()) {
+    ops::add_inplace(dx_sum, dx);
+  } else {
+    dx_sum = dx;
+  }
+}
+
+}  // namespace
+
+Tensor Attention::forward(const Tensor& x, const RopeTable& rope, AttentionSaved& saved) {
+  const auto [B, T, Hq, Hkv, D] = shape;
+  saved.input = x;
+  Tensor q = linear(x, wq);  // [N, Hq*D]
+  Tensor k = linear(x, wk);  // [N, Hkv*D]
+  Tensor v = linear(x, wv);  // [N, Hkv*D]
+  if (qk_norm) {
+    q = q_norm.forward(q.reshape({B * T * Hq, D}), saved.q_norm);
+    k = k_norm.forward(k.reshape({B * T * Hkv, D}), saved.k_norm);
+  }
+  saved.q = q.reshape({B, T, Hq, D});
+  saved.k = k.reshape({B, T, Hkv, D});
+  saved.v = v.reshape({B, T, Hkv, D});
+  ops::rope_forward(saved.q, rope.cos, rope.sin);
+  ops::rope_forward(saved.k, rope.cos, rope.sin);
+  saved.out = Tensor::empty({B, T, Hq, D}, DType::kF32, x.device());
+  saved.lse = Tensor::empty({B, Hq, T}, DType::kF32, x.device());
+  ops::attention_forward(saved.q, saved.k, saved.v, saved.out, saved.lse);
+  return linear(saved.out.reshape({B * T, Hq * D}), wo);
+}
+
+Tensor Attention::backward(const Tensor& dy, const RopeTable& rope, AttentionSaved& saved) {
+  const auto [B, T, Hq, Hkv, D] = shape;
+  Tensor dout;
+  linear_grad(saved.out.reshape({B * T, Hq * D}), wo, dy, dwo, dout);
+  Tensor dq = Tensor::empty({B, T, Hq, D}, DType::kF32, dy.device());
+  Tensor dk = Tensor::empty({B, T, Hkv, D}, DType::kF32, dy.device());
+  Tensor dv = Tensor::empty({B, T, Hkv, D}, DType::kF32, dy.device());
+  ops::attention_backward(saved.q, saved.k, saved.v, saved.out, saved.lse, dout.reshape({B, T, Hq, D}), dq, dk, dv);
+  ops::rope_backward(dq, rope.cos, rope.sin);
+  ops::rope_backward(dk, rope.cos, rope.sin);
+  Tensor dq_flat = dq.reshape({B * T, Hq * D});
+  Tensor dk_flat = dk.reshape({B * T, Hkv * D});
+  if (qk_norm) {
+    dq_flat = q_norm.backward(dq.reshape({B * T * Hq, D}), saved.q_norm).reshape({B * T, Hq * D});
+    dk_flat = k_norm.backward(dk.reshape({B * T * Hkv, D}), saved.k_norm).reshape({B * T, Hkv * D});
+  }
+  Tensor dx;
+  linear_grad(saved.input, wq, dq_flat, dwq, dx);
+  linear_grad(saved.input, wk, dk_flat, dwk, dx);
+  linear_grad(saved.input, wv, dv.reshape({B * T, Hkv * D}), dwv, dx);
+  saved = AttentionSaved();
+  return dx;
+}
+
+Tensor SwiGluMlp::forward(const Tensor& x, MlpSaved& saved) {
+  saved.input = x;
+  saved.gate = linear(x, w_gate);
+  saved.up = linear(x, w_up);
+  saved.act = Tensor::empty(saved.gate.shape(), DType::kF32, x.device());
+  ops::swiglu_forward(saved.gate, saved.up, saved.act);
+  return linear(saved.act, w_down);
+}
+
+Tensor SwiGluMlp::backward(const Tensor& dy, MlpSaved& saved) {
+  Tensor dact;
+  linear_grad(saved.act, w_down, dy, dw_down, dact);
+  Tensor dgate = Tensor::empty(saved.gate.shape(), DType::kF32, dy.device());
+  Tensor dup = Tensor::empty(saved.up.shape(), DType::kF32, dy.device());
+  ops::swiglu_backward(saved.gate, saved.up, dact, dgate, dup);
+  Tensor dx;
+  linear_grad(saved.input, w_gate, dgate, dw_gate, dx);
+  linear_grad(saved.input, w_up, dup, dw_up, dx);
+  saved = MlpSaved();
+  return dx;
+}
+
+}  // namespace primus

@@ -1,0 +1,58 @@
+// Self-attention block of Llama/Qwen3: q/k/v projections, optional per-head q/k RMSNorm (Qwen3),
+// rotary embedding, causal grouped-query attention, output projection.
+#pragma once
+
+#include "layers/basic_layers.h"
+#include "layers/rope_table.h"
+
+namespace primus {
+
+struct AttentionShape {
+  int64_t batch = 0;
+  int64_t seq = 0;
+  int64_t heads = 0;     // query heads
+  int64_t kv_heads = 0;  // key/value heads (groups)
+  int64_t head_dim = 0;
+};
+
+struct AttentionSaved {
+  Tensor input;          // [N, C]
+  Tensor q, k, v;        // [B, T, H, D] after norm and RoPE (what attention consumed)
+  Tensor out;            // [B, T, Hq, D]
+  Tensor lse;            // [B, Hq, T]
+  RmsNormSaved q_norm;   // over [N*Hq, D] (qk_layernorm only)
+  RmsNormSaved k_norm;   // over [N*Hkv, D]
+};
+
+struct Attention {
+  Tensor wq, dwq;  // [Hq*D, C]
+  Tensor wk, dwk;  // [Hkv*D, C]
+  Tensor wv, dwv;  // [Hkv*D, C]
+  Tensor wo, dwo;  // [C, Hq*D]
+  bool qk_norm = false;
+  RmsNorm q_norm;  // weight [D]
+  RmsNorm k_norm;  // weight [D]
+  AttentionShape shape;
+
+  Tensor forward(const Tensor& x, const RopeTable& rope, AttentionSaved& saved);       // x [N, C] -> [N, C]
+  Tensor backward(const Tensor& dy, const RopeTable& rope, AttentionSaved& saved);     // -> dx [N, C]
+};
+
+struct MlpSaved {
+  Tensor input;  // [N, C]
+  Tensor gate;   // [N, F]
+  Tensor up;     // [N, F]
+  Tensor act;    // [N, F] silu(gate) * up
+};
+
+// SwiGLU MLP: down(silu(gate(x)) * up(x)).
+struct SwiGluMlp {
+  Tensor w_gate, dw_gate;  // [F, C]
+  Tensor w_up, dw_up;      // [F, C]
+  Tensor w_down, dw_down;  // [C, F]
+
+  Tensor forward(const Tensor& x, MlpSaved& saved);       // x [N, C] -> [N, C]
+  Tensor backward(const Tensor& dy, MlpSaved& saved);     // -> dx [N, C]
+};
+
+}  // namespace primus

@@ -1,0 +1,47 @@
+#include "layers/rope_table.h"
+
+#include <cmath>
+#include <vector>
+
+namespace primus {
+
+std::vector<double> rope_inverse_frequencies(int64_t head_dim, const RopeConfig& config) {
+  PRIMUS_CHECK(head_dim % 2 == 0, "RoPE needs an even head dim, got {}", head_dim);
+  std::vector<double> inv_freq(head_dim / 2);
+  for (int64_t i = 0; i < head_dim / 2; ++i) {
+    // HF computes the exponent in float32 (arange(0, D, 2).float() / D); the ratio is exact in float.
+    inv_freq[i] = 1.0 / std::pow(config.theta, static_cast<double>(2 * i) / static_cast<double>(head_dim));
+  }
+  if (!config.use_scaling) return inv_freq;
+  // Llama 3.1: long wavelengths are slowed by `factor`, short ones kept, the band between interpolated.
+  const double orig = static_cast<double>(config.original_max_position);
+  const double low_freq_wavelen = orig / config.low_freq_factor;
+  const double high_freq_wavelen = orig / config.high_freq_factor;
+  for (double& f : inv_freq) {
+    const double wavelen = 2.0 * M_PI / f;
+    if (wavelen > low_freq_wavelen) {
+      f = f / config.factor;
+    } else if (wavelen >= high_freq_wavelen) {
+      const double smooth = (orig / wavelen - config.low_freq_factor) / (config.high_freq_factor - config.low_freq_factor);
+      f = (1.0 - smooth) * f / config.factor + smooth * f;
+    }
+  }
+  return inv_freq;
+}
+
+RopeTable make_rope_table(int64_t head_dim, int64_t seq_len, const RopeConfig& config, Device device) {
+  std::vector<double> inv_freq = rope_inverse_frequencies(head_dim, config);
+  const int64_t half = head_dim / 2;
+  RopeTable table{Tensor::empty({seq_len, half}, DType::kF32), Tensor::empty({seq_len, half}, DType::kF32)};
+  for (int64_t t = 0; t < seq_len; ++t) {
+    for (int64_t i = 0; i < half; ++i) {
+      const double angle = static_cast<double>(t) * inv_freq[i];
+      table.cos.f32()[t * half + i] = static_cast<float>(std::cos(angle));
+      table.sin.f32()[t * half + i] = static_cast<float>(std::sin(angle));
+    }
+  }
+  PRIMUS_CHECK(device.is_cpu(), "rope tables on {} are copied by the device backend", device.str());
+  return table;
+}
+
+}  // namespace primus

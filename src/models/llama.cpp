@@ -1,0 +1,185 @@
+#include "models/llama.h"
+
+#include <cmath>
+
+#include "ops/ops.h"
+
+namespace primus {
+
+namespace {
+
+std::string layer_prefix(int64_t i) { return fmt::format("model.layers.{}.", i); }
+
+RopeConfig rope_config(const ModelArgs& a) {
+  return RopeConfig{a.rotary_base, a.use_rope_scaling, a.rope_scaling_factor, a.rope_scaling_low_freq_factor,
+                    a.rope_scaling_high_freq_factor, a.rope_scaling_original_max_position_embeddings};
+}
+
+}  // namespace
+
+std::vector<ParamSpec> LlamaModel::param_specs(const ModelArgs& a) {
+  PRIMUS_CHECK(a.vocab_size > 0, "model vocab_size must be resolved before building the model");
+  const int64_t C = a.hidden_size, F = a.ffn_hidden_size, D = a.kv_channels;
+  const int64_t q_out = a.num_attention_heads * D, kv_out = a.num_query_groups * D;
+  const double std = a.init_method_std;
+  // Megatron's scaled init for the projections that write into the residual stream.
+  const double out_std = std / std::sqrt(2.0 * static_cast<double>(a.num_layers));
+  auto norm = [](std::string name, int64_t n) { return ParamSpec{std::move(name), {n}, ParamInit::kOnes, 0.0, false}; };
+  auto weight = [](std::string name, Shape shape, double s) { return ParamSpec{std::move(name), std::move(shape), ParamInit::kNormal, s, true}; };
+
+  std::vector<ParamSpec> specs;
+  specs.push_back(weight("model.embed_tokens.weight", {a.vocab_size, C}, std));
+  for (int64_t i = 0; i < a.num_layers; ++i) {
+    const std::string p = layer_prefix(i);
+    specs.push_back(norm(p + "input_layernorm.weight", C));
+    specs.push_back(weight(p + "self_attn.q_proj.weight", {q_out, C}, std));
+    specs.push_back(weight(p + "self_attn.k_proj.weight", {kv_out, C}, std));
+    specs.push_back(weight(p + "self_attn.v_proj.weight", {kv_out, C}, std));
+    specs.push_back(weight(p + "self_attn.o_proj.weight", {C, q_out}, out_std));
+    if (a.qk_layernorm) {
+      specs.push_back(norm(p + "self_attn.q_norm.weight", D));
+      specs.push_back(norm(p + "self_attn.k_norm.weight", D));
+    }
+    specs.push_back(norm(p + "post_attention_layernorm.weight", C));
+    specs.push_back(weight(p + "mlp.gate_proj.weight", {F, C}, std));
+    specs.push_back(weight(p + "mlp.up_proj.weight", {F, C}, std));
+    specs.push_back(weight(p + "mlp.down_proj.weight", {C, F}, out_std));
+  }
+  specs.push_back(norm("model.norm.weight", C));
+  if (a.untie_embeddings_and_output_weights) specs.push_back(weight("lm_head.weight", {a.vocab_size, C}, std));
+  return specs;
+}
+
+int64_t LlamaModel::matmul_params(const ModelArgs& a) {
+  int64_t total = 0;
+  for (const ParamSpec& s : param_specs(a)) {
+    if (s.shape.size() == 2 && s.name != "model.embed_tokens.weight") total += shape_numel(s.shape);
+  }
+  if (!a.untie_embeddings_and_output_weights) total += a.vocab_size * a.hidden_size;  // tied head still multiplies
+  return total;
+}
+
+LlamaModel::LlamaModel(const ModelArgs& args, int64_t max_seq_length, Device device)
+    : args_(args), max_seq_length_(max_seq_length), device_(device), params_(param_specs(args), device) {
+  rope_ = make_rope_table(args_.kv_channels, max_seq_length_, rope_config(args_), device_);
+  bind_layers();
+}
+
+void LlamaModel::bind_layers() {
+  const float eps = static_cast<float>(args_.norm_epsilon);
+  auto p = [&](const std::string& name) { return params_.param(name); };
+  auto g = [&](const std::string& name) { return params_.grad(name); };
+  embedding_ = Embedding{p("model.embed_tokens.weight"), g("model.embed_tokens.weight")};
+  blocks_.resize(args_.num_layers);
+  for (int64_t i = 0; i < args_.num_layers; ++i) {
+    const std::string pre = layer_prefix(i);
+    Block& b = blocks_[i];
+    b.input_norm = RmsNorm{p(pre + "input_layernorm.weight"), g(pre + "input_layernorm.weight"), eps};
+    b.post_attention_norm =
+        RmsNorm{p(pre + "post_attention_layernorm.weight"), g(pre + "post_attention_layernorm.weight"), eps};
+    Attention& at = b.attention;
+    at.wq = p(pre + "self_attn.q_proj.weight");
+    at.dwq = g(pre + "self_attn.q_proj.weight");
+    at.wk = p(pre + "self_attn.k_proj.weight");
+    at.dwk = g(pre + "self_attn.k_proj.weight");
+    at.wv = p(pre + "self_attn.v_proj.weight");
+    at.dwv = g(pre + "self_attn.v_proj.weight");
+    at.wo = p(pre + "self_attn.o_proj.weight");
+    at.dwo = g(pre + "self_attn.o_proj.weight");
+    at.qk_norm = args_.qk_layernorm;
+    if (at.qk_norm) {
+      at.q_norm = RmsNorm{p(pre + "self_attn.q_norm.weight"), g(pre + "self_attn.q_norm.weight"), eps};
+      at.k_norm = RmsNorm{p(pre + "self_attn.k_norm.weight"), g(pre + "self_attn.k_norm.weight"), eps};
+    }
+    SwiGluMlp& m = b.mlp;
+    m.w_gate = p(pre + "mlp.gate_proj.weight");
+    m.dw_gate = g(pre + "mlp.gate_proj.weight");
+    m.w_up = p(pre + "mlp.up_proj.weight");
+    m.dw_up = g(pre + "mlp.up_proj.weight");
+    m.w_down = p(pre + "mlp.down_proj.weight");
+    m.dw_down = g(pre + "mlp.down_proj.weight");
+  }
+  final_norm_ = RmsNorm{p("model.norm.weight"), g("model.norm.weight"), eps};
+  const std::string head = args_.untie_embeddings_and_output_weights ? "lm_head.weight" : "model.embed_tokens.weight";
+  lm_loss_ = LmLoss{p(head), g(head)};
+}
+
+RopeTable LlamaModel::rope_for(int64_t seq) const {
+  const int64_t half = args_.kv_channels / 2;
+  return RopeTable{rope_.cos.slice_elements(0, {seq, half}), rope_.sin.slice_elements(0, {seq, half})};
+}
+
+LossSum LlamaModel::forward(const Tensor& tokens, const Tensor& labels) {
+  PRIMUS_CHECK(tokens.ndim() == 2 && labels.shape() == tokens.shape(), "[model] tokens {} and labels {} must be [B, T]",
+               tokens.describe(), labels.describe());
+  const int64_t B = tokens.dim(0), T = tokens.dim(1);
+  PRIMUS_CHECK(T <= max_seq_length_, "[model] sequence of {} tokens exceeds the model's {}", T, max_seq_length_);
+  const RopeTable rope = rope_for(T);
+  tokens_ = tokens.reshape({B * T});
+  Tensor x = embedding_.forward(tokens_);  // [N, C]
+  for (Block& b : blocks_) {
+    b.attention.shape = AttentionShape{B, T, args_.num_attention_heads, args_.num_query_groups, args_.kv_channels};
+    Tensor h = b.input_norm.forward(x, b.input_norm_saved);
+    Tensor a = b.attention.forward(h, rope, b.attention_saved);
+    ops::add_inplace(a, x);  // a = x + attention(x): the block's mid residual
+    Tensor h2 = b.post_attention_norm.forward(a, b.post_norm_saved);
+    Tensor m = b.mlp.forward(h2, b.mlp_saved);
+    ops::add_inplace(m, a);
+    x = m;
+  }
+  Tensor hidden = final_norm_.forward(x, final_norm_saved_);
+  Tensor losses = lm_loss_.forward(hidden, labels.reshape({B * T}), lm_loss_saved_);
+  PRIMUS_CHECK(losses.device().is_cpu(), "loss reduction on the host only for now");
+  LossSum sum;
+  const int32_t* lab = labels.i32();
+  for (int64_t i = 0; i < B * T; ++i) {
+    if (lab[i] < 0) continue;
+    sum.loss_sum += losses.f32()[i];
+    ++sum.tokens;
+  }
+  return sum;
+}
+
+void LlamaModel::backward(float grad_scale) {
+  const RopeTable rope = rope_for(blocks_.empty() ? 1 : blocks_[0].attention.shape.seq);
+  Tensor dx = final_norm_.backward(lm_loss_.backward(grad_scale, lm_loss_saved_), final_norm_saved_);
+  for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) {
+    Block& b = *it;
+    // x_out = mid + mlp(norm(mid)); mid = x_in + attn(norm(x_in)): each residual passes dx through.
+    Tensor dmid = b.post_attention_norm.backward(b.mlp.backward(dx, b.mlp_saved), b.post_norm_saved);
+    ops::add_inplace(dmid, dx);
+    Tensor dx_in = b.input_norm.backward(b.attention.backward(dmid, rope, b.attention_saved), b.input_norm_saved);
+    ops::add_inplace(dx_in, dmid);
+    dx = dx_in;
+  }
+  embedding_.backward(tokens_, dx);
+  release_activations();
+}
+
+void LlamaModel::release_activations() {
+  for (Block& b : blocks_) {
+    b.input_norm_saved = RmsNormSaved();
+    b.attention_saved = AttentionSaved();
+    b.post_norm_saved = RmsNormSaved();
+    b.mlp_saved = MlpSaved();
+  }
+  final_norm_saved_ = RmsNormSaved();
+  lm_loss_saved_ = LmLossSaved();
+}
+
+std::vector<float> LlamaModel::next_token_logits(const std::vector<int32_t>& context) {
+  const int64_t T = static_cast<int64_t>(context.size());
+  PRIMUS_CHECK(T >= 1 && T <= max_seq_length_, "[model] context of {} tokens (1..{} allowed)", T, max_seq_length_);
+  Tensor tokens = Tensor::empty({1, T}, DType::kI32);
+  Tensor labels = Tensor::empty({1, T}, DType::kI32);
+  std::copy(context.begin(), context.end(), tokens.i32());
+  std::fill(labels.i32(), labels.i32() + T, 0);
+  forward(tokens, labels);
+  const Tensor& logits = lm_loss_saved_.logits;  // [T, V]
+  const int64_t V = logits.dim(1);
+  std::vector<float> last(logits.f32() + (T - 1) * V, logits.f32() + T * V);
+  release_activations();
+  return last;
+}
+
+}  // namespace primus

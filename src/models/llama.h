@@ -1,0 +1,70 @@
+// The dense decoder family: Llama 2/3/3.1/3.2 and Qwen3 (q/k RMSNorm, explicit head_dim).
+// Builds the parameter table with Hugging Face names, owns the flat ParamStore, and runs an explicit
+// forward (keeping saved activations) and backward over one micro-batch.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "config/experiment.h"
+#include "core/param_store.h"
+#include "layers/attention.h"
+
+namespace primus {
+
+struct LossSum {
+  double loss_sum = 0.0;     // Σ token losses over counted tokens
+  int64_t tokens = 0;        // counted tokens (labels >= 0)
+};
+
+class LlamaModel {
+ public:
+  // `args.vocab_size` must be resolved (> 0). Parameters are allocated but not initialised.
+  LlamaModel(const ModelArgs& args, int64_t max_seq_length, Device device = kCpuDevice);
+
+  static std::vector<ParamSpec> param_specs(const ModelArgs& args);
+  // Parameters in the matmuls of one token's forward, the output layer included even when tied.
+  static int64_t matmul_params(const ModelArgs& args);
+
+  const ModelArgs& args() const { return args_; }
+  ParamStore& params() { return params_; }
+  const ParamStore& params() const { return params_; }
+
+  // tokens, labels: [B, T] i32 with T <= max_seq_length. Saves activations for backward().
+  LossSum forward(const Tensor& tokens, const Tensor& labels);
+  // Accumulates parameter gradients of (grad_scale × Σ token losses) of the last forward.
+  void backward(float grad_scale);
+  // Logits of the last position of `context` ([T] ids, T <= max_seq_length) without keeping activations.
+  std::vector<float> next_token_logits(const std::vector<int32_t>& context);
+
+ private:
+  struct Block {
+    RmsNorm input_norm;
+    Attention attention;
+    RmsNorm post_attention_norm;
+    SwiGluMlp mlp;
+    RmsNormSaved input_norm_saved;
+    AttentionSaved attention_saved;
+    RmsNormSaved post_norm_saved;
+    MlpSaved mlp_saved;
+  };
+
+  void bind_layers();
+  void release_activations();
+  RopeTable rope_for(int64_t seq) const;  // the first `seq` rows of rope_
+
+  ModelArgs args_;
+  int64_t max_seq_length_;
+  Device device_;
+  ParamStore params_;
+  Embedding embedding_;
+  std::vector<Block> blocks_;
+  RmsNorm final_norm_;
+  RmsNormSaved final_norm_saved_;
+  LmLoss lm_loss_;
+  LmLossSaved lm_loss_saved_;
+  Tensor tokens_;  // [N] ids of the last forward
+  RopeTable rope_;  // [max_seq_length, D/2]
+};
+
+}  // namespace primus

@@ -1,0 +1,237 @@
+// The pretraining loop: data -> micro-batches with gradient accumulation -> clip -> AdamW, with logging,
+// evaluation, checkpoints, resume and a generated sample at the end.
+#include "train/pretrain.h"
+
+#include <omp.h>
+#include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/checkpoint.h"
+#include "core/file_io.h"
+#include "data/loader.h"
+#include "data/text_corpus.h"
+#include "data/tokenizer.h"
+#include "observe/metrics_log.h"
+#include "optim/lr_schedule.h"
+#include "train/sampling.h"
+#include "train/signals.h"
+
+namespace primus {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+ModelArgs resolve_vocab(ModelArgs model, const Tokenizer& tokenizer) {
+  if (model.vocab_size == 0) {
+    model.vocab_size = padded_vocab_size(tokenizer.vocab_size(), model.make_vocab_size_divisible_by);
+  } else if (model.vocab_size < tokenizer.vocab_size()) {
+    throw UsageError(fmt::format("[config] vocab_size {} is smaller than the {} tokenizer's {} tokens",
+                                 model.vocab_size, tokenizer.name(), tokenizer.vocab_size()));
+  }
+  return model;
+}
+
+// Training and validation samples: mock tokens, or windows of the text corpus split by `split`.
+struct DataSources {
+  TokenCorpus corpus;
+  std::unique_ptr<SampleSource> train;
+  std::unique_ptr<SampleSource> valid;  // null when evaluation has no data
+};
+
+DataSources make_data(const TrainingArgs& t, const Tokenizer& tokenizer) {
+  DataSources d;
+  if (t.mock_data) {
+    spdlog::info("data: mock random tokens (mock_data: true)");
+    d.train = std::make_unique<MockTokens>(tokenizer.vocab_size(), t.seq_length, static_cast<uint64_t>(t.seed));
+    d.valid = std::make_unique<MockTokens>(tokenizer.vocab_size(), t.seq_length, static_cast<uint64_t>(t.seed) + 1);
+    return d;
+  }
+  d.corpus = load_text_corpus(t.data_path, tokenizer);
+  const TokenRange train = split_range(d.corpus.num_tokens(), t.split, 0);
+  const TokenRange valid = split_range(d.corpus.num_tokens(), t.split, 1);
+  spdlog::info("data: {} documents, {} tokens; train {} tokens, valid {} tokens (split {})", d.corpus.documents.size(),
+               d.corpus.num_tokens(), train.size(), valid.size(), t.split);
+  d.train = std::make_unique<ShuffledWindows>(d.corpus.slice(train), t.seq_length, static_cast<uint64_t>(t.seed));
+  if (t.eval_interval > 0 && t.eval_iters > 0) {
+    if (valid.size() > t.seq_length) {
+      d.valid = std::make_unique<SequentialWindows>(d.corpus.slice(valid), t.seq_length);
+    } else {
+      spdlog::warn("evaluation is off: the validation split has {} tokens, fewer than seq_length + 1 = {}",
+                   valid.size(), t.seq_length + 1);
+    }
+  }
+  return d;
+}
+
+struct StepResult {
+  double loss = 0.0;
+  double grad_norm = 0.0;
+  int64_t tokens = 0;
+};
+
+// One optimizer step over a global batch: micro-batches accumulate fp32 gradients of the mean token loss.
+StepResult train_step(LlamaModel& model, AdamW& optimizer, BatchLoader& loader, const TrainingArgs& t, double lr) {
+  const int64_t micro_batches = t.global_batch_size / (t.micro_batch_size * t.data_parallel_size);
+  std::vector<Batch> batches;
+  int64_t counted = 0;
+  for (int64_t i = 0; i < micro_batches; ++i) {
+    batches.push_back(loader.next());
+    const int32_t* labels = batches.back().labels.i32();
+    for (int64_t k = 0; k < batches.back().labels.numel(); ++k) counted += labels[k] >= 0;
+  }
+  PRIMUS_CHECK(counted > 0, "a global batch without any token to predict");
+  model.params().zero_grads();
+  StepResult result;
+  double loss_sum = 0.0;
+  for (Batch& batch : batches) {
+    loss_sum += model.forward(batch.tokens, batch.labels).loss_sum;
+    model.backward(static_cast<float>(1.0 / static_cast<double>(counted)));
+  }
+  result.loss = loss_sum / static_cast<double>(counted);
+  result.tokens = counted;
+  result.grad_norm = clip_grad_norm(model.params(), t.clip_grad);
+  optimizer.step(model.params(), lr);
+  return result;
+}
+
+double evaluate(LlamaModel& model, const SampleSource& source, const TrainingArgs& t) {
+  BatchLoader loader(source, t.micro_batch_size, t.seq_length);
+  const int64_t micro_batches = t.eval_iters * t.global_batch_size / t.micro_batch_size;
+  double loss_sum = 0.0;
+  int64_t tokens = 0;
+  for (int64_t i = 0; i < micro_batches; ++i) {
+    Batch batch = loader.next();
+    LossSum s = model.forward(batch.tokens, batch.labels);
+    loss_sum += s.loss_sum;
+    tokens += s.tokens;
+  }
+  model.params().zero_grads();  // forward kept activations only; nothing to undo in the weights
+  return loss_sum / static_cast<double>(std::max<int64_t>(tokens, 1));
+}
+
+void add_run_log_sink(const std::string& path) {
+  auto sink = std::make_shared<spdlog::sinks::basic_file_sink_mt>(path, /*truncate=*/false);
+  spdlog::default_logger()->sinks().push_back(sink);
+}
+
+}  // namespace
+
+int run_pretrain(const ExperimentConfig& config, const RunOptions& options) {
+  const Clock::time_point start = Clock::now();
+  const TrainingArgs& t = config.train;
+  const std::string run_dir = config.run_dir();
+  fs::create_directories(run_dir + "/logs");
+  add_run_log_sink(run_dir + "/logs/train.log");
+  write_file_atomic(run_dir + "/config.yaml", config.effective_yaml);
+  spdlog::info("run directory: {}", fs::absolute(run_dir).lexically_normal().string());
+  if (t.device == "cuda") throw UsageError("[config] device: cuda is not built into this binary");
+  spdlog::info("device: cpu ({} OpenMP threads)", omp_get_max_threads());
+
+  std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(t.tokenizer_type);
+  const ModelArgs model_args = resolve_vocab(config.model, *tokenizer);
+  DataSources data = make_data(t, *tokenizer);
+  LlamaModel model(model_args, t.seq_length);
+  AdamW optimizer(model.params(), AdamWConfig{t.adam_beta1, t.adam_beta2, t.adam_eps, t.weight_decay});
+  const LrSchedule schedule{t.lr, t.min_lr, t.lr_warmup_iters, t.lr_decay_iters, t.lr_decay_style};
+
+  const std::string save_dir = t.save.empty() ? run_dir + "/checkpoints" : t.save;
+  const std::string load_dir = t.load.empty() ? save_dir : t.load;
+  TrainerState state;
+  state.seed = t.seed;
+  if (std::optional<std::string> latest = find_latest_checkpoint(load_dir)) {
+    state = load_checkpoint(*latest, model, optimizer);
+    if (state.seed != t.seed) {
+      throw UsageError(fmt::format("[config] seed is {} but checkpoint {} was trained with seed {}", t.seed, *latest, state.seed));
+    }
+    spdlog::info("resumed from {} at iteration {} ({} samples consumed)", *latest, state.iteration,
+                 state.consumed_train_samples);
+  } else if (!t.pretrained_checkpoint.empty()) {
+    load_hf_weights(t.pretrained_checkpoint, model);
+    spdlog::info("initial weights from {}", t.pretrained_checkpoint);
+  } else {
+    model.params().initialize(static_cast<uint64_t>(t.seed));
+  }
+  spdlog::info("model: {} layers, hidden {}, heads {}/{} (q/kv), head dim {}, ffn {}, vocab {}, {} parameters",
+               model_args.num_layers, model_args.hidden_size, model_args.num_attention_heads,
+               model_args.num_query_groups, model_args.kv_channels, model_args.ffn_hidden_size, model_args.vocab_size,
+               model.params().numel());
+
+  BatchLoader loader(*data.train, t.micro_batch_size, t.seq_length, state.consumed_train_samples);
+  MetricsLog metrics(run_dir + "/metrics.jsonl", state.iteration);
+  auto save = [&]() {
+    state.consumed_train_samples = loader.consumed_samples();
+    state.optimizer_steps = optimizer.steps_taken();
+    save_checkpoint(save_dir, model, optimizer, state, config.effective_yaml);
+    spdlog::info("saved checkpoint {}/{}", save_dir, checkpoint_dir_name(state.iteration));
+  };
+
+  install_stop_handlers();
+  double window_loss = 0.0, window_s = 0.0;
+  int64_t window_steps = 0, window_tokens = 0;
+  while (state.iteration < t.train_iters) {
+    const int64_t step = state.iteration + 1;
+    const double lr = schedule.at(step);
+    const Clock::time_point step_start = Clock::now();
+    const StepResult r = train_step(model, optimizer, loader, t, lr);
+    const double step_s = seconds_since(step_start);
+    if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) {
+      throw RuntimeError(fmt::format("iteration {}: loss {} / grad norm {} is not finite; stopping without saving",
+                                     step, r.loss, r.grad_norm));
+    }
+    state.iteration = step;
+    window_loss += r.loss;
+    window_s += step_s;
+    window_tokens += t.global_batch_size * t.seq_length;
+    ++window_steps;
+
+    nlohmann::json record;
+    std::optional<double> eval_loss;
+    if (data.valid && t.eval_interval > 0 && (step % t.eval_interval == 0 || step == t.train_iters)) {
+      eval_loss = evaluate(model, *data.valid, t);
+    }
+    if (step % t.log_interval == 0 || step == t.train_iters || eval_loss) {
+      const double loss = window_loss / static_cast<double>(window_steps);
+      record = {{"step", step},
+                {"loss", loss},
+                {"lr", lr},
+                {"grad_norm", r.grad_norm},
+                {"tokens_per_s", static_cast<double>(window_tokens) / window_s},
+                {"step_ms", 1000.0 * window_s / static_cast<double>(window_steps)},
+                {"consumed_samples", loader.consumed_samples()},
+                {"elapsed_s", seconds_since(start)}};
+      if (eval_loss) record["eval_loss"] = *eval_loss;
+      metrics.write(record);
+      spdlog::info(" iteration {:>6}/{:<6} | loss {:.4f} |{} lr {:.3e} | grad norm {:.3f} | {:.1f} ms/step | {:.0f} tokens/s",
+                   step, t.train_iters, loss, eval_loss ? fmt::format(" eval loss {:.4f} |", *eval_loss) : "", lr,
+                   r.grad_norm, 1000.0 * window_s / window_steps, window_tokens / window_s);
+      window_loss = window_s = 0.0;
+      window_steps = window_tokens = 0;
+    }
+    if (t.save_interval > 0 && step % t.save_interval == 0 && step != t.train_iters) save();
+    if (stop_requested()) {
+      spdlog::warn("signal {} received: saving a checkpoint at iteration {} and stopping", stop_signal(), step);
+      save();
+      return 128 + stop_signal();
+    }
+  }
+  save();
+  if (t.sample_length > 0) {
+    const std::string text = generate_sample(model, *tokenizer, t.sample_prompt, t.sample_length, t.seq_length,
+                                             static_cast<uint64_t>(t.seed));
+    spdlog::info("sample after {} iterations:\n{}{}", state.iteration, t.sample_prompt, text);
+  }
+  spdlog::info("done: {} iterations in {:.1f} s; run directory {}", state.iteration, seconds_since(start), run_dir);
+  (void)options;
+  return kExitOk;
+}
+
+}  // namespace primus

@@ -1,0 +1,127 @@
+// The training loop end to end, in process: the loss falls on real text, metrics are written, a
+// resumed run repeats the uninterrupted run's losses bit for bit, and a damaged checkpoint is refused.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "checkpoint/checkpoint.h"
+#include "core/file_io.h"
+#include "support/test_support.h"
+#include "train/pretrain.h"
+
+namespace primus {
+namespace {
+
+ExperimentConfig shakespeare_config(const std::string& workspace, int64_t iters) {
+  ExperimentConfig c;
+  c.exp_name = "tiny";
+  c.workspace = workspace;
+  c.effective_yaml = "exp_name: tiny\n";
+  ModelArgs& m = c.model;
+  m.num_layers = 2;
+  m.hidden_size = 64;
+  m.ffn_hidden_size = 176;
+  m.num_attention_heads = 4;
+  m.num_query_groups = 2;
+  m.kv_channels = 16;
+  m.max_position_embeddings = 256;
+  TrainingArgs& t = c.train;
+  t.train_iters = iters;
+  t.micro_batch_size = 4;
+  t.global_batch_size = 8;
+  t.seq_length = 64;
+  t.lr = 3e-3;
+  t.min_lr = 3e-4;
+  t.lr_warmup_iters = 10;
+  t.lr_decay_iters = 150;
+  t.weight_decay = 0.1;
+  t.adam_beta2 = 0.95;
+  t.log_interval = 1;
+  t.eval_interval = 0;
+  t.data_path = {testing::shakespeare_path()};
+  return c;
+}
+
+std::vector<nlohmann::json> read_metrics(const std::string& run_dir) {
+  std::vector<nlohmann::json> records;
+  std::istringstream in(read_file(run_dir + "/metrics.jsonl"));
+  for (std::string line; std::getline(in, line);) records.push_back(nlohmann::json::parse(line));
+  return records;
+}
+
+TEST(Pretrain, LossFallsFarBelowStartOnShakespeare) {
+  ExperimentConfig c = shakespeare_config(testing::temp_dir("train"), 150);
+  c.train.eval_interval = 50;
+  c.train.eval_iters = 2;
+  ASSERT_EQ(run_pretrain(c, {}), 0);
+  auto records = read_metrics(c.run_dir());
+  ASSERT_EQ(records.size(), 150u);
+  for (const char* key : {"step", "loss", "lr", "grad_norm", "tokens_per_s", "elapsed_s"}) {
+    EXPECT_TRUE(records.back().contains(key)) << key;
+  }
+  EXPECT_TRUE(records[49].contains("eval_loss"));
+  const double first = records.front()["loss"], last = records.back()["loss"];
+  EXPECT_GT(first, 5.5);  // ~ln(384) for a fresh model over the padded byte vocabulary
+  EXPECT_LT(last, 0.6 * first) << "loss went from " << first << " to " << last;
+  EXPECT_LT(records.back()["eval_loss"].get<double>(), 0.6 * first);
+  EXPECT_TRUE(std::filesystem::exists(c.run_dir() + "/config.yaml"));
+  EXPECT_TRUE(std::filesystem::exists(c.run_dir() + "/logs/train.log"));
+  EXPECT_TRUE(std::filesystem::exists(c.run_dir() + "/checkpoints/iter_0000150/model.safetensors"));
+}
+
+TEST(Pretrain, ResumedRunRepeatsTheUninterruptedLossesBitForBit) {
+  const std::string root = testing::temp_dir("resume");
+  ExperimentConfig whole = shakespeare_config(root + "/whole", 12);
+  ASSERT_EQ(run_pretrain(whole, {}), 0);
+
+  ExperimentConfig part = shakespeare_config(root + "/part", 7);  // same schedule: lr_decay_iters is fixed
+  ASSERT_EQ(run_pretrain(part, {}), 0);
+  part.train.train_iters = 12;
+  ASSERT_EQ(run_pretrain(part, {}), 0);
+
+  auto a = read_metrics(whole.run_dir());
+  auto b = read_metrics(part.run_dir());
+  ASSERT_EQ(a.size(), 12u);
+  ASSERT_EQ(b.size(), 12u);
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i]["step"], b[i]["step"]);
+    EXPECT_EQ(a[i]["loss"].get<double>(), b[i]["loss"].get<double>()) << "step " << i + 1;
+    EXPECT_EQ(a[i]["grad_norm"].get<double>(), b[i]["grad_norm"].get<double>()) << "step " << i + 1;
+  }
+}
+
+TEST(Pretrain, CorruptOrTruncatedCheckpointIsRefused) {
+  ExperimentConfig c = shakespeare_config(testing::temp_dir("corrupt"), 3);
+  ASSERT_EQ(run_pretrain(c, {}), 0);
+  const std::string weights = c.run_dir() + "/checkpoints/iter_0000003/model.safetensors";
+  std::string bytes = read_file(weights);
+  bytes[bytes.size() / 2] ^= 0x01;
+  write_file_atomic(weights, bytes);
+  c.train.train_iters = 5;
+  try {
+    run_pretrain(c, {});
+    FAIL() << "a corrupt checkpoint was loaded";
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("model.safetensors"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("CRC32C"), std::string::npos) << e.what();
+  }
+  write_file_atomic(weights, bytes.substr(0, bytes.size() - 10));
+  try {
+    run_pretrain(c, {});
+    FAIL() << "a truncated checkpoint was loaded";
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("truncated"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Pretrain, MissingDataPathIsAUsageError) {
+  ExperimentConfig c = shakespeare_config(testing::temp_dir("nodata"), 3);
+  c.train.data_path = {"/nonexistent/corpus.txt"};
+  EXPECT_THROW(run_pretrain(c, {}), UsageError);
+}
+
+}  // namespace
+}  // namespace primus
