@@ -13,6 +13,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "core/file_io.h"
+#include "core/rng.h"
 #include "data/loader.h"
 #include "data/text_corpus.h"
 #include "data/tokenizer.h"
@@ -60,7 +61,8 @@ DataSources make_data(const TrainingArgs& t, const Tokenizer& tokenizer) {
   const TokenRange valid = split_range(d.corpus.num_tokens(), t.split, 1);
   spdlog::info("data: {} documents, {} tokens; train {} tokens, valid {} tokens (split {})", d.corpus.documents.size(),
                d.corpus.num_tokens(), train.size(), valid.size(), t.split);
-  d.train = std::make_unique<ShuffledWindows>(d.corpus.slice(train), t.seq_length, static_cast<uint64_t>(t.seed));
+  // A data-only seed, so the shuffle never repeats another stream derived from the run's seed.
+  d.train = std::make_unique<ShuffledWindows>(d.corpus.slice(train), t.seq_length, Rng::mix(static_cast<uint64_t>(t.seed) ^ 0xDA7A));
   if (t.eval_interval > 0 && t.eval_iters > 0) {
     if (valid.size() > t.seq_length) {
       d.valid = std::make_unique<SequentialWindows>(d.corpus.slice(valid), t.seq_length);

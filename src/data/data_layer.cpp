@@ -1,1 +1,0 @@
-// placeholder translation unit so the data layer library exists before its code lands
