@@ -1,0 +1,195 @@
+// Causal grouped-query attention on the CPU. For batch b, query head h (reading kv head h / (Hq/Hkv)) and
+// query position t:
+//   s[j] = (q[t] · k[j]) / sqrt(D)  for j ≤ t          p = softmax(s)       out[t] = Σ_j p[j] v[j]
+//   lse[t] = log Σ_j exp(s[j])
+// Backward recomputes p[j] = exp(s[j] − lse[t]) row by row (no [T, T] matrix is kept) and uses
+//   dp[j] = dout[t] · v[j],  Δ = dout[t] · out[t],  ds[j] = p[j] (dp[j] − Δ)
+//   dq[t] = Σ_j ds[j] k[j] / sqrt(D),  dk[j] += ds[j] q[t] / sqrt(D),  dv[j] += p[j] dout[t]
+// Keys and values of one head are first copied transposed to [D, T] scratch so the score loops run over key
+// positions (vectorisable). Every fp32 contraction sums over its index in order (0..D−1 or 0..t), so register
+// blocking changes no bits; softmax sums and Δ accumulate in double. Forward splits (b, h) among threads;
+// backward splits (b, kv head) and walks that head's query group in order, so dk and dv (overwritten) are
+// summed without races in a fixed order.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+
+namespace primus {
+
+namespace {
+
+struct Dims {
+  int64_t batch, seq, q_heads, kv_heads, head_dim;
+  int64_t group() const { return q_heads / kv_heads; }
+  // Offsets of row (b, t, head) in [B, T, H, D] tensors.
+  int64_t q_row(int64_t b, int64_t t, int64_t h) const { return ((b * seq + t) * q_heads + h) * head_dim; }
+  int64_t kv_row(int64_t b, int64_t t, int64_t h) const { return ((b * seq + t) * kv_heads + h) * head_dim; }
+};
+
+Dims dims_of(const AttentionArgs& args) {
+  return Dims{args.q->dim(0), args.q->dim(1), args.q->dim(2), args.k->dim(2), args.q->dim(3)};
+}
+
+// dst [D, T] = src[b, :, h, :]ᵀ for a [B, T, Hkv, D] tensor.
+void gather_transposed(const Dims& d, const float* src, int64_t b, int64_t h, float* dst) {
+  for (int64_t t = 0; t < d.seq; ++t) {
+    const float* row = src + d.kv_row(b, t, h);
+    for (int64_t i = 0; i < d.head_dim; ++i) dst[i * d.seq + t] = row[i];
+  }
+}
+
+constexpr int64_t kLanes = 16;  // outputs kept in registers at a time (four SSE vectors)
+
+// s[j] = scale · Σ_i a[i] · bt[i, j] for j < count, bt being [D, T] scratch. Blocks of kLanes scores stay in
+// registers while i runs over D; every score is summed over i in order 0..D−1 however it is blocked.
+void row_scores(const float* a, const float* bt, int64_t head_dim, int64_t seq, int64_t count, float scale, float* s) {
+  int64_t j0 = 0;
+  for (; j0 + kLanes <= count; j0 += kLanes) {
+    float acc[kLanes] = {};
+    for (int64_t i = 0; i < head_dim; ++i) {
+      const float ai = a[i];
+      const float* bi = bt + i * seq + j0;
+      for (int64_t l = 0; l < kLanes; ++l) acc[l] += ai * bi[l];
+    }
+    for (int64_t l = 0; l < kLanes; ++l) s[j0 + l] = acc[l] * scale;
+  }
+  for (int64_t j = j0; j < count; ++j) {
+    float acc = 0.0f;
+    for (int64_t i = 0; i < head_dim; ++i) acc += a[i] * bt[i * seq + j];
+    s[j] = acc * scale;
+  }
+}
+
+// out[i] = Σ_j w[j] · rows[j · stride + i] for i < D, summed over j in order 0..count−1.
+void weighted_rows(const float* w, int64_t count, const float* rows, int64_t stride, int64_t head_dim, float* out) {
+  int64_t i0 = 0;
+  for (; i0 + kLanes <= head_dim; i0 += kLanes) {
+    float acc[kLanes] = {};
+    for (int64_t j = 0; j < count; ++j) {
+      const float wj = w[j];
+      const float* row = rows + j * stride + i0;
+      for (int64_t l = 0; l < kLanes; ++l) acc[l] += wj * row[l];
+    }
+    std::copy_n(acc, kLanes, out + i0);
+  }
+  for (int64_t i = i0; i < head_dim; ++i) {
+    float acc = 0.0f;
+    for (int64_t j = 0; j < count; ++j) acc += w[j] * rows[j * stride + i];
+    out[i] = acc;
+  }
+}
+
+}  // namespace
+
+void CpuBackend::attention_forward(const AttentionArgs& args) {
+  const Dims d = dims_of(args);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d.head_dim));
+  const float* q = args.q->f32();  // [B, T, Hq, D]
+  const float* k = args.k->f32();  // [B, T, Hkv, D]
+  const float* v = args.v->f32();  // [B, T, Hkv, D]
+  float* out = args.out->f32();    // [B, T, Hq, D]
+  float* lse = args.lse->f32();    // [B, Hq, T]
+  const int64_t work = d.batch * d.q_heads;
+#pragma omp parallel
+  {
+    std::vector<float> kt(static_cast<size_t>(d.head_dim * d.seq));  // [D, T] keys of the cached kv head
+    std::vector<float> p(static_cast<size_t>(d.seq));                // [T] scores, then probabilities
+    int64_t cached = -1;                                             // b * Hkv + kv head held in kt
+#pragma omp for schedule(static)
+    for (int64_t w = 0; w < work; ++w) {
+      const int64_t b = w / d.q_heads;
+      const int64_t h = w % d.q_heads;
+      const int64_t kvh = h / d.group();
+      if (cached != b * d.kv_heads + kvh) {
+        gather_transposed(d, k, b, kvh, kt.data());
+        cached = b * d.kv_heads + kvh;
+      }
+      for (int64_t t = 0; t < d.seq; ++t) {
+        const int64_t count = t + 1;
+        row_scores(q + d.q_row(b, t, h), kt.data(), d.head_dim, d.seq, count, scale, p.data());
+        const float max = *std::max_element(p.begin(), p.begin() + count);
+        double sum = 0.0;
+        for (int64_t j = 0; j < count; ++j) {
+          p[j] = std::exp(p[j] - max);
+          sum += p[j];
+        }
+        const float inv = static_cast<float>(1.0 / sum);
+        for (int64_t j = 0; j < count; ++j) p[j] *= inv;
+        weighted_rows(p.data(), count, v + d.kv_row(b, 0, kvh), d.kv_heads * d.head_dim, d.head_dim,
+                      out + d.q_row(b, t, h));
+        lse[(b * d.q_heads + h) * d.seq + t] = static_cast<float>(max + std::log(sum));
+      }
+    }
+  }
+}
+
+void CpuBackend::attention_backward(const AttentionArgs& args) {
+  const Dims d = dims_of(args);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d.head_dim));
+  const float* q = args.q->f32();        // [B, T, Hq, D]
+  const float* k = args.k->f32();        // [B, T, Hkv, D]
+  const float* v = args.v->f32();        // [B, T, Hkv, D]
+  const float* out = args.out->f32();    // [B, T, Hq, D]
+  const float* lse = args.lse->f32();    // [B, Hq, T]
+  const float* dout = args.dout->f32();  // [B, T, Hq, D]
+  float* dq = args.dq->f32();            // [B, T, Hq, D]
+  float* dk = args.dk->f32();            // [B, T, Hkv, D]
+  float* dv = args.dv->f32();            // [B, T, Hkv, D]
+  const int64_t work = d.batch * d.kv_heads;
+  const size_t head_size = static_cast<size_t>(d.head_dim * d.seq);
+#pragma omp parallel
+  {
+    std::vector<float> kt(head_size);                   // [D, T] keys, transposed
+    std::vector<float> vt(head_size);                   // [D, T] values, transposed
+    std::vector<float> dk_acc(head_size);               // [T, D]
+    std::vector<float> dv_acc(head_size);               // [T, D]
+    std::vector<float> p(static_cast<size_t>(d.seq));   // [T] probabilities of one query row
+    std::vector<float> ds(static_cast<size_t>(d.seq));  // [T] dp, then score gradients (unscaled)
+#pragma omp for schedule(static)
+    for (int64_t w = 0; w < work; ++w) {
+      const int64_t b = w / d.kv_heads;
+      const int64_t kvh = w % d.kv_heads;
+      gather_transposed(d, k, b, kvh, kt.data());
+      gather_transposed(d, v, b, kvh, vt.data());
+      std::fill(dk_acc.begin(), dk_acc.end(), 0.0f);
+      std::fill(dv_acc.begin(), dv_acc.end(), 0.0f);
+      for (int64_t h = kvh * d.group(); h < (kvh + 1) * d.group(); ++h) {
+        for (int64_t t = 0; t < d.seq; ++t) {
+          const int64_t count = t + 1;
+          const float* qt = q + d.q_row(b, t, h);
+          const float* dot = dout + d.q_row(b, t, h);
+          const float* ot = out + d.q_row(b, t, h);
+          const float row_lse = lse[(b * d.q_heads + h) * d.seq + t];
+          row_scores(qt, kt.data(), d.head_dim, d.seq, count, scale, p.data());
+          for (int64_t j = 0; j < count; ++j) p[j] = std::exp(p[j] - row_lse);
+          row_scores(dot, vt.data(), d.head_dim, d.seq, count, 1.0f, ds.data());
+          double delta = 0.0;  // Σ_j p[j] dp[j], computed as dout[t] · out[t]
+          for (int64_t i = 0; i < d.head_dim; ++i) delta += static_cast<double>(dot[i]) * ot[i];
+          const float delta_f = static_cast<float>(delta);
+          for (int64_t j = 0; j < count; ++j) ds[j] = p[j] * (ds[j] - delta_f);
+          float* dqt = dq + d.q_row(b, t, h);
+          weighted_rows(ds.data(), count, k + d.kv_row(b, 0, kvh), d.kv_heads * d.head_dim, d.head_dim, dqt);
+          for (int64_t i = 0; i < d.head_dim; ++i) dqt[i] *= scale;
+          for (int64_t j = 0; j < count; ++j) {
+            const float dsj = ds[j] * scale;
+            const float pj = p[j];
+            float* dkj = dk_acc.data() + j * d.head_dim;
+            float* dvj = dv_acc.data() + j * d.head_dim;
+            for (int64_t i = 0; i < d.head_dim; ++i) {
+              dkj[i] += dsj * qt[i];
+              dvj[i] += pj * dot[i];
+            }
+          }
+        }
+      }
+      for (int64_t t = 0; t < d.seq; ++t) {
+        std::copy_n(dk_acc.data() + t * d.head_dim, d.head_dim, dk + d.kv_row(b, t, kvh));
+        std::copy_n(dv_acc.data() + t * d.head_dim, d.head_dim, dv + d.kv_row(b, t, kvh));
+      }
+    }
+  }
+}
+
+}  // namespace primus

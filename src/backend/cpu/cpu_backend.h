@@ -1,0 +1,52 @@
+// The CPU reference backend: plain fp32 kernels that define the numerics of every op. A device kernel is
+// accepted only by comparison with these. One .cpp per op family (gemm, embedding, rmsnorm, rope, attention,
+// swiglu, cross_entropy, adamw, elementwise).
+//
+// Contract: arguments arrive validated by src/ops (dtypes, shapes, one device); the kernels only check values
+// that need reading the data (token ids, targets).
+//
+// Numerical choices, shared by every kernel here:
+//  - Storage and element-wise arithmetic are fp32.
+//  - Contractions (GEMM via OpenBLAS; attention's q·k, p·v, dout·v and their gradients) accumulate in fp32,
+//    each output summed over the contracted index in one fixed order.
+//  - Normalising reductions accumulate in double: RMSNorm's mean square and Σ dy·w·x̂, softmax denominators
+//    (attention, cross-entropy), attention's Σ dout·out, sum_squares.
+//  - Gradients summed over rows: RMSNorm's dweight in double per column; embedding's dtable in fp32, adding
+//    the rows of a repeated id in token order.
+//  - Work is split with OpenMP over independent rows / heads / column blocks with a static schedule, and no
+//    output element is ever summed by two threads, so results are bitwise identical run to run. Kernels
+//    other than gemm also give the same bits for any thread count; OpenBLAS gemm may not.
+#pragma once
+
+#include "backend/backend.h"
+
+namespace primus {
+
+class CpuBackend : public Backend {
+ public:
+  std::string name() const override { return "cpu"; }
+  Device device() const override { return kCpuDevice; }
+
+  void gemm(const GemmArgs& args) override;
+  void embedding_forward(const EmbeddingArgs& args) override;
+  void embedding_backward(const EmbeddingArgs& args) override;
+  void rmsnorm_forward(const RmsNormArgs& args) override;
+  void rmsnorm_backward(const RmsNormArgs& args) override;
+  void rope_forward(const RopeArgs& args) override;
+  void rope_backward(const RopeArgs& args) override;
+  void attention_forward(const AttentionArgs& args) override;
+  void attention_backward(const AttentionArgs& args) override;
+  void swiglu_forward(const SwiGluArgs& args) override;
+  void swiglu_backward(const SwiGluArgs& args) override;
+  void cross_entropy_forward(const CrossEntropyArgs& args) override;
+  void cross_entropy_backward(const CrossEntropyArgs& args) override;
+  void adamw_step(const AdamWArgs& args) override;
+  void add_inplace(Tensor& y, const Tensor& x) override;
+  void scale_inplace(Tensor& x, float s) override;
+  double sum_squares(const Tensor& x) override;
+};
+
+// The process-wide CPU backend (a function-local static). src/ops registers it for DeviceType::kCpu.
+Backend& cpu_backend();
+
+}  // namespace primus

@@ -1,1 +1,0 @@
-// placeholder translation unit so the cpu layer library exists before its code lands

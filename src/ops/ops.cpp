@@ -1,0 +1,429 @@
+// Op entry points: validate every tensor (defined, dtype, one device, shapes) with messages that start with
+// "[op NAME]" and name the tensors as ops.h does, flatten leading dimensions to the [N, C] views the backend
+// expects, then dispatch to the backend of the tensors' device. The CPU backend is registered on first use.
+#include "ops/ops.h"
+
+#include <cmath>
+#include <initializer_list>
+
+#include "backend/cpu/cpu_backend.h"
+
+namespace primus::ops {
+
+namespace {
+
+// PRIMUS_CHECK with the message prefixed by "[op NAME]"; needs a local `op` naming the entry point.
+#define OP_CHECK(cond, ...) PRIMUS_CHECK(cond, "[op {}] {}", op, fmt::format(__VA_ARGS__))
+// Two tensors that must agree: the message shows both as named in the source.
+#define OP_CHECK_PAIR(cond, a, b) OP_CHECK(cond, "{} is {} but {} is {}", #a, (a).describe(), #b, (b).describe())
+
+struct Arg {
+  const char* name;
+  const Tensor* tensor;
+  DType dtype = DType::kF32;
+};
+
+Backend& backend(Device device) {
+  static const bool cpu_registered = [] {
+    register_backend(DeviceType::kCpu, &cpu_backend());
+    return true;
+  }();
+  (void)cpu_registered;
+  return backend_for(device);
+}
+
+// Every tensor defined, of its dtype, and on the device of the first; returns that device.
+Device check_args(const char* op, std::initializer_list<Arg> args) {
+  const Arg& first = *args.begin();
+  for (const Arg& arg : args) {
+    OP_CHECK(arg.tensor->defined(), "{} is undefined", arg.name);
+    OP_CHECK(arg.tensor->dtype() == arg.dtype, "{} is {} but must be {}", arg.name, arg.tensor->describe(),
+             dtype_name(arg.dtype));
+    OP_CHECK(arg.tensor->device() == first.tensor->device(), "{} is {} but {} is {}", arg.name, arg.tensor->describe(),
+             first.name, first.tensor->describe());
+  }
+  return first.tensor->device();
+}
+
+void check_min_rank(const char* op, const char* name, const Tensor& t, int rank, const char* layout) {
+  OP_CHECK(t.ndim() >= rank, "{} is {} but must be {}", name, t.describe(), layout);
+}
+
+void check_rank(const char* op, const char* name, const Tensor& t, int rank, const char* layout) {
+  OP_CHECK(t.ndim() == rank, "{} is {} but must be {}", name, t.describe(), layout);
+}
+
+Shape leading(const Tensor& t) { return Shape(t.shape().begin(), t.shape().end() - 1); }
+
+Shape with_last(Shape shape, int64_t last) {
+  shape.push_back(last);
+  return shape;
+}
+
+int64_t rows_of(const Tensor& t) { return shape_numel(leading(t)); }
+
+// [..., C] viewed as [N, C].
+Tensor rows_view(const Tensor& t) { return t.reshape({rows_of(t), t.dim(-1)}); }
+
+// A per-row tensor (rstd, targets, losses) of a [..., C] tensor: shaped like its leading dims, or flat [N].
+bool per_row(const Tensor& t, const Tensor& rows) {
+  return t.shape() == leading(rows) || t.shape() == Shape{rows_of(rows)};
+}
+
+// The output of a row-wise op: x's leading dims (or flat [N]) followed by `last`.
+bool row_output(const Tensor& t, const Shape& lead, int64_t last) {
+  return t.shape() == with_last(lead, last) || t.shape() == Shape{shape_numel(lead), last};
+}
+
+void dispatch_gemm(Device device, const Tensor& a, const Tensor& b, Tensor& c, bool trans_a, bool trans_b, float beta) {
+  GemmArgs args;
+  args.a = &a;
+  args.b = &b;
+  args.c = &c;
+  args.trans_a = trans_a;
+  args.trans_b = trans_b;
+  args.beta = beta;
+  backend(device).gemm(args);
+}
+
+}  // namespace
+
+void gemm(const GemmArgs& args) {
+  const char* op = "gemm";
+  OP_CHECK(args.a != nullptr && args.b != nullptr && args.c != nullptr, "a, b and c must all be given");
+  const Tensor& a = *args.a;
+  const Tensor& b = *args.b;
+  const Tensor& c = *args.c;
+  const Device device = check_args(op, {{"a", &a}, {"b", &b}, {"c", &c}});
+  check_rank(op, "a", a, 2, "[M, K] or [K, M]");
+  check_rank(op, "b", b, 2, "[K, N] or [N, K]");
+  check_rank(op, "c", c, 2, "[M, N]");
+  const int64_t m = args.trans_a ? a.dim(1) : a.dim(0);
+  const int64_t k = args.trans_a ? a.dim(0) : a.dim(1);
+  const int64_t k_b = args.trans_b ? b.dim(1) : b.dim(0);
+  const int64_t n = args.trans_b ? b.dim(0) : b.dim(1);
+  OP_CHECK(k == k_b && c.dim(0) == m && c.dim(1) == n, "a is {}{} and b is {}{} but c is {}", a.describe(),
+           args.trans_a ? " (transposed)" : "", b.describe(), args.trans_b ? " (transposed)" : "", c.describe());
+  backend(device).gemm(args);
+}
+
+void linear_forward(const Tensor& x, const Tensor& w, Tensor& y) {
+  const char* op = "linear_forward";
+  const Device device = check_args(op, {{"x", &x}, {"w", &w}, {"y", &y}});
+  check_min_rank(op, "x", x, 2, "[..., in]");
+  check_rank(op, "w", w, 2, "[out, in]");
+  OP_CHECK_PAIR(x.dim(-1) == w.dim(1), x, w);
+  OP_CHECK_PAIR(y.shape() == with_last(leading(x), w.dim(0)), x, y);
+  Tensor x2 = rows_view(x);  // [N, in]
+  Tensor y2 = rows_view(y);  // [N, out]
+  dispatch_gemm(device, x2, w, y2, false, true, 0.0f);
+}
+
+void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor& dx, Tensor& dw) {
+  const char* op = "linear_backward";
+  const Device device = check_args(op, {{"x", &x}, {"w", &w}, {"dy", &dy}});
+  check_min_rank(op, "x", x, 2, "[..., in]");
+  check_rank(op, "w", w, 2, "[out, in]");
+  OP_CHECK_PAIR(x.dim(-1) == w.dim(1), x, w);
+  OP_CHECK_PAIR(dy.shape() == with_last(leading(x), w.dim(0)), x, dy);
+  const Tensor x2 = rows_view(x);    // [N, in]
+  const Tensor dy2 = rows_view(dy);  // [N, out]
+  if (dx.defined()) {
+    check_args(op, {{"x", &x}, {"dx", &dx}});
+    OP_CHECK_PAIR(dx.shape() == x.shape(), x, dx);
+    Tensor dx2 = rows_view(dx);
+    dispatch_gemm(device, dy2, w, dx2, false, false, 0.0f);
+  }
+  if (dw.defined()) {
+    check_args(op, {{"w", &w}, {"dw", &dw}});
+    OP_CHECK_PAIR(dw.shape() == w.shape(), w, dw);
+    dispatch_gemm(device, dy2, x2, dw, true, false, 1.0f);
+  }
+}
+
+void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out) {
+  const char* op = "embedding_forward";
+  const Device device = check_args(op, {{"ids", &ids, DType::kI32}, {"table", &table}, {"out", &out}});
+  check_min_rank(op, "ids", ids, 1, "[N] or [B, T]");
+  check_rank(op, "table", table, 2, "[V, C]");
+  OP_CHECK(row_output(out, ids.shape(), table.dim(1)), "ids is {} and table is {} but out is {}", ids.describe(),
+           table.describe(), out.describe());
+  const Tensor ids1 = ids.reshape({ids.numel()});
+  Tensor out2 = out.reshape({ids.numel(), table.dim(1)});
+  EmbeddingArgs args;
+  args.ids = &ids1;
+  args.table = &table;
+  args.out = &out2;
+  backend(device).embedding_forward(args);
+}
+
+void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable) {
+  const char* op = "embedding_backward";
+  const Device device = check_args(op, {{"ids", &ids, DType::kI32}, {"dout", &dout}, {"dtable", &dtable}});
+  check_min_rank(op, "ids", ids, 1, "[N] or [B, T]");
+  check_rank(op, "dtable", dtable, 2, "[V, C]");
+  OP_CHECK(row_output(dout, ids.shape(), dtable.dim(1)), "ids is {} and dtable is {} but dout is {}", ids.describe(),
+           dtable.describe(), dout.describe());
+  const Tensor ids1 = ids.reshape({ids.numel()});
+  const Tensor dout2 = dout.reshape({ids.numel(), dtable.dim(1)});
+  EmbeddingArgs args;
+  args.ids = &ids1;
+  args.dout = &dout2;
+  args.dtable = &dtable;
+  backend(device).embedding_backward(args);
+}
+
+void rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, Tensor& y, Tensor& rstd) {
+  const char* op = "rmsnorm_forward";
+  const Device device = check_args(op, {{"x", &x}, {"weight", &weight}, {"y", &y}, {"rstd", &rstd}});
+  check_min_rank(op, "x", x, 2, "[..., C]");
+  OP_CHECK_PAIR(weight.shape() == Shape{x.dim(-1)}, x, weight);
+  OP_CHECK_PAIR(y.shape() == x.shape(), x, y);
+  OP_CHECK_PAIR(per_row(rstd, x), x, rstd);
+  OP_CHECK(eps >= 0.0f, "eps is {} but must be >= 0", eps);
+  const Tensor x2 = rows_view(x);
+  Tensor y2 = rows_view(y);
+  Tensor rstd1 = rstd.reshape({x2.dim(0)});
+  RmsNormArgs args;
+  args.x = &x2;
+  args.weight = &weight;
+  args.eps = eps;
+  args.y = &y2;
+  args.rstd = &rstd1;
+  backend(device).rmsnorm_forward(args);
+}
+
+void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd, Tensor& dx,
+                      Tensor& dweight) {
+  const char* op = "rmsnorm_backward";
+  const Device device = check_args(op, {{"x", &x}, {"dy", &dy}, {"weight", &weight}, {"rstd", &rstd}});
+  check_min_rank(op, "x", x, 2, "[..., C]");
+  OP_CHECK_PAIR(weight.shape() == Shape{x.dim(-1)}, x, weight);
+  OP_CHECK_PAIR(dy.shape() == x.shape(), x, dy);
+  OP_CHECK_PAIR(per_row(rstd, x), x, rstd);
+  const Tensor x2 = rows_view(x);
+  const Tensor dy2 = rows_view(dy);
+  const Tensor rstd1 = rstd.reshape({x2.dim(0)});
+  Tensor dx2;
+  if (dx.defined()) {
+    check_args(op, {{"x", &x}, {"dx", &dx}});
+    OP_CHECK_PAIR(dx.shape() == x.shape(), x, dx);
+    dx2 = rows_view(dx);
+  }
+  if (dweight.defined()) {
+    check_args(op, {{"x", &x}, {"dweight", &dweight}});
+    OP_CHECK_PAIR(dweight.shape() == weight.shape(), weight, dweight);
+  }
+  RmsNormArgs args;
+  args.x = &x2;
+  args.weight = &weight;
+  args.rstd = const_cast<Tensor*>(&rstd1);  // read only in backward; the field is shared with forward
+  args.dy = &dy2;
+  args.dx = dx.defined() ? &dx2 : nullptr;
+  args.dweight = dweight.defined() ? &dweight : nullptr;
+  backend(device).rmsnorm_backward(args);
+}
+
+namespace {
+
+void check_rope(const char* op, const Tensor& x, const Tensor& cos, const Tensor& sin) {
+  check_rank(op, "x", x, 4, "[B, T, H, D]");
+  OP_CHECK(x.dim(3) > 0 && x.dim(3) % 2 == 0, "x is {} but the head size D must be even", x.describe());
+  OP_CHECK_PAIR((cos.shape() == Shape{x.dim(1), x.dim(3) / 2}), x, cos);
+  OP_CHECK_PAIR(sin.shape() == cos.shape(), cos, sin);
+}
+
+}  // namespace
+
+void rope_forward(Tensor& x, const Tensor& cos, const Tensor& sin) {
+  const char* op = "rope_forward";
+  const Device device = check_args(op, {{"x", &x}, {"cos", &cos}, {"sin", &sin}});
+  check_rope(op, x, cos, sin);
+  RopeArgs args{&x, &cos, &sin};
+  backend(device).rope_forward(args);
+}
+
+void rope_backward(Tensor& dx, const Tensor& cos, const Tensor& sin) {
+  const char* op = "rope_backward";
+  const Device device = check_args(op, {{"dx", &dx}, {"cos", &cos}, {"sin", &sin}});
+  check_rope(op, dx, cos, sin);
+  RopeArgs args{&dx, &cos, &sin};
+  backend(device).rope_backward(args);
+}
+
+namespace {
+
+void check_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                     const Tensor& lse) {
+  check_rank(op, "q", q, 4, "[B, T, Hq, D]");
+  check_rank(op, "k", k, 4, "[B, T, Hkv, D]");
+  OP_CHECK(q.dim(3) > 0, "q is {} but the head size D must be positive", q.describe());
+  OP_CHECK_PAIR(k.dim(0) == q.dim(0) && k.dim(1) == q.dim(1) && k.dim(3) == q.dim(3), q, k);
+  OP_CHECK(k.dim(2) > 0 && q.dim(2) % k.dim(2) == 0, "q is {} but k is {}: Hq must be a multiple of Hkv", q.describe(),
+           k.describe());
+  OP_CHECK_PAIR(v.shape() == k.shape(), k, v);
+  OP_CHECK_PAIR(out.shape() == q.shape(), q, out);
+  OP_CHECK_PAIR((lse.shape() == Shape{q.dim(0), q.dim(2), q.dim(1)}), q, lse);
+}
+
+}  // namespace
+
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse) {
+  const char* op = "attention_forward";
+  const Device device = check_args(op, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"lse", &lse}});
+  check_attention(op, q, k, v, out, lse);
+  AttentionArgs args;
+  args.q = &q;
+  args.k = &k;
+  args.v = &v;
+  args.out = &out;
+  args.lse = &lse;
+  backend(device).attention_forward(args);
+}
+
+void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                        const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv) {
+  const char* op = "attention_backward";
+  const Device device = check_args(op, {{"q", &q},
+                                        {"k", &k},
+                                        {"v", &v},
+                                        {"out", &out},
+                                        {"lse", &lse},
+                                        {"dout", &dout},
+                                        {"dq", &dq},
+                                        {"dk", &dk},
+                                        {"dv", &dv}});
+  check_attention(op, q, k, v, out, lse);
+  OP_CHECK_PAIR(dout.shape() == q.shape(), q, dout);
+  OP_CHECK_PAIR(dq.shape() == q.shape(), q, dq);
+  OP_CHECK_PAIR(dk.shape() == k.shape(), k, dk);
+  OP_CHECK_PAIR(dv.shape() == k.shape(), k, dv);
+  AttentionArgs args;
+  args.q = &q;
+  args.k = &k;
+  args.v = &v;
+  // Read only in backward; the field is shared with forward, which writes it.
+  args.out = const_cast<Tensor*>(&out);
+  args.lse = const_cast<Tensor*>(&lse);
+  args.dout = &dout;
+  args.dq = &dq;
+  args.dk = &dk;
+  args.dv = &dv;
+  backend(device).attention_backward(args);
+}
+
+void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& out) {
+  const char* op = "swiglu_forward";
+  const Device device = check_args(op, {{"gate", &gate}, {"up", &up}, {"out", &out}});
+  OP_CHECK_PAIR(up.shape() == gate.shape(), gate, up);
+  OP_CHECK_PAIR(out.shape() == gate.shape(), gate, out);
+  SwiGluArgs args;
+  args.gate = &gate;
+  args.up = &up;
+  args.out = &out;
+  backend(device).swiglu_forward(args);
+}
+
+void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dout, Tensor& dgate, Tensor& dup) {
+  const char* op = "swiglu_backward";
+  const Device device =
+      check_args(op, {{"gate", &gate}, {"up", &up}, {"dout", &dout}, {"dgate", &dgate}, {"dup", &dup}});
+  OP_CHECK_PAIR(up.shape() == gate.shape(), gate, up);
+  OP_CHECK_PAIR(dout.shape() == gate.shape(), gate, dout);
+  OP_CHECK_PAIR(dgate.shape() == gate.shape(), gate, dgate);
+  OP_CHECK_PAIR(dup.shape() == gate.shape(), gate, dup);
+  SwiGluArgs args;
+  args.gate = &gate;
+  args.up = &up;
+  args.dout = &dout;
+  args.dgate = &dgate;
+  args.dup = &dup;
+  backend(device).swiglu_backward(args);
+}
+
+void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& losses, Tensor& lse) {
+  const char* op = "cross_entropy_forward";
+  const Device device =
+      check_args(op, {{"logits", &logits}, {"targets", &targets, DType::kI32}, {"losses", &losses}, {"lse", &lse}});
+  check_min_rank(op, "logits", logits, 2, "[..., V]");
+  OP_CHECK_PAIR(per_row(targets, logits), logits, targets);
+  OP_CHECK_PAIR(per_row(losses, logits), logits, losses);
+  OP_CHECK_PAIR(per_row(lse, logits), logits, lse);
+  const Tensor logits2 = rows_view(logits);
+  const int64_t rows = logits2.dim(0);
+  const Tensor targets1 = targets.reshape({rows});
+  Tensor losses1 = losses.reshape({rows});
+  Tensor lse1 = lse.reshape({rows});
+  CrossEntropyArgs args;
+  args.logits = &logits2;
+  args.targets = &targets1;
+  args.losses = &losses1;
+  args.lse = &lse1;
+  backend(device).cross_entropy_forward(args);
+}
+
+void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, float grad_scale,
+                            Tensor& dlogits) {
+  const char* op = "cross_entropy_backward";
+  const Device device =
+      check_args(op, {{"logits", &logits}, {"targets", &targets, DType::kI32}, {"lse", &lse}, {"dlogits", &dlogits}});
+  check_min_rank(op, "logits", logits, 2, "[..., V]");
+  OP_CHECK_PAIR(per_row(targets, logits), logits, targets);
+  OP_CHECK_PAIR(per_row(lse, logits), logits, lse);
+  OP_CHECK_PAIR(dlogits.shape() == logits.shape(), logits, dlogits);
+  OP_CHECK(std::isfinite(grad_scale), "grad_scale is {} but must be finite", grad_scale);
+  const Tensor logits2 = rows_view(logits);
+  const int64_t rows = logits2.dim(0);
+  const Tensor targets1 = targets.reshape({rows});
+  Tensor lse1 = lse.reshape({rows});
+  Tensor dlogits2 = rows_view(dlogits);
+  CrossEntropyArgs args;
+  args.logits = &logits2;
+  args.targets = &targets1;
+  args.lse = &lse1;
+  args.grad_scale = grad_scale;
+  args.dlogits = &dlogits2;
+  backend(device).cross_entropy_backward(args);
+}
+
+void adamw_step(const AdamWArgs& args) {
+  const char* op = "adamw_step";
+  OP_CHECK(args.param != nullptr && args.grad != nullptr && args.exp_avg != nullptr && args.exp_avg_sq != nullptr,
+           "param, grad, exp_avg and exp_avg_sq must all be given");
+  const Tensor& param = *args.param;
+  const Tensor& grad = *args.grad;
+  const Tensor& exp_avg = *args.exp_avg;
+  const Tensor& exp_avg_sq = *args.exp_avg_sq;
+  const Device device =
+      check_args(op, {{"param", &param}, {"grad", &grad}, {"exp_avg", &exp_avg}, {"exp_avg_sq", &exp_avg_sq}});
+  OP_CHECK_PAIR(grad.numel() == param.numel(), param, grad);
+  OP_CHECK_PAIR(exp_avg.numel() == param.numel(), param, exp_avg);
+  OP_CHECK_PAIR(exp_avg_sq.numel() == param.numel(), param, exp_avg_sq);
+  OP_CHECK(args.step >= 1, "step is {} but must be >= 1 (bias correction counts from 1)", args.step);
+  OP_CHECK(args.beta1 >= 0.0f && args.beta1 < 1.0f && args.beta2 >= 0.0f && args.beta2 < 1.0f,
+           "betas are ({}, {}) but must lie in [0, 1)", args.beta1, args.beta2);
+  OP_CHECK(args.lr >= 0.0f && args.eps >= 0.0f && args.weight_decay >= 0.0f,
+           "lr {}, eps {} and weight_decay {} must be >= 0", args.lr, args.eps, args.weight_decay);
+  backend(device).adamw_step(args);
+}
+
+void add_inplace(Tensor& y, const Tensor& x) {
+  const char* op = "add_inplace";
+  const Device device = check_args(op, {{"y", &y}, {"x", &x}});
+  OP_CHECK_PAIR(x.shape() == y.shape(), y, x);
+  backend(device).add_inplace(y, x);
+}
+
+void scale_inplace(Tensor& x, float s) {
+  const char* op = "scale_inplace";
+  const Device device = check_args(op, {{"x", &x}});
+  backend(device).scale_inplace(x, s);
+}
+
+double sum_squares(const Tensor& x) {
+  const char* op = "sum_squares";
+  const Device device = check_args(op, {{"x", &x}});
+  return backend(device).sum_squares(x);
+}
+
+}  // namespace primus::ops

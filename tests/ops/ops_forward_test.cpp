@@ -1,0 +1,353 @@
+// Every op through src/ops on the CPU backend against a naive double-precision reference written here, on fresh
+// random inputs at awkward sizes (1, 3, 31, 32, 33 rows; head sizes 8 and 16; GQA and plain heads; T = 1, 17).
+// Outputs are poisoned with NaN first, so an element a kernel forgets to write fails the comparison.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "ops/ops.h"
+#include "support/test_support.h"
+
+namespace primus {
+namespace {
+
+using primus::testing::random_ids;
+using primus::testing::random_tensor;
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+Tensor poisoned(const Shape& shape) {
+  Tensor t = Tensor::empty(shape, DType::kF32);
+  t.fill(kNaN);
+  return t;
+}
+
+Tensor copy_of(const Tensor& t) {
+  Tensor c = Tensor::empty(t.shape(), t.dtype());
+  c.copy_from(t);
+  return c;
+}
+
+std::vector<double> values(const Tensor& t) { return std::vector<double>(t.f32(), t.f32() + t.numel()); }
+
+// Relative error ||got − want|| / ||want|| of a whole tensor; every element must be finite.
+void expect_near(const Tensor& got, const std::vector<double>& want, double tol, const std::string& what) {
+  ASSERT_EQ(got.numel(), static_cast<int64_t>(want.size())) << what;
+  double diff = 0.0, ref = 0.0;
+  for (int64_t i = 0; i < got.numel(); ++i) {
+    const double g = got.f32()[i];
+    ASSERT_TRUE(std::isfinite(g)) << what << ": element " << i << " is " << g;
+    diff += (g - want[i]) * (g - want[i]);
+    ref += want[i] * want[i];
+  }
+  EXPECT_LE(std::sqrt(diff) / std::max(std::sqrt(ref), 1e-30), tol) << what;
+}
+
+// ---- gemm and linear ------------------------------------------------------------------------------------------
+
+std::vector<double> ref_gemm(const Tensor& a, const Tensor& b, const Tensor& c0, bool ta, bool tb, double alpha,
+                             double beta, int64_t m, int64_t n, int64_t k) {
+  std::vector<double> c(static_cast<size_t>(m * n));
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double s = 0.0;
+      for (int64_t p = 0; p < k; ++p) {
+        const double av = ta ? a.f32()[p * m + i] : a.f32()[i * k + p];
+        const double bv = tb ? b.f32()[j * k + p] : b.f32()[p * n + j];
+        s += av * bv;
+      }
+      c[i * n + j] = alpha * s + (beta != 0.0 ? beta * c0.f32()[i * n + j] : 0.0);
+    }
+  }
+  return c;
+}
+
+TEST(OpsForward, GemmAllTransposesAndBetas) {
+  Rng rng(101);
+  const int64_t sizes[][3] = {{1, 3, 8}, {31, 33, 16}, {32, 17, 33}, {3, 1, 1}};
+  for (const auto& s : sizes) {
+    const int64_t m = s[0], n = s[1], k = s[2];
+    for (int ta = 0; ta < 2; ++ta) {
+      for (int tb = 0; tb < 2; ++tb) {
+        for (float beta : {0.0f, 0.5f}) {
+          SCOPED_TRACE(fmt::format("m={} n={} k={} ta={} tb={} beta={}", m, n, k, ta, tb, beta));
+          Tensor a = random_tensor(ta ? Shape{k, m} : Shape{m, k}, rng);
+          Tensor b = random_tensor(tb ? Shape{n, k} : Shape{k, n}, rng);
+          Tensor c = beta == 0.0f ? poisoned({m, n}) : random_tensor({m, n}, rng);
+          const Tensor c0 = copy_of(c);
+          GemmArgs args{&a, &b, &c, ta == 1, tb == 1, 0.7f, beta};
+          ops::gemm(args);
+          expect_near(c, ref_gemm(a, b, c0, ta, tb, 0.7, beta, m, n, k), 1e-5, "c");
+        }
+      }
+    }
+  }
+}
+
+TEST(OpsForward, GemmEmptyInnerDimension) {
+  Rng rng(102);
+  Tensor a = Tensor::empty({3, 0}, DType::kF32);
+  Tensor b = Tensor::empty({0, 4}, DType::kF32);
+  Tensor c = poisoned({3, 4});
+  ops::gemm(GemmArgs{&a, &b, &c, false, false, 1.0f, 0.0f});
+  expect_near(c, std::vector<double>(12, 0.0), 0.0, "beta 0 clears c");
+  Tensor d = random_tensor({3, 4}, rng);
+  const std::vector<double> want = [&] {
+    std::vector<double> w = values(d);
+    for (double& x : w) x *= 0.5;
+    return w;
+  }();
+  ops::gemm(GemmArgs{&a, &b, &d, false, false, 1.0f, 0.5f});
+  expect_near(d, want, 1e-7, "beta 0.5 scales c");
+}
+
+TEST(OpsForward, LinearForwardBackwardWithLeadingDims) {
+  Rng rng(103);
+  const int64_t in = 8, out = 5;
+  Tensor x = random_tensor({2, 3, in}, rng);  // [B, T, in]
+  Tensor w = random_tensor({out, in}, rng);
+  Tensor y = poisoned({2, 3, out});
+  ops::linear_forward(x, w, y);
+  const Tensor x2 = x.reshape({6, in});
+  expect_near(y, ref_gemm(x2, w, y, false, true, 1.0, 0.0, 6, out, in), 1e-5, "y");
+
+  Tensor dy = random_tensor({2, 3, out}, rng);
+  Tensor dx = poisoned({2, 3, in});
+  Tensor dw = random_tensor({out, in}, rng);  // accumulated into
+  const Tensor dw0 = copy_of(dw);
+  ops::linear_backward(x, w, dy, dx, dw);
+  const Tensor dy2 = dy.reshape({6, out});
+  expect_near(dx, ref_gemm(dy2, w, dx, false, false, 1.0, 0.0, 6, in, out), 1e-5, "dx");
+  expect_near(dw, ref_gemm(dy2, x2, dw0, true, false, 1.0, 1.0, out, in, 6), 1e-5, "dw");
+
+  // An undefined output is skipped; the other is still produced.
+  Tensor none;
+  Tensor dx_only = poisoned({2, 3, in});
+  ops::linear_backward(x, w, dy, dx_only, none);
+  expect_near(dx_only, values(dx), 0.0, "dx alone");
+}
+
+// ---- embedding ------------------------------------------------------------------------------------------------
+
+TEST(OpsForward, EmbeddingGatherAndScatterWithRepeatedIds) {
+  Rng rng(104);
+  for (int64_t n : {1, 3, 33}) {
+    for (int64_t channels : {3, 16, 40}) {
+      SCOPED_TRACE(fmt::format("n={} c={}", n, channels));
+      const int64_t vocab = 7;  // fewer rows than tokens: ids repeat
+      Tensor ids = random_ids({n}, vocab, rng);
+      Tensor table = random_tensor({vocab, channels}, rng);
+      Tensor out = poisoned({n, channels});
+      ops::embedding_forward(ids, table, out);
+      std::vector<double> want(static_cast<size_t>(n * channels));
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t c = 0; c < channels; ++c) want[i * channels + c] = table.f32()[ids.i32()[i] * channels + c];
+      expect_near(out, want, 0.0, "out");
+
+      Tensor dout = random_tensor({n, channels}, rng);
+      Tensor dtable = random_tensor({vocab, channels}, rng);
+      std::vector<double> dwant = values(dtable);
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t c = 0; c < channels; ++c) dwant[ids.i32()[i] * channels + c] += dout.f32()[i * channels + c];
+      ops::embedding_backward(ids, dout, dtable);
+      expect_near(dtable, dwant, 1e-6, "dtable");
+    }
+  }
+}
+
+TEST(OpsForward, EmbeddingAcceptsBatchShapedIds) {
+  Rng rng(105);
+  Tensor ids = random_ids({2, 5}, 11, rng);
+  Tensor table = random_tensor({11, 8}, rng);
+  Tensor out = poisoned({2, 5, 8});
+  ops::embedding_forward(ids, table, out);
+  EXPECT_EQ(out.f32()[(1 * 5 + 3) * 8 + 2], table.f32()[ids.i32()[8] * 8 + 2]);
+}
+
+// ---- rmsnorm --------------------------------------------------------------------------------------------------
+
+TEST(OpsForward, RmsNormForwardBackwardClosedForm) {
+  Rng rng(106);
+  const double eps = 1e-5;
+  for (int64_t rows : {1, 3, 31, 32, 33}) {
+    for (int64_t channels : {8, 16, 33}) {
+      SCOPED_TRACE(fmt::format("rows={} c={}", rows, channels));
+      Tensor x = random_tensor({rows, channels}, rng, 2.0f);
+      Tensor w = random_tensor({channels}, rng);
+      Tensor y = poisoned({rows, channels});
+      Tensor rstd = poisoned({rows});
+      ops::rmsnorm_forward(x, w, static_cast<float>(eps), y, rstd);
+
+      Tensor dy = random_tensor({rows, channels}, rng);
+      Tensor dx = poisoned({rows, channels});
+      Tensor dw = random_tensor({channels}, rng);
+      std::vector<double> want_y(rows * channels), want_r(rows), want_dx(rows * channels), want_dw = values(dw);
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* xr = x.f32() + r * channels;
+        const float* dyr = dy.f32() + r * channels;
+        double ms = 0.0;
+        for (int64_t c = 0; c < channels; ++c) ms += double(xr[c]) * xr[c];
+        const double s = 1.0 / std::sqrt(ms / channels + eps);
+        want_r[r] = s;
+        double dot = 0.0;
+        for (int64_t c = 0; c < channels; ++c) {
+          want_y[r * channels + c] = w.f32()[c] * xr[c] * s;
+          dot += double(dyr[c]) * w.f32()[c] * xr[c] * s;
+          want_dw[c] += double(dyr[c]) * xr[c] * s;
+        }
+        for (int64_t c = 0; c < channels; ++c)
+          want_dx[r * channels + c] = s * (double(dyr[c]) * w.f32()[c] - xr[c] * s * dot / channels);
+      }
+      expect_near(y, want_y, 1e-6, "y");
+      expect_near(rstd, want_r, 1e-6, "rstd");
+      ops::rmsnorm_backward(dy, x, w, rstd, dx, dw);
+      expect_near(dx, want_dx, 1e-5, "dx");
+      expect_near(dw, want_dw, 1e-5, "dweight");
+    }
+  }
+}
+
+TEST(OpsForward, RmsNormOverHeadsOfA4dTensor) {
+  Rng rng(107);
+  Tensor x = random_tensor({2, 3, 4, 8}, rng);  // [B, T, H, D], normalised over D (Qwen3 qk-norm)
+  Tensor w = random_tensor({8}, rng);
+  Tensor y = poisoned(x.shape());
+  Tensor rstd = poisoned({2, 3, 4});
+  ops::rmsnorm_forward(x, w, 1e-6f, y, rstd);
+  Tensor y2 = poisoned({24, 8});
+  Tensor rstd2 = poisoned({24});
+  ops::rmsnorm_forward(x.reshape({24, 8}), w, 1e-6f, y2, rstd2);
+  expect_near(y, values(y2), 0.0, "same as flat rows");
+  expect_near(rstd, values(rstd2), 0.0, "rstd");
+}
+
+// ---- rope -----------------------------------------------------------------------------------------------------
+
+TEST(OpsForward, RopeRotatesHalvesAndBackwardInverts) {
+  Rng rng(108);
+  for (int64_t head_dim : {8, 16}) {
+    for (int64_t seq : {1, 17}) {
+      SCOPED_TRACE(fmt::format("D={} T={}", head_dim, seq));
+      const int64_t batch = 2, heads = 3, half = head_dim / 2;
+      Tensor cos = Tensor::empty({seq, half}, DType::kF32);
+      Tensor sin = Tensor::empty({seq, half}, DType::kF32);
+      for (int64_t t = 0; t < seq; ++t) {
+        for (int64_t i = 0; i < half; ++i) {
+          const double angle = t * std::pow(10000.0, -2.0 * i / head_dim) + 0.3;
+          cos.f32()[t * half + i] = static_cast<float>(std::cos(angle));
+          sin.f32()[t * half + i] = static_cast<float>(std::sin(angle));
+        }
+      }
+      Tensor x = random_tensor({batch, seq, heads, head_dim}, rng);
+      const Tensor x0 = copy_of(x);
+      std::vector<double> want(x.numel());
+      for (int64_t v = 0; v < batch * seq * heads; ++v) {
+        const int64_t t = (v / heads) % seq;
+        for (int64_t i = 0; i < half; ++i) {
+          const double a = x0.f32()[v * head_dim + i], b = x0.f32()[v * head_dim + half + i];
+          const double c = cos.f32()[t * half + i], s = sin.f32()[t * half + i];
+          want[v * head_dim + i] = a * c - b * s;
+          want[v * head_dim + half + i] = b * c + a * s;
+        }
+      }
+      ops::rope_forward(x, cos, sin);
+      expect_near(x, want, 1e-6, "rotated");
+      ops::rope_backward(x, cos, sin);
+      expect_near(x, values(x0), 1e-6, "inverse rotation restores x");
+    }
+  }
+}
+
+// ---- swiglu ---------------------------------------------------------------------------------------------------
+
+TEST(OpsForward, SwiGluForwardBackwardClosedForm) {
+  Rng rng(109);
+  for (int64_t rows : {1, 31, 33}) {
+    SCOPED_TRACE(fmt::format("rows={}", rows));
+    const int64_t f = 24;
+    Tensor gate = random_tensor({rows, f}, rng, 3.0f);
+    Tensor up = random_tensor({rows, f}, rng);
+    Tensor dout = random_tensor({rows, f}, rng);
+    Tensor out = poisoned({rows, f});
+    Tensor dgate = poisoned({rows, f});
+    Tensor dup = poisoned({rows, f});
+    ops::swiglu_forward(gate, up, out);
+    ops::swiglu_backward(gate, up, dout, dgate, dup);
+    std::vector<double> want(rows * f), want_dg(rows * f), want_du(rows * f);
+    for (int64_t i = 0; i < rows * f; ++i) {
+      const double g = gate.f32()[i], u = up.f32()[i], d = dout.f32()[i];
+      const double sig = 1.0 / (1.0 + std::exp(-g));
+      want[i] = g * sig * u;
+      want_du[i] = d * g * sig;
+      want_dg[i] = d * u * (sig + g * sig * (1.0 - sig));
+    }
+    expect_near(out, want, 1e-6, "out");
+    expect_near(dgate, want_dg, 1e-6, "dgate");
+    expect_near(dup, want_du, 1e-6, "dup");
+  }
+}
+
+// ---- cross-entropy --------------------------------------------------------------------------------------------
+
+TEST(OpsForward, CrossEntropyWithIgnoredRowsAndAliasedGradient) {
+  Rng rng(110);
+  for (int64_t rows : {1, 3, 33}) {
+    for (int64_t vocab : {5, 64}) {
+      SCOPED_TRACE(fmt::format("rows={} V={}", rows, vocab));
+      Tensor logits = random_tensor({rows, vocab}, rng, 4.0f);
+      Tensor targets = random_ids({rows}, vocab, rng);
+      if (rows > 1) targets.i32()[1] = -100;
+      targets.i32()[rows - 1] = -1;  // a single row that is ignored: loss 0, gradient 0
+      Tensor losses = poisoned({rows});
+      Tensor lse = poisoned({rows});
+      ops::cross_entropy_forward(logits, targets, losses, lse);
+
+      const float scale = 0.25f;
+      std::vector<double> want_loss(rows), want_lse(rows), want_d(rows * vocab);
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* row = logits.f32() + r * vocab;
+        double max = row[0];
+        for (int64_t v = 1; v < vocab; ++v) max = std::max(max, double(row[v]));
+        double sum = 0.0;
+        for (int64_t v = 0; v < vocab; ++v) sum += std::exp(row[v] - max);
+        want_lse[r] = max + std::log(sum);
+        const int32_t t = targets.i32()[r];
+        want_loss[r] = t < 0 ? 0.0 : want_lse[r] - row[t];
+        for (int64_t v = 0; v < vocab; ++v)
+          want_d[r * vocab + v] = t < 0 ? 0.0 : scale * (std::exp(row[v] - want_lse[r]) - (v == t ? 1.0 : 0.0));
+      }
+      expect_near(losses, want_loss, 1e-6, "losses");
+      expect_near(lse, want_lse, 1e-6, "lse");
+
+      Tensor dlogits = poisoned({rows, vocab});
+      ops::cross_entropy_backward(logits, targets, lse, scale, dlogits);
+      expect_near(dlogits, want_d, 1e-5, "dlogits");
+      for (int64_t v = 0; v < vocab; ++v) EXPECT_EQ(dlogits.f32()[(rows - 1) * vocab + v], 0.0f);
+
+      // In place: dlogits is logits itself, and the bits match the separate buffer.
+      ops::cross_entropy_backward(logits, targets, lse, scale, logits);
+      EXPECT_EQ(std::memcmp(logits.data(), dlogits.data(), dlogits.nbytes()), 0);
+    }
+  }
+}
+
+TEST(OpsForward, CrossEntropyAcceptsBatchShapes) {
+  Rng rng(111);
+  Tensor logits = random_tensor({2, 3, 10}, rng);
+  Tensor targets = random_ids({2, 3}, 10, rng);
+  Tensor losses = poisoned({2, 3});
+  Tensor lse = poisoned({2, 3});
+  ops::cross_entropy_forward(logits, targets, losses, lse);
+  Tensor flat_losses = poisoned({6});
+  Tensor flat_lse = poisoned({6});
+  ops::cross_entropy_forward(logits.reshape({6, 10}), targets.reshape({6}), flat_losses, flat_lse);
+  expect_near(losses, values(flat_losses), 0.0, "losses");
+}
+
+}  // namespace
+}  // namespace primus
