@@ -1,0 +1,214 @@
+// config.json export/import for Llama and Qwen3; defaults for absent keys follow transformers' LlamaConfig and
+// Qwen3Config so a file means the same model here as it does there.
+#include "checkpoint/hf_config.h"
+
+#include <utility>
+
+#include "core/error.h"
+#include "core/file_io.h"
+
+namespace primus {
+
+namespace {
+
+using nlohmann::json;
+
+// Reads typed fields of one JSON object, naming `source` and the key in every error.
+class FieldReader {
+ public:
+  FieldReader(const json& j, const std::string& source, std::string prefix = "")
+      : j_(j), source_(source), prefix_(std::move(prefix)) {}
+
+  bool has(const char* key) const { return j_.contains(key) && !j_.at(key).is_null(); }
+
+  int64_t positive_int(const char* key) const {
+    if (!has(key)) fail(key, "is required but missing");
+    const json& v = j_.at(key);
+    if (!v.is_number_integer() || v.get<int64_t>() <= 0)
+      fail(key, fmt::format("must be a positive integer, got {}", v.dump()));
+    return v.get<int64_t>();
+  }
+  int64_t positive_int(const char* key, int64_t fallback) const { return has(key) ? positive_int(key) : fallback; }
+
+  double number(const char* key, double fallback) const {
+    if (!has(key)) return fallback;
+    const json& v = j_.at(key);
+    if (!v.is_number()) fail(key, fmt::format("must be a number, got {}", v.dump()));
+    return v.get<double>();
+  }
+  double positive_number(const char* key, double fallback) const {
+    double x = number(key, fallback);
+    if (!(x > 0)) fail(key, fmt::format("must be positive, got {}", j_.at(key).dump()));
+    return x;
+  }
+
+  bool boolean(const char* key, bool fallback) const {
+    if (!has(key)) return fallback;
+    const json& v = j_.at(key);
+    if (!v.is_boolean()) fail(key, fmt::format("must be true or false, got {}", v.dump()));
+    return v.get<bool>();
+  }
+
+  std::string string(const char* key, const std::string& fallback) const {
+    if (!has(key)) return fallback;
+    const json& v = j_.at(key);
+    if (!v.is_string()) fail(key, fmt::format("must be a string, got {}", v.dump()));
+    return v.get<std::string>();
+  }
+
+  [[noreturn]] void fail(const char* key, const std::string& what) const {
+    throw UsageError(fmt::format("{}: {}{} {}", source_, prefix_, key, what));
+  }
+
+ private:
+  const json& j_;
+  const std::string& source_;
+  std::string prefix_;
+};
+
+// Applies "llama3" frequency scaling from a rope_scaling (or transformers v5 rope_parameters) object.
+void read_rope(const json& rope, const std::string& source, const char* key, ModelArgs& m) {
+  if (!rope.is_object()) {
+    throw UsageError(fmt::format("{}: {} must be an object or null, got {}", source, key, rope.dump()));
+  }
+  FieldReader r(rope, source, std::string(key) + ".");
+  // Older files call the field "type".
+  std::string type = r.string("rope_type", r.string("type", "default"));
+  if (type == "default") return;
+  if (type != "llama3") {
+    r.fail("rope_type", fmt::format("\"{}\" is not supported (supported: default, llama3)", type));
+  }
+  m.use_rope_scaling = true;
+  auto required_number = [&](const char* field) {
+    if (!r.has(field)) r.fail(field, "is required for rope_type llama3 but missing");
+    return r.positive_number(field, 0.0);
+  };
+  m.rope_scaling_factor = required_number("factor");
+  m.rope_scaling_low_freq_factor = required_number("low_freq_factor");
+  m.rope_scaling_high_freq_factor = required_number("high_freq_factor");
+  m.rope_scaling_original_max_position_embeddings = r.positive_int("original_max_position_embeddings");
+}
+
+}  // namespace
+
+json hf_config_from_model(const ModelArgs& m, const std::string& torch_dtype) {
+  PRIMUS_CHECK(m.num_layers > 0 && m.hidden_size > 0 && m.ffn_hidden_size > 0 && m.num_attention_heads > 0 &&
+                   m.vocab_size > 0 && m.max_position_embeddings > 0,
+               "hf_config_from_model: unresolved model shape (layers {}, hidden {}, ffn {}, heads {}, vocab {}, "
+               "max positions {})",
+               m.num_layers, m.hidden_size, m.ffn_hidden_size, m.num_attention_heads, m.vocab_size,
+               m.max_position_embeddings);
+  const bool qwen3 = m.qk_layernorm;
+  json j = json::object();
+  j["architectures"] = json::array({qwen3 ? "Qwen3ForCausalLM" : "LlamaForCausalLM"});
+  j["model_type"] = qwen3 ? "qwen3" : "llama";
+  j["hidden_size"] = m.hidden_size;
+  j["intermediate_size"] = m.ffn_hidden_size;
+  j["num_hidden_layers"] = m.num_layers;
+  j["num_attention_heads"] = m.num_attention_heads;
+  j["num_key_value_heads"] = m.num_query_groups > 0 ? m.num_query_groups : m.num_attention_heads;
+  j["head_dim"] = m.kv_channels > 0 ? m.kv_channels : m.hidden_size / m.num_attention_heads;
+  j["vocab_size"] = m.vocab_size;
+  j["max_position_embeddings"] = m.max_position_embeddings;
+  j["rms_norm_eps"] = m.norm_epsilon;
+  j["rope_theta"] = m.rotary_base;
+  if (m.use_rope_scaling) {
+    j["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", m.rope_scaling_factor},
+                         {"low_freq_factor", m.rope_scaling_low_freq_factor},
+                         {"high_freq_factor", m.rope_scaling_high_freq_factor},
+                         {"original_max_position_embeddings", m.rope_scaling_original_max_position_embeddings}};
+  } else {
+    j["rope_scaling"] = nullptr;
+  }
+  j["tie_word_embeddings"] = !m.untie_embeddings_and_output_weights;
+  j["hidden_act"] = "silu";
+  j["attention_bias"] = false;
+  j["attention_dropout"] = 0.0;
+  if (qwen3) {
+    j["use_sliding_window"] = false;
+    j["sliding_window"] = nullptr;
+    j["max_window_layers"] = m.num_layers;
+  } else {
+    j["mlp_bias"] = false;
+  }
+  j["initializer_range"] = m.init_method_std;
+  j["torch_dtype"] = torch_dtype;
+  j["use_cache"] = true;
+  return j;
+}
+
+ModelArgs model_args_from_hf_config(const json& j, const std::string& source_name) {
+  if (!j.is_object()) {
+    throw UsageError(fmt::format("{}: expected a JSON object at the top level, got {}", source_name, j.type_name()));
+  }
+  FieldReader r(j, source_name);
+  if (!r.has("model_type")) r.fail("model_type", "is required but missing");
+  const std::string model_type = r.string("model_type", "");
+  if (model_type != "llama" && model_type != "qwen3") {
+    r.fail("model_type", fmt::format("\"{}\" is not supported (supported: llama, qwen3)", model_type));
+  }
+  const bool qwen3 = model_type == "qwen3";
+
+  ModelArgs m;
+  m.preset = source_name;
+  m.hidden_size = r.positive_int("hidden_size");
+  m.ffn_hidden_size = r.positive_int("intermediate_size");
+  m.num_layers = r.positive_int("num_hidden_layers");
+  m.num_attention_heads = r.positive_int("num_attention_heads");
+  m.vocab_size = r.positive_int("vocab_size");
+  m.num_query_groups = r.positive_int("num_key_value_heads", m.num_attention_heads);
+  if (m.num_attention_heads % m.num_query_groups != 0) {
+    r.fail("num_key_value_heads",
+           fmt::format("({}) must divide num_attention_heads ({})", m.num_query_groups, m.num_attention_heads));
+  }
+  // LlamaConfig derives head_dim from the hidden size; Qwen3Config defaults it to 128 regardless.
+  if (!qwen3 && !r.has("head_dim") && m.hidden_size % m.num_attention_heads != 0) {
+    r.fail("head_dim", fmt::format("is missing and hidden_size ({}) is not divisible by num_attention_heads ({})",
+                                   m.hidden_size, m.num_attention_heads));
+  }
+  m.kv_channels = r.positive_int("head_dim", qwen3 ? 128 : m.hidden_size / m.num_attention_heads);
+  m.max_position_embeddings = r.positive_int("max_position_embeddings", qwen3 ? 32768 : 2048);
+  m.norm_epsilon = r.positive_number("rms_norm_eps", 1e-6);
+  m.init_method_std = r.positive_number("initializer_range", 0.02);
+  m.untie_embeddings_and_output_weights = !r.boolean("tie_word_embeddings", false);
+  m.qk_layernorm = qwen3;
+
+  const std::string act = r.string("hidden_act", "silu");
+  if (act != "silu") r.fail("hidden_act", fmt::format("\"{}\" is not supported (supported: silu)", act));
+  if (r.boolean("attention_bias", false)) r.fail("attention_bias", "true is not supported (our attention has no bias)");
+  if (r.boolean("mlp_bias", false)) r.fail("mlp_bias", "true is not supported (our MLP has no bias)");
+  if (r.boolean("use_sliding_window", false)) r.fail("use_sliding_window", "true is not supported");
+
+  // transformers v5 moved rope_theta and the scaling into rope_parameters; accept either layout.
+  m.rotary_base = r.positive_number("rope_theta", 10000.0);
+  if (r.has("rope_parameters")) {
+    FieldReader p(j.at("rope_parameters"), source_name, "rope_parameters.");
+    if (j.at("rope_parameters").is_object()) m.rotary_base = p.positive_number("rope_theta", m.rotary_base);
+    read_rope(j.at("rope_parameters"), source_name, "rope_parameters", m);
+  }
+  if (r.has("rope_scaling")) read_rope(j.at("rope_scaling"), source_name, "rope_scaling", m);
+  return m;
+}
+
+ModelArgs read_hf_config(const std::string& path) {
+  std::string text;
+  try {
+    text = read_file(path);
+  } catch (const RuntimeError& e) {
+    throw UsageError(e.what());
+  }
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::parse_error& e) {
+    throw UsageError(fmt::format("{}: not valid JSON at byte {}: {}", path, e.byte, e.what()));
+  }
+  return model_args_from_hf_config(j, path);
+}
+
+void write_hf_config(const std::string& path, const ModelArgs& m, const std::string& torch_dtype) {
+  write_file_atomic(path, hf_config_from_model(m, torch_dtype).dump(2) + "\n");
+}
+
+}  // namespace primus

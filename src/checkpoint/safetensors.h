@@ -1,0 +1,101 @@
+// Hugging Face safetensors files: a streaming, atomic writer and a validating memory-mapped reader.
+//
+// Layout (docs FORMATS.md §4): u64 LE header length N | N bytes of UTF-8 JSON, space-padded |
+// tensor data, packed, little-endian, row-major. The header maps each tensor name to
+// {"dtype", "shape", "data_offsets": [begin, end]} (offsets relative to the data start) and may hold
+// "__metadata__": {string: string}.
+//
+// The writer produces the same bytes as the reference writer: tensors ordered by dtype (wider first, in the
+// reference's dtype order) then by name, "__metadata__" first with {"format": "pt"}, compact JSON, header
+// padded with spaces to a multiple of 8 so every tensor starts 8-byte aligned.
+// The reader checks everything a corrupt or hostile file could get wrong before handing out a pointer, and
+// names the file and the offending offset or field in each error (RuntimeError).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/tensor.h"
+
+namespace primus {
+
+// "F32", "BF16", "F16", "I32", "I64", "U8" for the dtypes we compute with.
+const char* safetensors_dtype_name(DType dtype);
+// The DType for a safetensors dtype string, or nullopt for one we do not compute with (e.g. "F64", "BOOL").
+std::optional<DType> dtype_from_safetensors(const std::string& name);
+
+class SafetensorsWriter {
+ public:
+  // Registers a tensor. `data` (numel(shape) × dtype_size bytes, host memory) is not copied: it must stay
+  // valid until write() returns. Throws RuntimeError on a duplicate or reserved name.
+  void add(const std::string& name, DType dtype, const Shape& shape, const void* data);
+  // Same, from a contiguous CPU tensor; the writer keeps a reference so the data stays alive.
+  void add(const std::string& name, const Tensor& tensor);
+  // An entry of "__metadata__" ("format" is always "pt" and cannot be overridden).
+  void add_metadata(const std::string& key, const std::string& value);
+
+  // The header bytes (without the 8-byte length prefix), padded; exposed for tests and size estimates.
+  std::string header() const;
+  // Writes the file atomically (temporary + fsync + rename), streaming tensor data straight from the
+  // registered buffers.
+  void write(const std::string& path) const;
+
+ private:
+  struct Item {
+    std::string name;
+    DType dtype;
+    Shape shape;
+    const void* data;
+    uint64_t nbytes;
+    Tensor keep_alive;
+  };
+  std::vector<const Item*> ordered() const;
+
+  std::vector<Item> items_;
+  std::map<std::string, std::string> metadata_{{"format", "pt"}};
+};
+
+struct SafetensorsEntry {
+  std::string name;
+  std::string dtype;  // as written in the file: "BF16", "F32", "F64", ...
+  Shape shape;
+  uint64_t data_offset = 0;  // absolute offset of the first byte in the file
+  uint64_t nbytes = 0;
+  const void* data = nullptr;  // into the read-only mapping; valid while any copy of the SafetensorsFile lives
+};
+
+class SafetensorsFile {
+ public:
+  // Maps and validates `path`. Throws RuntimeError for unreadable or malformed files.
+  static SafetensorsFile open(const std::string& path);
+
+  const std::string& path() const { return path_; }
+  // Entries in file order (ascending data offset).
+  const std::vector<SafetensorsEntry>& entries() const { return entries_; }
+  const SafetensorsEntry* find(const std::string& name) const;
+  // The "__metadata__" map (empty when absent).
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+
+  // A new f32 CPU tensor holding the named tensor converted from F32, BF16 or F16.
+  // Throws RuntimeError when the name is missing or the dtype is anything else.
+  Tensor read_f32(const std::string& name) const;
+  // A new CPU tensor in the stored dtype (which must be one of ours: F32, BF16, F16, I32, I64, U8).
+  Tensor read(const std::string& name) const;
+
+ private:
+  struct Mapping;
+  const SafetensorsEntry& require(const std::string& name) const;
+
+  std::string path_;
+  std::shared_ptr<const Mapping> mapping_;
+  std::vector<SafetensorsEntry> entries_;
+  std::map<std::string, size_t> index_;
+  std::map<std::string, std::string> metadata_;
+};
+
+}  // namespace primus

@@ -1,0 +1,183 @@
+// POSIX implementation of file_io.h: read loops, atomic replace, CRC32C (slice-by-8 tables built at compile time).
+#include "core/file_io.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <array>
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <system_error>
+#include <utility>
+
+#include "core/error.h"
+
+namespace primus {
+
+namespace {
+
+std::string os_error(int err) { return std::generic_category().message(err); }
+
+std::string parent_dir(const std::string& path) {
+  std::string dir = std::filesystem::path(path).parent_path().string();
+  return dir.empty() ? std::string(".") : dir;
+}
+
+// close() that reports failure: on NFS and some other file systems a write error surfaces only here.
+void close_or_throw(int fd, const std::string& path) {
+  if (::close(fd) != 0) throw RuntimeError(fmt::format("close {}: {}", path, os_error(errno)));
+}
+
+}  // namespace
+
+std::string read_file(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw RuntimeError(fmt::format("cannot open {}: {}", path, os_error(errno)));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    int err = errno;
+    ::close(fd);
+    throw RuntimeError(fmt::format("cannot stat {}: {}", path, os_error(err)));
+  }
+  if (S_ISDIR(st.st_mode)) {
+    ::close(fd);
+    throw RuntimeError(fmt::format("cannot read {}: {}", path, os_error(EISDIR)));
+  }
+  std::string bytes;
+  // st_size is a hint only (pipes and /proc files report 0); read until end of file either way.
+  size_t capacity = st.st_size > 0 ? static_cast<size_t>(st.st_size) + 1 : 4096;
+  bytes.resize(capacity);
+  size_t used = 0;
+  while (true) {
+    if (used == bytes.size()) bytes.resize(bytes.size() * 2);
+    ssize_t got = ::read(fd, bytes.data() + used, bytes.size() - used);
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      int err = errno;
+      ::close(fd);
+      throw RuntimeError(fmt::format("read {} at offset {}: {}", path, used, os_error(err)));
+    }
+    if (got == 0) break;
+    used += static_cast<size_t>(got);
+  }
+  ::close(fd);
+  bytes.resize(used);
+  return bytes;
+}
+
+void fsync_directory(const std::string& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) throw RuntimeError(fmt::format("cannot open directory {}: {}", dir, os_error(errno)));
+  if (::fsync(fd) != 0) {
+    int err = errno;
+    ::close(fd);
+    throw RuntimeError(fmt::format("fsync directory {}: {}", dir, os_error(err)));
+  }
+  close_or_throw(fd, dir);
+}
+
+AtomicFileWriter::AtomicFileWriter(std::string path)
+    : path_(std::move(path)), tmp_path_(fmt::format("{}.tmp.{}", path_, ::getpid())) {
+  fd_ = ::open(tmp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw RuntimeError(fmt::format("cannot create {}: {}", tmp_path_, os_error(errno)));
+}
+
+AtomicFileWriter::~AtomicFileWriter() {
+  if (!committed_) discard();
+}
+
+void AtomicFileWriter::discard() noexcept {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    fd_ = -1;
+  }
+  ::unlink(tmp_path_.c_str());
+}
+
+void AtomicFileWriter::append(const void* data, size_t n) {
+  PRIMUS_CHECK(fd_ >= 0 && !committed_, "append to {} after commit or failure", path_);
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    ssize_t put = ::write(fd_, p, n);
+    if (put < 0) {
+      if (errno == EINTR) continue;
+      int err = errno;
+      discard();
+      throw RuntimeError(fmt::format("write {} at offset {}: {}", tmp_path_, bytes_written_, os_error(err)));
+    }
+    p += put;
+    n -= static_cast<size_t>(put);
+    bytes_written_ += static_cast<uint64_t>(put);
+  }
+}
+
+void AtomicFileWriter::commit() {
+  PRIMUS_CHECK(fd_ >= 0 && !committed_, "commit of {} twice or after a failure", path_);
+  try {
+    if (::fsync(fd_) != 0) throw RuntimeError(fmt::format("fsync {}: {}", tmp_path_, os_error(errno)));
+    int fd = fd_;
+    fd_ = -1;
+    close_or_throw(fd, tmp_path_);
+    if (::rename(tmp_path_.c_str(), path_.c_str()) != 0) {
+      throw RuntimeError(fmt::format("rename {} -> {}: {}", tmp_path_, path_, os_error(errno)));
+    }
+  } catch (...) {
+    discard();
+    throw;
+  }
+  committed_ = true;
+  // The new file is in place; a failing directory fsync still reports an error (durability is not assured).
+  fsync_directory(parent_dir(path_));
+}
+
+void write_file_atomic(const std::string& path, std::string_view bytes) {
+  AtomicFileWriter writer(path);
+  writer.append(bytes);
+  writer.commit();
+}
+
+namespace {
+
+using Crc32cTables = std::array<std::array<uint32_t, 256>, 8>;
+
+// tables[0] is the byte-at-a-time table; tables[k][b] advances the CRC of byte b followed by k zero bytes,
+// which lets the main loop fold eight input bytes per step.
+constexpr Crc32cTables make_crc32c_tables() {
+  Crc32cTables t{};
+  for (uint32_t b = 0; b < 256; ++b) {
+    uint32_t c = b;
+    for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+    t[0][b] = c;
+  }
+  for (size_t k = 1; k < 8; ++k) {
+    for (uint32_t b = 0; b < 256; ++b) t[k][b] = (t[k - 1][b] >> 8) ^ t[0][t[k - 1][b] & 0xFF];
+  }
+  return t;
+}
+
+constexpr Crc32cTables kCrc32cTables = make_crc32c_tables();
+
+}  // namespace
+
+uint32_t crc32c(const void* data, size_t n, uint32_t crc) {
+  static_assert(std::endian::native == std::endian::little, "slice-by-8 CRC32C assumes a little-endian host");
+  const auto& t = kCrc32cTables;
+  const unsigned char* p = static_cast<const unsigned char*>(data);
+  uint32_t c = ~crc;
+  while (n >= 8) {
+    uint64_t w;
+    std::memcpy(&w, p, 8);
+    w ^= c;
+    c = t[7][w & 0xFF] ^ t[6][(w >> 8) & 0xFF] ^ t[5][(w >> 16) & 0xFF] ^ t[4][(w >> 24) & 0xFF] ^
+        t[3][(w >> 32) & 0xFF] ^ t[2][(w >> 40) & 0xFF] ^ t[1][(w >> 48) & 0xFF] ^ t[0][w >> 56];
+    p += 8;
+    n -= 8;
+  }
+  while (n-- > 0) c = (c >> 8) ^ t[0][(c ^ *p++) & 0xFF];
+  return ~c;
+}
+
+}  // namespace primus

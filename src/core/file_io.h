@@ -1,0 +1,67 @@
+// Whole-file reads, crash-safe writes and CRC32C.
+//
+// Atomic writes follow the classic recipe: write `<path>.tmp.<pid>` in the same directory, fsync it,
+// rename() it over `path`, then fsync the directory so the rename itself survives a power cut. A reader
+// therefore sees either the old complete file or the new complete file, never a torn one.
+//
+// CRC32C is the Castagnoli CRC (reflected polynomial 0x82F63B78, init and final xor 0xFFFFFFFF) used by
+// TensorBoard records and our checkpoint manifests. It is chainable: crc32c(b, nb, crc32c(a, na)) equals
+// the CRC of a followed by b.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace primus {
+
+// The whole file as bytes. Throws RuntimeError naming the path and the OS error; callers reading a file the
+// user named may catch it and rethrow as UsageError.
+std::string read_file(const std::string& path);
+
+// Replaces `path` with `bytes` atomically (see above). Throws RuntimeError on any I/O failure; the old file
+// is left untouched and the temporary removed.
+void write_file_atomic(const std::string& path, std::string_view bytes);
+
+// fsync() a directory so that renames and creations inside it are durable. Throws RuntimeError.
+void fsync_directory(const std::string& dir);
+
+// Streaming version of write_file_atomic for files too large to build in memory (checkpoints).
+//   AtomicFileWriter w(path); w.append(...); ...; w.commit();
+// Destroying the writer without commit() removes the temporary and leaves any old `path` intact.
+class AtomicFileWriter {
+ public:
+  explicit AtomicFileWriter(std::string path);
+  ~AtomicFileWriter();
+  AtomicFileWriter(const AtomicFileWriter&) = delete;
+  AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
+
+  void append(const void* data, size_t n);
+  void append(std::string_view bytes) { append(bytes.data(), bytes.size()); }
+  // fsync, close, rename over the target, fsync the directory. The writer is finished afterwards.
+  void commit();
+
+  const std::string& path() const { return path_; }
+  const std::string& tmp_path() const { return tmp_path_; }
+  uint64_t bytes_written() const { return bytes_written_; }
+
+ private:
+  void discard() noexcept;
+
+  std::string path_;
+  std::string tmp_path_;
+  int fd_ = -1;
+  uint64_t bytes_written_ = 0;
+  bool committed_ = false;
+};
+
+uint32_t crc32c(const void* data, size_t n, uint32_t crc = 0);
+inline uint32_t crc32c(std::string_view bytes, uint32_t crc = 0) { return crc32c(bytes.data(), bytes.size(), crc); }
+
+// TensorBoard/TFRecord masking: rotate right by 15 and add a constant, so a CRC stored next to the data it
+// covers does not look like data with a valid CRC.
+inline uint32_t mask_crc32c(uint32_t crc) { return ((crc >> 15) | (crc << 17)) + 0xA282EAD8u; }
+inline uint32_t masked_crc32c(const void* data, size_t n) { return mask_crc32c(crc32c(data, n)); }
+
+}  // namespace primus
