@@ -1,0 +1,245 @@
+// primus-cli argument handling: `primus-cli [global flags] [mode [mode flags]] -- <command> [args]`.
+// The words before `--` go to the launcher parser (global flags, mode), the words after it to the command
+// parser (train, config). Two parsers rather than one because CLI11 treats `--` as "positionals follow",
+// which would swallow the command. This file also owns the mapping from exceptions to exit codes.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <iostream>
+#include <iterator>
+#include <optional>
+
+#include "cli/cli.h"
+#include "core/error.h"
+
+namespace primus::cli {
+namespace {
+
+constexpr const char* kLauncherFooter = R"(Commands (given after `--`; `--` may be left out when no mode flags precede):
+  train pretrain --config FILE [KEY=VALUE ...]   pretrain a model; resumes from its latest checkpoint
+  train posttrain                                 SFT / LoRA (not implemented yet)
+  config show --config FILE [KEY=VALUE ...]      the effective config and where each value came from
+  config validate --config FILE [KEY=VALUE ...]  check a config: prints OK or the first error
+  config schema [--markdown]                      the reference of every config key
+Run 'primus-cli -- <command> --help' for the options of a command.
+
+Exit codes: 0 ok, 2 bad arguments or config, 3 runtime failure, 128+N stopped by signal N.
+
+Examples:
+  primus-cli -- train pretrain --config exp.yaml
+  primus-cli direct --log-file out/run.log -- train pretrain --config exp.yaml train_iters=200 lr=3e-4
+  primus-cli --dry-run -- train pretrain --config exp.yaml
+  primus-cli -- config validate --config exp.yaml)";
+
+constexpr const char* kDirectFooter = R"(Examples:
+  primus-cli direct -- train pretrain --config exp.yaml
+  primus-cli --debug direct --log-file out/run.log -- train pretrain --config exp.yaml)";
+
+struct SplitArguments {
+  std::vector<std::string> launcher;
+  std::vector<std::string> command;
+};
+
+// Splits at the first `--`. Without one, the command starts at the first word that is neither a flag, the
+// value of --log-file, nor the direct mode; container and slurm take everything after them.
+SplitArguments split_arguments(const std::vector<std::string>& args) {
+  auto separator = std::find(args.begin(), args.end(), "--");
+  if (separator != args.end()) return {{args.begin(), separator}, {separator + 1, args.end()}};
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& word = args[i];
+    if (word == "--log-file" || word == "--log_file") {
+      ++i;
+      continue;
+    }
+    if (word == "container" || word == "slurm") break;
+    if (word == "direct" || word.starts_with("-")) continue;
+    return {{args.begin(), args.begin() + static_cast<std::ptrdiff_t>(i)},
+            {args.begin() + static_cast<std::ptrdiff_t>(i), args.end()}};
+  }
+  return {args, {}};
+}
+
+std::vector<std::string> reversed(std::vector<std::string> words) {
+  std::reverse(words.begin(), words.end());
+  return words;
+}
+
+struct ParsedCommand {
+  const CLI::App* app;
+  std::string words;  // e.g. "primus-cli -- train pretrain"
+};
+
+// The deepest subcommand the parser reached (for help hints).
+ParsedCommand deepest_command(const CLI::App& root, const std::string& prefix) {
+  ParsedCommand parsed{&root, prefix};
+  while (!parsed.app->get_subcommands().empty()) {
+    parsed.app = parsed.app->get_subcommands().front();
+    parsed.words += " " + parsed.app->get_name();
+  }
+  return parsed;
+}
+
+std::string subcommand_names(const CLI::App& app) {
+  std::string names;
+  for (const CLI::App* sub : app.get_subcommands(std::function<bool(const CLI::App*)>())) {
+    names += (names.empty() ? "" : ", ") + sub->get_name();
+  }
+  return names;
+}
+
+struct UnknownCommand {
+  std::string message;
+  std::string hint;
+};
+
+// CLI11 reports an unknown subcommand word as "A subcommand is required"; name the word instead.
+std::optional<UnknownCommand> find_unknown_command(const CLI::App& root, const std::vector<std::string>& words) {
+  const CLI::App* app = &root;
+  std::string path = "primus-cli --";
+  for (const std::string& word : words) {
+    if (word.starts_with("-")) break;
+    auto subs = app->get_subcommands(std::function<bool(const CLI::App*)>());
+    if (subs.empty()) break;  // a leaf: the remaining words are its arguments
+    auto match = std::find_if(subs.begin(), subs.end(), [&](const CLI::App* sub) { return sub->get_name() == word; });
+    if (match == subs.end()) {
+      std::string hint = app == &root ? "primus-cli --help" : path + " --help";
+      return UnknownCommand{fmt::format("unknown command '{}' (expected one of: {})", word, subcommand_names(*app)),
+                            hint};
+    }
+    app = *match;
+    path += " " + word;
+  }
+  return std::nullopt;
+}
+
+void print_usage_error(const std::string& message, const std::string& hint) {
+  report_error(message);
+  std::cerr << "run '" << hint << "' for usage\n";
+}
+
+// Prints help or the version (exit 0) or the parse error with a hint (exit 2).
+int handle_parse_error(const CLI::App& app, const CLI::ParseError& error, const std::string& prefix) {
+  if (dynamic_cast<const CLI::CallForHelp*>(&error) != nullptr) {
+    std::cout << app.help();
+    return kExitOk;
+  }
+  if (dynamic_cast<const CLI::CallForAllHelp*>(&error) != nullptr) {
+    std::cout << app.help("", CLI::AppFormatMode::All);
+    return kExitOk;
+  }
+  if (dynamic_cast<const CLI::CallForVersion*>(&error) != nullptr) {
+    std::cout << error.what() << "\n";
+    return kExitOk;
+  }
+  std::string message = error.what();
+  ParsedCommand parsed = deepest_command(app, prefix);
+  if (dynamic_cast<const CLI::RequiredError*>(&error) != nullptr && message == "A subcommand is required") {
+    message = fmt::format("'{}' needs a subcommand: {}", parsed.words, subcommand_names(*parsed.app));
+  }
+  print_usage_error(message, parsed.words + " --help");
+  return kExitUsage;
+}
+
+int run_command(const LaunchOptions& launch, const std::vector<std::string>& words) {
+  CLI::App commands{"The commands of primus-cli, given after `--`.", "primus-cli --"};
+  commands.require_subcommand(1);
+  commands.footer(kLauncherFooter);
+  Action action;
+  add_train_commands(commands, launch, action);
+  add_config_commands(commands, launch, action);
+
+  if (words.empty()) {
+    print_usage_error("no command given (for example: primus-cli -- train pretrain --config exp.yaml)",
+                      "primus-cli --help");
+    return kExitUsage;
+  }
+  if (auto unknown = find_unknown_command(commands, words)) {
+    print_usage_error(unknown->message, unknown->hint);
+    return kExitUsage;
+  }
+  try {
+    commands.parse(reversed(words));
+  } catch (const CLI::ParseError& error) {
+    return handle_parse_error(commands, error, "primus-cli --");
+  }
+
+  try {
+    // A dry run creates no files, so the log file is opened only for a real run.
+    setup_logging(launch.debug, launch.dry_run ? std::string() : launch.log_file);
+  } catch (const UsageError& error) {
+    print_usage_error(error.what(), "primus-cli direct --help");
+    return error.exit_code();
+  }
+  try {
+    return action();
+  } catch (const NotImplementedError& error) {
+    report_error(error.what());
+    return error.exit_code();
+  } catch (const UsageError& error) {
+    print_usage_error(error.what(), deepest_command(commands, "primus-cli --").words + " --help");
+    return error.exit_code();
+  }
+}
+
+}  // namespace
+
+int run_cli(int argc, char** argv) {
+  std::vector<std::string> args(argv + std::min(argc, 1), argv + argc);
+  SplitArguments split = split_arguments(args);
+
+  LaunchOptions launch;
+  CLI::App launcher{"Primus: train large language models. Runs one command in a launch mode.", "primus-cli"};
+  launcher.set_version_flag("--version", std::string("primus-cli ") + PRIMUS_VERSION, "Print the version and exit");
+  launcher.add_flag("--dry-run", launch.dry_run,
+                    "Print what would run (after validating the config) and exit 0 without running it");
+  launcher.add_flag("--debug", launch.debug, "Debug-level logging");
+  launcher.require_subcommand(0, 1);
+  launcher.footer(kLauncherFooter);
+
+  CLI::App* direct = launcher.add_subcommand("direct", "Run the command here, in this process (the default mode)");
+  direct
+      ->add_option("--log-file,--log_file", launch.log_file,
+                   "Also write all log output to FILE, appending (parent folders are created)")
+      ->type_name("FILE");
+  direct->fallthrough();  // global flags may follow the mode
+  direct->footer(kDirectFooter);
+  CLI::App* container =
+      launcher.add_subcommand("container", "Run the command in a Docker/Podman container (not implemented yet)");
+  CLI::App* slurm =
+      launcher.add_subcommand("slurm", "Run the command on Slurm nodes through srun/sbatch (not implemented yet)");
+  for (CLI::App* pending : {container, slurm}) {
+    pending->footer(
+        "Not implemented yet: run the command in direct mode, e.g. primus-cli direct -- train pretrain "
+        "--config exp.yaml");
+    pending->allow_extras();
+    pending->prefix_command();
+  }
+
+  try {
+    launcher.parse(reversed(split.launcher));
+  } catch (const CLI::ParseError& error) {
+    return handle_parse_error(launcher, error, "primus-cli");
+  }
+  for (CLI::App* pending : {container, slurm}) {
+    if (pending->parsed()) {
+      report_error(pending->get_name() + " mode is not implemented yet; use direct");
+      return kExitUsage;
+    }
+  }
+  launch.command_words = split.command;
+
+  try {
+    return run_command(launch, split.command);
+  } catch (const Error& error) {
+    report_error(error.what());
+    return error.exit_code();
+  } catch (const std::exception& error) {
+    report_error(error.what());
+    return kExitRuntime;
+  } catch (...) {
+    report_error("unknown failure (a non-standard exception)");
+    return kExitRuntime;
+  }
+}
+
+}  // namespace primus::cli

@@ -1,0 +1,331 @@
+// End-to-end tests of the primus-cli binary: run it as a user would and check exit codes, stdout and stderr.
+// The binary is found next to the tests folder of the build (<build>/tests/cli_test -> <build>/primus-cli),
+// so build the primus-cli target before running this test.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "support/test_support.h"
+
+extern char** environ;
+
+namespace primus {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct CliResult {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+fs::path cli_path() { return fs::canonical("/proc/self/exe").parent_path().parent_path() / "primus-cli"; }
+
+// Starts primus-cli with `args`, stdout and stderr going to files in `dir`. Returns the child's pid.
+pid_t spawn_cli(const std::vector<std::string>& args, const std::string& dir) {
+  std::string binary = cli_path().string();
+  std::vector<char*> argv{binary.data()};
+  std::vector<std::string> copies(args);
+  for (std::string& arg : copies) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, (dir + "/stdout").c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                   0644);
+  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, (dir + "/stderr").c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                   0644);
+  pid_t pid = -1;
+  int status = posix_spawn(&pid, binary.c_str(), &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  EXPECT_EQ(status, 0) << "cannot start " << binary;
+  return pid;
+}
+
+CliResult wait_cli(pid_t pid, const std::string& dir) {
+  CliResult result;
+  int status = 0;
+  if (pid > 0 && waitpid(pid, &status, 0) == pid) {
+    result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 1000 + WTERMSIG(status);
+  }
+  result.out = read_text(dir + "/stdout");
+  result.err = read_text(dir + "/stderr");
+  return result;
+}
+
+#define EXPECT_CONTAINS(text, part) \
+  EXPECT_NE((text).find(part), std::string::npos) << "missing '" << (part) << "' in:\n" << (text)
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(fs::exists(cli_path())) << cli_path() << " not found: build the primus-cli target first";
+    setenv("PRIMUS_CONFIGS_DIR", PRIMUS_SOURCE_DIR "/configs", 1);
+    dir_ = testing::temp_dir("cli");
+  }
+
+  CliResult run(const std::vector<std::string>& args) { return wait_cli(spawn_cli(args, dir_), dir_); }
+
+  // A valid experiment on the tiny preset with `extra` lines appended; they start at line 18.
+  std::string write_config(const std::string& name, const std::string& extra = "", int train_iters = 2) {
+    std::string text =
+        "exp_name: cli_exp\n"
+        "workspace: " +
+        dir_ +
+        "/workspace\n"
+        "env:\n"
+        "  PRIMUS_CLI_TEST_VAR: from_yaml\n"
+        "modules:\n"
+        "  pre_trainer:\n"
+        "    framework: megatron\n"
+        "    model: tiny_llama\n"
+        "    overrides:\n"
+        "      train_iters: " +
+        std::to_string(train_iters) +
+        "\n"
+        "      seq_length: 16\n"
+        "      micro_batch_size: 2\n"
+        "      global_batch_size: 2\n"
+        "      lr: 1.0e-3\n"
+        "      mock_data: true\n"
+        "      log_interval: 1\n"
+        "      eval_interval: 0\n" +
+        extra;
+    std::string path = dir_ + "/" + name;
+    std::ofstream(path) << text;
+    return path;
+  }
+
+  std::string run_dir() const { return dir_ + "/workspace/cli_exp"; }
+
+  std::string dir_;
+};
+
+TEST_F(CliTest, VersionPrintsNameAndVersion) {
+  CliResult result = run({"--version"});
+  EXPECT_EQ(result.exit_code, 0);
+  EXPECT_EQ(result.out, std::string("primus-cli ") + PRIMUS_VERSION + "\n");
+}
+
+TEST_F(CliTest, HelpAtEveryLevelExitsZeroAndListsWhatIsThere) {
+  const std::vector<std::pair<std::vector<std::string>, std::vector<std::string>>> cases = {
+      {{"--help"},
+       {"--dry-run", "--debug", "--version", "direct", "container", "slurm", "train pretrain", "config validate",
+        "Exit codes", "Examples"}},
+      {{"-h"}, {"direct", "train pretrain"}},
+      {{"direct", "--help"}, {"--log-file", "Examples"}},
+      {{"container", "--help"}, {"not implemented yet"}},
+      {{"slurm", "--help"}, {"not implemented yet"}},
+      {{"--", "--help"}, {"train", "config"}},
+      {{"--", "train", "--help"}, {"pretrain", "posttrain", "Examples"}},
+      {{"--", "train", "pretrain", "--help"}, {"--config", "Overrides", "KEY=VALUE", "Examples"}},
+      {{"direct", "--", "train", "pretrain", "--help"}, {"--config"}},
+      {{"train", "pretrain", "--help"}, {"--config"}},
+      {{"--", "train", "posttrain", "--help"}, {"not implemented yet"}},
+      {{"--", "config", "--help"}, {"show", "validate", "schema", "Examples"}},
+      {{"--", "config", "show", "--help"}, {"--config", "Overrides", "Examples"}},
+      {{"--", "config", "validate", "--help"}, {"--config", "OK: FILE", "Examples"}},
+      {{"--", "config", "schema", "--help"}, {"--markdown", "Examples"}},
+  };
+  for (const auto& [args, expected] : cases) {
+    CliResult result = run(args);
+    std::string command = ::testing::PrintToString(args);
+    EXPECT_EQ(result.exit_code, 0) << command << "\n" << result.err;
+    EXPECT_TRUE(result.err.empty()) << command << "\n" << result.err;
+    for (const std::string& word : expected) EXPECT_CONTAINS(result.out, word) << " for " << command;
+  }
+}
+
+TEST_F(CliTest, UnknownCommandsAndFlagsExitTwoWithAHint) {
+  CliResult result = run({"--", "bogus"});
+  EXPECT_EQ(result.exit_code, 2);
+  EXPECT_CONTAINS(result.err, "primus-cli: error: unknown command 'bogus' (expected one of: train, config)");
+  EXPECT_CONTAINS(result.err, "run 'primus-cli --help'");
+  EXPECT_TRUE(result.out.empty());
+
+  result = run({"--", "train", "finetune"});
+  EXPECT_EQ(result.exit_code, 2);
+  EXPECT_CONTAINS(result.err, "unknown command 'finetune' (expected one of: pretrain, posttrain)");
+  EXPECT_CONTAINS(result.err, "run 'primus-cli -- train --help'");
+
+  result = run({"--", "config"});
+  EXPECT_EQ(result.exit_code, 2);
+  EXPECT_CONTAINS(result.err, "needs a subcommand: show, validate, schema");
+
+  result = run({"--bogus", "--", "config", "schema"});
+  EXPECT_EQ(result.exit_code, 2);
+  EXPECT_CONTAINS(result.err, "primus-cli: error: ");
+  EXPECT_CONTAINS(result.err, "--bogus");
+
+  result = run({});
+  EXPECT_EQ(result.exit_code, 2);
+  EXPECT_CONTAINS(result.err, "no command given");
+}
+
+TEST_F(CliTest, ContainerAndSlurmModesAreNotImplementedYet) {
+  std::string config = write_config("exp.yaml");
+  CliResult result = run({"container", "--image", "rocm/primus:v26.7", "--", "train", "pretrain", "--config", config});
+  EXPECT_EQ(result.exit_code, 2);
+  EXPECT_EQ(result.err, "primus-cli: error: container mode is not implemented yet; use direct\n");
+  result = run({"slurm", "srun", "-N", "2", "--", "train", "pretrain", "--config", config});
+  EXPECT_EQ(result.exit_code, 2);
+  EXPECT_EQ(result.err, "primus-cli: error: slurm mode is not implemented yet; use direct\n");
+  result = run({"--dry-run", "slurm", "--", "config", "schema"});
+  EXPECT_EQ(result.exit_code, 2);
+}
+
+TEST_F(CliTest, PosttrainIsNotImplementedYet) {
+  CliResult result = run({"--", "train", "posttrain", "--config", write_config("exp.yaml")});
+  EXPECT_EQ(result.exit_code, 2);
+  EXPECT_EQ(result.err, "primus-cli: error: posttrain (SFT/LoRA) is not implemented yet\n");
+}
+
+TEST_F(CliTest, MissingOrEmptyConfigOptionExitsTwo) {
+  CliResult result = run({"--", "train", "pretrain", "lr=0.1"});
+  EXPECT_EQ(result.exit_code, 2);
+  EXPECT_CONTAINS(result.err, "primus-cli: error: --config is required");
+  EXPECT_CONTAINS(result.err, "run 'primus-cli -- train pretrain --help'");
+  result = run({"--", "config", "validate", "--config"});
+  EXPECT_EQ(result.exit_code, 2);
+  EXPECT_CONTAINS(result.err, "--config");
+  result = run({"--", "config", "validate", "--config", dir_ + "/absent.yaml"});
+  EXPECT_EQ(result.exit_code, 2);
+  EXPECT_CONTAINS(result.err, "absent.yaml");
+}
+
+TEST_F(CliTest, ValidateAcceptsAGoodConfigAndOverrides) {
+  std::string config = write_config("good.yaml");
+  CliResult result = run({"--", "config", "validate", "--config", config});
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_EQ(result.out, "OK: " + config + "\n");
+  result = run({"config", "validate", "--config", config, "lr=0.5", "--seq_length", "32", "--seed=7", "--mock_data"});
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_EQ(result.out, "OK: " + config + "\n");
+}
+
+TEST_F(CliTest, ValidateNamesFileLineAndKeyOfABadConfig) {
+  std::string unknown = write_config("unknown.yaml", "      lerning_rate: 0.1\n");
+  CliResult result = run({"--", "config", "validate", "--config", unknown});
+  EXPECT_EQ(result.exit_code, 2);
+  EXPECT_TRUE(result.out.empty()) << result.out;
+  EXPECT_CONTAINS(result.err, "primus-cli: error: [config] ");
+  EXPECT_CONTAINS(result.err, unknown + ":18");
+  EXPECT_CONTAINS(result.err, "lerning_rate");
+
+  std::string wrong_type = write_config("wrong_type.yaml", "      eval_iters: many\n");
+  result = run({"--", "config", "validate", "--config", wrong_type});
+  EXPECT_EQ(result.exit_code, 2);
+  EXPECT_CONTAINS(result.err, wrong_type + ":18");
+  EXPECT_CONTAINS(result.err, "eval_iters");
+  EXPECT_CONTAINS(result.err, "many");
+
+  result = run({"--", "config", "validate", "--config", write_config("good.yaml"), "seq_length=long"});
+  EXPECT_EQ(result.exit_code, 2);
+  EXPECT_CONTAINS(result.err, "seq_length");
+}
+
+TEST_F(CliTest, MalformedOverridesExitTwo) {
+  std::string config = write_config("exp.yaml");
+  CliResult result = run({"--", "train", "pretrain", "--config", config, "oops"});
+  EXPECT_EQ(result.exit_code, 2);
+  EXPECT_CONTAINS(result.err, "unexpected argument 'oops'");
+  result = run({"--", "train", "pretrain", "--config", config, "-x"});
+  EXPECT_EQ(result.exit_code, 2);
+  EXPECT_CONTAINS(result.err, "unknown option '-x'");
+}
+
+TEST_F(CliTest, ConfigShowAndSchemaPrintToStdout) {
+  CliResult result = run({"--", "config", "show", "--config", write_config("exp.yaml"), "--lr", "0.25"});
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_CONTAINS(result.out, "train_iters");
+  EXPECT_CONTAINS(result.out, "0.25");
+  EXPECT_CONTAINS(result.out, "command line");
+
+  result = run({"--", "config", "schema", "--markdown"});
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_CONTAINS(result.out, "train_iters");
+  EXPECT_CONTAINS(result.out, "|");
+}
+
+TEST_F(CliTest, DryRunReportsThePlanAndStartsNothing) {
+  std::string config = write_config("exp.yaml");
+  CliResult result = run({"--dry-run", "direct", "--log-file", dir_ + "/logs/run.log", "--", "train", "pretrain",
+                          "--config", config, "train_iters=7"});
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_CONTAINS(result.out, "dry run");
+  EXPECT_CONTAINS(result.out, "direct");
+  EXPECT_CONTAINS(result.out, "train pretrain");
+  EXPECT_CONTAINS(result.out, config);
+  EXPECT_CONTAINS(result.out, "train_iters=7");
+  EXPECT_CONTAINS(result.out, "run dir      " + run_dir());
+  EXPECT_CONTAINS(result.out, "7 iters");
+  EXPECT_CONTAINS(result.out, "PRIMUS_CLI_TEST_VAR=from_yaml");
+  EXPECT_FALSE(fs::exists(run_dir()));
+  EXPECT_FALSE(fs::exists(dir_ + "/logs"));
+
+  // --dry-run after the mode works too, and a bad config still fails.
+  result = run({"direct", "--dry-run", "--", "train", "pretrain", "--config",
+                write_config("bad.yaml", "      eval_iters: x\n")});
+  EXPECT_EQ(result.exit_code, 2);
+  EXPECT_CONTAINS(result.err, "bad.yaml:18");
+  EXPECT_TRUE(result.out.empty()) << result.out;
+}
+
+TEST_F(CliTest, LogFileReceivesTheLogAndTheFinalError) {
+  std::string log = dir_ + "/deep/logs/run.log";
+  CliResult result = run({"direct", "--log-file", log, "--", "train", "pretrain", "--config",
+                          write_config("bad.yaml", "      eval_iters: x\n")});
+  EXPECT_EQ(result.exit_code, 2);
+  ASSERT_TRUE(fs::exists(log));
+  EXPECT_CONTAINS(read_text(log), "primus-cli: error: [config] ");
+  EXPECT_CONTAINS(read_text(log), "bad.yaml:18");
+}
+
+TEST_F(CliTest, TrainPretrainRunsAppliesEnvAndTeesTheLog) {
+  setenv("PRIMUS_CLI_TEST_VAR", "from_shell", 1);
+  std::string log = dir_ + "/run.log";
+  CliResult result = run({"--debug", "direct", "--log-file", log, "--", "train", "pretrain", "--config",
+                          write_config("exp.yaml"), "train_iters=2"});
+  unsetenv("PRIMUS_CLI_TEST_VAR");
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  std::string text = read_text(log);
+  EXPECT_CONTAINS(text, "env: PRIMUS_CLI_TEST_VAR=from_yaml (from the config; the shell had from_shell)");
+  EXPECT_CONTAINS(text, "[debug] overrides: train_iters=2");
+  EXPECT_CONTAINS(text, "iteration");
+  EXPECT_TRUE(fs::exists(run_dir() + "/config.yaml"));
+}
+
+TEST_F(CliTest, SigtermStopsTrainingWithExitCode143) {
+  std::string log = dir_ + "/run.log";
+  pid_t pid = spawn_cli({"direct", "--log-file", log, "--", "train", "pretrain", "--config",
+                         write_config("exp.yaml", "", /*train_iters=*/100000)},
+                        dir_);
+  // Signal once training is under way (the first logged iteration), at most ~20 s later.
+  for (int i = 0; i < 400 && read_text(log).find("iteration") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_NE(read_text(log).find("iteration"), std::string::npos) << read_text(dir_ + "/stderr");
+  kill(pid, SIGTERM);
+  CliResult result = wait_cli(pid, dir_);
+  EXPECT_EQ(result.exit_code, 128 + SIGTERM) << result.err;
+  EXPECT_CONTAINS(result.err, "SIGTERM received");
+}
+
+}  // namespace
+}  // namespace primus
