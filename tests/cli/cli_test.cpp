@@ -1,10 +1,8 @@
 // End-to-end tests of the primus-cli binary: run it as a user would and check exit codes, stdout and stderr.
 // The binary is found next to the tests folder of the build (<build>/tests/cli_test -> <build>/primus-cli),
 // so build the primus-cli target before running this test.
-#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,60 +12,19 @@
 #include <sstream>
 #include <thread>
 
+#include "support/cli_process.h"
 #include "support/test_support.h"
-
-extern char** environ;
 
 namespace primus {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct CliResult {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string read_text(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-fs::path cli_path() { return fs::canonical("/proc/self/exe").parent_path().parent_path() / "primus-cli"; }
-
-// Starts primus-cli with `args`, stdout and stderr going to files in `dir`. Returns the child's pid.
-pid_t spawn_cli(const std::vector<std::string>& args, const std::string& dir) {
-  std::string binary = cli_path().string();
-  std::vector<char*> argv{binary.data()};
-  std::vector<std::string> copies(args);
-  for (std::string& arg : copies) argv.push_back(arg.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, (dir + "/stdout").c_str(), O_WRONLY | O_CREAT | O_TRUNC,
-                                   0644);
-  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, (dir + "/stderr").c_str(), O_WRONLY | O_CREAT | O_TRUNC,
-                                   0644);
-  pid_t pid = -1;
-  int status = posix_spawn(&pid, binary.c_str(), &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  EXPECT_EQ(status, 0) << "cannot start " << binary;
-  return pid;
-}
-
-CliResult wait_cli(pid_t pid, const std::string& dir) {
-  CliResult result;
-  int status = 0;
-  if (pid > 0 && waitpid(pid, &status, 0) == pid) {
-    result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 1000 + WTERMSIG(status);
-  }
-  result.out = read_text(dir + "/stdout");
-  result.err = read_text(dir + "/stderr");
-  return result;
-}
+using testing::cli_path;
+using testing::CliResult;
+using testing::read_text;
+using testing::spawn_cli;
+using testing::wait_cli;
 
 #define EXPECT_CONTAINS(text, part) \
   EXPECT_NE((text).find(part), std::string::npos) << "missing '" << (part) << "' in:\n" << (text)
