@@ -1,0 +1,146 @@
+// Checks that involve several module keys, and resolution of the typed keys into ExperimentConfig
+// (including the values derived from other keys when not given). Errors point at the key to change and say
+// where the other key's value came from.
+#include <algorithm>
+
+#include "config/loader_steps.h"
+#include "core/error.h"
+
+namespace primus::config {
+
+namespace {
+
+constexpr int64_t kDataParallelSize = 1;  // no data parallelism yet
+
+const ModuleKey& get(const ModuleKeys& keys, std::string_view name) {
+  auto it = std::find_if(keys.begin(), keys.end(), [&](const ModuleKey& k) { return k.spec->name == name; });
+  PRIMUS_CHECK(it != keys.end(), "[config] module key '{}' is not in the schema", name);
+  return *it;
+}
+
+// Where to report a problem with `key`: where it was written, or the module when it kept its default.
+Origin place(const ModuleKey& key, const Origin& module_origin) {
+  if (key.origin.kind == OriginKind::kFile || key.origin.kind == OriginKind::kCommandLine) return key.origin;
+  return module_origin.with_path(std::string("modules.pre_trainer.overrides.") + key.spec->name);
+}
+
+// "num_attention_heads = 32 from llama.yaml:4" for naming the other key of a check.
+std::string describe(const ModuleKey& key) {
+  std::string where = key.origin.kind == OriginKind::kDefault       ? "the default"
+                      : key.origin.kind == OriginKind::kCommandLine ? "the command line"
+                                                                    : key.origin.source();
+  return fmt::format("{} = {} from {}", key.spec->name, format_value(*key.spec, key.value), where);
+}
+
+}  // namespace
+
+void check_module_keys(const ModuleKeys& keys, const Origin& module_origin) {
+  const ModuleKey& heads = get(keys, "num_attention_heads");
+  const ModuleKey& hidden = get(keys, "hidden_size");
+  const ModuleKey& gqa = get(keys, "group_query_attention");
+  const ModuleKey& groups = get(keys, "num_query_groups");
+  if (gqa.value.b) {
+    if (!groups.value.is_set) {
+      config_error(place(gqa, module_origin), "group_query_attention is true, so num_query_groups is required");
+    }
+    if (heads.value.i % groups.value.i != 0) {
+      config_error(
+          place(groups, module_origin),
+          fmt::format("num_query_groups ({}) must divide num_attention_heads ({})", groups.value.i, describe(heads)));
+    }
+  } else if (groups.value.is_set && groups.value.i != heads.value.i) {
+    config_error(place(groups, module_origin),
+                 fmt::format("num_query_groups ({}) differs from num_attention_heads ({}) but group_query_attention is "
+                             "false; set group_query_attention: true for grouped-query attention",
+                             groups.value.i, describe(heads)));
+  }
+  if (!get(keys, "kv_channels").value.is_set && hidden.value.i % heads.value.i != 0) {
+    config_error(
+        place(hidden, module_origin),
+        fmt::format("hidden_size ({}) is not divisible by num_attention_heads ({}); set kv_channels to give the "
+                    "head dimension",
+                    hidden.value.i, describe(heads)));
+  }
+
+  const ModuleKey& micro = get(keys, "micro_batch_size");
+  const ModuleKey& global = get(keys, "global_batch_size");
+  if (global.value.is_set && global.value.i % (micro.value.i * kDataParallelSize) != 0) {
+    config_error(
+        place(global, module_origin),
+        fmt::format("global_batch_size ({}) must be a multiple of micro_batch_size x data-parallel size ({} x {}; "
+                    "{})",
+                    global.value.i, micro.value.i, kDataParallelSize, describe(micro)));
+  }
+
+  const ModuleKey& lr = get(keys, "lr");
+  const ModuleKey& min_lr = get(keys, "min_lr");
+  if (min_lr.value.f > lr.value.f) {
+    config_error(place(min_lr, module_origin), fmt::format("min_lr ({}) must not exceed lr ({})",
+                                                           format_value(*min_lr.spec, min_lr.value), describe(lr)));
+  }
+
+  const ModuleKey& warmup = get(keys, "lr_warmup_iters");
+  const ModuleKey& decay = get(keys, "lr_decay_iters");
+  const ModuleKey& decay_source = decay.value.is_set ? decay : get(keys, "train_iters");
+  if (warmup.value.i > decay_source.value.i) {
+    std::string limit =
+        decay.value.is_set ? describe(decay) : "lr_decay_iters defaults to train_iters: " + describe(decay_source);
+    config_error(place(warmup, module_origin),
+                 fmt::format("lr_warmup_iters ({}) must not exceed lr_decay_iters ({})", warmup.value.i, limit));
+  }
+
+  const ModuleKey& seq = get(keys, "seq_length");
+  const ModuleKey& max_pos = get(keys, "max_position_embeddings");
+  if (seq.value.i > max_pos.value.i) {
+    config_error(place(seq, module_origin),
+                 fmt::format("seq_length ({}) exceeds max_position_embeddings ({})", seq.value.i, describe(max_pos)));
+  }
+
+  const ModuleKey& mock = get(keys, "mock_data");
+  const ModuleKey& data = get(keys, "data_path");
+  if (!mock.value.b && data.value.list.empty()) {
+    const ModuleKey& at = data.origin.kind == OriginKind::kDefault ? mock : data;
+    config_error(place(at, module_origin),
+                 "data_path is empty and mock_data is false: set data_path to your training data, or set "
+                 "mock_data: true to train on synthetic tokens (there is no silent fallback to mock data)");
+  }
+}
+
+void resolve_module_keys(const ModuleKeys& keys, ExperimentConfig& config, std::vector<ConfigEntry>& entries) {
+  for (const ModuleKey& key : keys) {
+    if (key.spec->apply != nullptr && key.value.is_set) key.spec->apply(key.value, config);
+  }
+  ModelArgs& m = config.model;
+  TrainingArgs& t = config.train;
+  t.data_parallel_size = kDataParallelSize;
+  // Derived values: Megatron's rules for keys that were not given.
+  std::vector<std::pair<std::string, int64_t>> derived;
+  if (!get(keys, "group_query_attention").value.b) {
+    if (!get(keys, "num_query_groups").value.is_set) derived.emplace_back("num_query_groups", m.num_attention_heads);
+    m.num_query_groups = m.num_attention_heads;
+  }
+  if (!get(keys, "kv_channels").value.is_set) {
+    m.kv_channels = m.hidden_size / m.num_attention_heads;
+    derived.emplace_back("kv_channels", m.kv_channels);
+  }
+  if (!get(keys, "vocab_size").value.is_set) m.vocab_size = 0;
+  if (!get(keys, "lr_decay_iters").value.is_set) {
+    t.lr_decay_iters = t.train_iters;
+    derived.emplace_back("lr_decay_iters", t.lr_decay_iters);
+  }
+  if (!get(keys, "global_batch_size").value.is_set) {
+    t.global_batch_size = t.micro_batch_size * t.data_parallel_size;
+    derived.emplace_back("global_batch_size", t.global_batch_size);
+  }
+
+  for (const ModuleKey& key : keys) {
+    auto d = std::find_if(derived.begin(), derived.end(), [&](const auto& p) { return p.first == key.spec->name; });
+    if (d != derived.end()) {
+      entries.push_back({key.spec->name, std::to_string(d->second), "derived"});
+    } else {
+      entries.push_back({key.spec->name, format_value(*key.spec, key.value), key.origin.source()});
+    }
+  }
+}
+
+}  // namespace primus::config

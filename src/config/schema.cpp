@@ -1,0 +1,531 @@
+// THE table of module keys. Each key is declared exactly once here: name (Megatron-LM's), type, default,
+// limits, help, and the ExperimentConfig field it fills. Everything else (validation, `config show`,
+// docs/config-reference.md, effective configs) is derived from this table.
+#include "config/schema.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+
+namespace primus::config {
+
+namespace {
+
+void assign(int64_t& field, const TypedValue& v) { field = v.i; }
+void assign(double& field, const TypedValue& v) { field = v.f; }
+void assign(bool& field, const TypedValue& v) { field = v.b; }
+void assign(std::string& field, const TypedValue& v) { field = v.s; }
+void assign(std::vector<std::string>& field, const TypedValue& v) { field = v.list; }
+
+template <auto kMember>
+void model_field(const TypedValue& v, ExperimentConfig& c) {
+  assign(c.model.*kMember, v);
+}
+
+template <auto kMember>
+void train_field(const TypedValue& v, ExperimentConfig& c) {
+  assign(c.train.*kMember, v);
+}
+
+// "969,30,1": one to three non-negative weights with a positive sum.
+std::string check_split(const TypedValue& v) {
+  std::string bad = fmt::format("expected 1 to 3 comma-separated non-negative weights like '969,30,1', got '{}'", v.s);
+  std::vector<std::string> parts;
+  size_t start = 0;
+  while (true) {
+    size_t comma = v.s.find(',', start);
+    parts.push_back(v.s.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  if (parts.size() > 3) return bad;
+  double sum = 0;
+  for (std::string part : parts) {
+    part.erase(0, part.find_first_not_of(' '));
+    part.erase(part.find_last_not_of(' ') + 1);
+    if (part.empty() ||
+        !std::all_of(part.begin(), part.end(),
+                     [](char c) { return std::isdigit(static_cast<unsigned char>(c)) || c == '.'; }) ||
+        std::count(part.begin(), part.end(), '.') > 1 || part == ".") {
+      return bad;
+    }
+    sum += std::stod(part);
+  }
+  if (sum <= 0) return fmt::format("the weights in '{}' sum to 0; at least one must be positive", v.s);
+  return "";
+}
+
+std::vector<KeySpec> build_specs() {
+  using enum KeyType;
+  using enum KeyGroup;
+  using enum Presence;
+  return {
+      // ---- model ----
+      {.name = "num_layers",
+       .type = kInt,
+       .group = kModel,
+       .presence = kRequired,
+       .min = 1,
+       .help = "Number of transformer layers.",
+       .aliases = {"num_hidden_layers", "n_layers", "n_layer"},
+       .apply = model_field<&ModelArgs::num_layers>},
+      {.name = "hidden_size",
+       .type = kInt,
+       .group = kModel,
+       .presence = kRequired,
+       .min = 1,
+       .help = "Model width: the embedding and residual-stream size.",
+       .aliases = {"dim", "n_embd", "d_model"},
+       .apply = model_field<&ModelArgs::hidden_size>},
+      {.name = "ffn_hidden_size",
+       .type = kInt,
+       .group = kModel,
+       .presence = kRequired,
+       .min = 1,
+       .help = "Inner size of the SwiGLU MLP.",
+       .aliases = {"intermediate_size", "ffn_dim"},
+       .apply = model_field<&ModelArgs::ffn_hidden_size>},
+      {.name = "num_attention_heads",
+       .type = kInt,
+       .group = kModel,
+       .presence = kRequired,
+       .min = 1,
+       .help = "Query heads per attention layer.",
+       .aliases = {"n_heads", "n_head", "num_heads"},
+       .apply = model_field<&ModelArgs::num_attention_heads>},
+      {.name = "group_query_attention",
+       .type = kBool,
+       .group = kModel,
+       .default_yaml = "false",
+       .help = "Grouped-query attention with num_query_groups key/value heads."},
+      {.name = "num_query_groups",
+       .type = kInt,
+       .group = kModel,
+       .presence = kOptional,
+       .min = 1,
+       .help = "Key/value heads; required when group_query_attention is true and must divide num_attention_heads. "
+               "Derived: num_attention_heads otherwise.",
+       .aliases = {"num_key_value_heads", "n_kv_heads"},
+       .apply = model_field<&ModelArgs::num_query_groups>},
+      {.name = "kv_channels",
+       .type = kInt,
+       .group = kModel,
+       .presence = kOptional,
+       .min = 1,
+       .help = "Per-head dimension. Derived: hidden_size / num_attention_heads.",
+       .aliases = {"head_dim"},
+       .apply = model_field<&ModelArgs::kv_channels>},
+      {.name = "vocab_size",
+       .type = kInt,
+       .group = kModel,
+       .presence = kOptional,
+       .min = 1,
+       .help = "Vocabulary size. Not given: the tokenizer's size padded to make_vocab_size_divisible_by.",
+       .apply = model_field<&ModelArgs::vocab_size>},
+      {.name = "make_vocab_size_divisible_by",
+       .type = kInt,
+       .group = kModel,
+       .default_yaml = "128",
+       .min = 1,
+       .help = "Pads the tokenizer's vocabulary to a multiple of this.",
+       .apply = model_field<&ModelArgs::make_vocab_size_divisible_by>},
+      {.name = "max_position_embeddings",
+       .type = kInt,
+       .group = kModel,
+       .presence = kRequired,
+       .min = 1,
+       .help = "Longest sequence the position encoding is set up for; seq_length must not exceed it.",
+       .aliases = {"max_seq_len", "n_positions"},
+       .apply = model_field<&ModelArgs::max_position_embeddings>},
+      {.name = "position_embedding_type",
+       .type = kString,
+       .group = kModel,
+       .default_yaml = "rope",
+       .choices = {"rope"},
+       .why = "only rotary position embeddings are implemented",
+       .help = "Position encoding."},
+      {.name = "rotary_base",
+       .type = kFloat,
+       .group = kModel,
+       .default_yaml = "10000.0",
+       .min = 0,
+       .min_exclusive = true,
+       .help = "RoPE base frequency (theta).",
+       .aliases = {"rope_theta"},
+       .apply = model_field<&ModelArgs::rotary_base>},
+      {.name = "use_rope_scaling",
+       .type = kBool,
+       .group = kModel,
+       .default_yaml = "false",
+       .help = "Llama 3.1 frequency scaling of RoPE (the rope_scaling_* keys).",
+       .apply = model_field<&ModelArgs::use_rope_scaling>},
+      {.name = "rope_scaling_factor",
+       .type = kFloat,
+       .group = kModel,
+       .default_yaml = "8.0",
+       .min = 0,
+       .min_exclusive = true,
+       .help = "Llama 3.1 RoPE scaling: factor applied to low frequencies.",
+       .apply = model_field<&ModelArgs::rope_scaling_factor>},
+      {.name = "rope_scaling_low_freq_factor",
+       .type = kFloat,
+       .group = kModel,
+       .default_yaml = "1.0",
+       .min = 0,
+       .min_exclusive = true,
+       .help = "Llama 3.1 RoPE scaling: low-frequency factor.",
+       .apply = model_field<&ModelArgs::rope_scaling_low_freq_factor>},
+      {.name = "rope_scaling_high_freq_factor",
+       .type = kFloat,
+       .group = kModel,
+       .default_yaml = "4.0",
+       .min = 0,
+       .min_exclusive = true,
+       .help = "Llama 3.1 RoPE scaling: high-frequency factor.",
+       .apply = model_field<&ModelArgs::rope_scaling_high_freq_factor>},
+      {.name = "rope_scaling_original_max_position_embeddings",
+       .type = kInt,
+       .group = kModel,
+       .default_yaml = "8192",
+       .min = 1,
+       .help = "Llama 3.1 RoPE scaling: the context length before scaling.",
+       .apply = model_field<&ModelArgs::rope_scaling_original_max_position_embeddings>},
+      {.name = "normalization",
+       .type = kString,
+       .group = kModel,
+       .default_yaml = "RMSNorm",
+       .choices = {"RMSNorm"},
+       .why = "only RMSNorm is implemented",
+       .help = "Normalization layer."},
+      {.name = "norm_epsilon",
+       .type = kFloat,
+       .group = kModel,
+       .default_yaml = "1e-5",
+       .min = 0,
+       .min_exclusive = true,
+       .help = "Epsilon added to the mean square in RMSNorm.",
+       .aliases = {"rms_norm_eps", "layernorm_epsilon"},
+       .apply = model_field<&ModelArgs::norm_epsilon>},
+      {.name = "swiglu",
+       .type = kBool,
+       .group = kModel,
+       .default_yaml = "true",
+       .choices = {"true"},
+       .why = "only SwiGLU MLPs are implemented",
+       .help = "SwiGLU MLP: gate, up and down projections."},
+      {.name = "qk_layernorm",
+       .type = kBool,
+       .group = kModel,
+       .default_yaml = "false",
+       .help = "RMSNorm over head_dim on queries and keys before RoPE (Qwen3).",
+       .apply = model_field<&ModelArgs::qk_layernorm>},
+      {.name = "untie_embeddings_and_output_weights",
+       .type = kBool,
+       .group = kModel,
+       .default_yaml = "false",
+       .help = "Separate output projection instead of reusing the embedding matrix.",
+       .apply = model_field<&ModelArgs::untie_embeddings_and_output_weights>},
+      {.name = "add_bias_linear",
+       .type = kBool,
+       .group = kModel,
+       .default_yaml = "false",
+       .choices = {"false"},
+       .why = "biases in linear layers are not implemented",
+       .help = "Biases in attention and MLP linear layers."},
+      {.name = "init_method_std",
+       .type = kFloat,
+       .group = kModel,
+       .default_yaml = "0.02",
+       .min = 0,
+       .min_exclusive = true,
+       .help = "Standard deviation of the normal weight initialisation.",
+       .aliases = {"initializer_range"},
+       .apply = model_field<&ModelArgs::init_method_std>},
+      {.name = "attention_dropout",
+       .type = kFloat,
+       .group = kModel,
+       .default_yaml = "0.0",
+       .min = 0,
+       .max = 0,
+       .why = "dropout is not implemented; must be 0",
+       .help = "Dropout is not implemented; must be 0."},
+      {.name = "hidden_dropout",
+       .type = kFloat,
+       .group = kModel,
+       .default_yaml = "0.0",
+       .min = 0,
+       .max = 0,
+       .why = "dropout is not implemented; must be 0",
+       .help = "Dropout is not implemented; must be 0."},
+
+      // ---- training ----
+      {.name = "train_iters",
+       .type = kInt,
+       .group = kTraining,
+       .presence = kRequired,
+       .min = 1,
+       .help = "Optimizer steps to train for.",
+       .aliases = {"max_steps", "train_steps", "iters"},
+       .apply = train_field<&TrainingArgs::train_iters>},
+      {.name = "micro_batch_size",
+       .type = kInt,
+       .group = kTraining,
+       .default_yaml = "1",
+       .min = 1,
+       .help = "Sequences per forward/backward pass on one data-parallel rank.",
+       .aliases = {"batch_size", "per_device_train_batch_size", "local_batch_size"},
+       .apply = train_field<&TrainingArgs::micro_batch_size>},
+      {.name = "global_batch_size",
+       .type = kInt,
+       .group = kTraining,
+       .presence = kOptional,
+       .min = 1,
+       .help = "Sequences per optimizer step; a multiple of micro_batch_size x data-parallel size (gradient "
+               "accumulation makes up the rest). Derived: micro_batch_size x data-parallel size.",
+       .apply = train_field<&TrainingArgs::global_batch_size>},
+      {.name = "seq_length",
+       .type = kInt,
+       .group = kTraining,
+       .presence = kRequired,
+       .min = 1,
+       .help = "Tokens per training sequence; at most max_position_embeddings.",
+       .aliases = {"seq_len", "max_seq_length", "block_size", "sequence_length"},
+       .apply = train_field<&TrainingArgs::seq_length>},
+      {.name = "lr",
+       .type = kFloat,
+       .group = kTraining,
+       .presence = kRequired,
+       .min = 0,
+       .min_exclusive = true,
+       .help = "Peak learning rate.",
+       .aliases = {"learning_rate"},
+       .apply = train_field<&TrainingArgs::lr>},
+      {.name = "min_lr",
+       .type = kFloat,
+       .group = kTraining,
+       .default_yaml = "0.0",
+       .min = 0,
+       .help = "Learning rate at the end of the decay; at most lr.",
+       .aliases = {"min_learning_rate"},
+       .apply = train_field<&TrainingArgs::min_lr>},
+      {.name = "lr_warmup_iters",
+       .type = kInt,
+       .group = kTraining,
+       .default_yaml = "0",
+       .min = 0,
+       .help = "Linear warmup steps from 0 to lr; at most lr_decay_iters.",
+       .aliases = {"warmup_steps", "warmup_iters"},
+       .apply = train_field<&TrainingArgs::lr_warmup_iters>},
+      {.name = "lr_decay_style",
+       .type = kString,
+       .group = kTraining,
+       .default_yaml = "cosine",
+       .choices = {"constant", "linear", "cosine"},
+       .help = "Learning-rate decay after warmup.",
+       .aliases = {"lr_scheduler_type", "lr_schedule"},
+       .apply = train_field<&TrainingArgs::lr_decay_style>},
+      {.name = "lr_decay_iters",
+       .type = kInt,
+       .group = kTraining,
+       .presence = kOptional,
+       .min = 1,
+       .help = "Step at which the decay reaches min_lr. Derived: train_iters.",
+       .apply = train_field<&TrainingArgs::lr_decay_iters>},
+      {.name = "weight_decay",
+       .type = kFloat,
+       .group = kTraining,
+       .default_yaml = "0.01",
+       .min = 0,
+       .help = "AdamW decoupled weight decay.",
+       .apply = train_field<&TrainingArgs::weight_decay>},
+      {.name = "adam_beta1",
+       .type = kFloat,
+       .group = kTraining,
+       .default_yaml = "0.9",
+       .min = 0,
+       .max = 1,
+       .max_exclusive = true,
+       .help = "AdamW first-moment decay.",
+       .aliases = {"beta1"},
+       .apply = train_field<&TrainingArgs::adam_beta1>},
+      {.name = "adam_beta2",
+       .type = kFloat,
+       .group = kTraining,
+       .default_yaml = "0.999",
+       .min = 0,
+       .max = 1,
+       .max_exclusive = true,
+       .help = "AdamW second-moment decay.",
+       .aliases = {"beta2"},
+       .apply = train_field<&TrainingArgs::adam_beta2>},
+      {.name = "adam_eps",
+       .type = kFloat,
+       .group = kTraining,
+       .default_yaml = "1e-8",
+       .min = 0,
+       .min_exclusive = true,
+       .help = "AdamW denominator epsilon.",
+       .aliases = {"adam_epsilon", "eps"},
+       .apply = train_field<&TrainingArgs::adam_eps>},
+      {.name = "clip_grad",
+       .type = kFloat,
+       .group = kTraining,
+       .default_yaml = "1.0",
+       .min = 0,
+       .help = "Global gradient-norm clipping threshold; 0 disables clipping.",
+       .aliases = {"max_grad_norm", "grad_clip"},
+       .apply = train_field<&TrainingArgs::clip_grad>},
+      {.name = "seed",
+       .type = kInt,
+       .group = kTraining,
+       .default_yaml = "1234",
+       .min = 0,
+       .help = "Seed of weight initialisation, data order and mock data.",
+       .apply = train_field<&TrainingArgs::seed>},
+      {.name = "log_interval",
+       .type = kInt,
+       .group = kTraining,
+       .default_yaml = "100",
+       .min = 1,
+       .help = "Steps between log lines.",
+       .aliases = {"logging_steps"},
+       .apply = train_field<&TrainingArgs::log_interval>},
+      {.name = "eval_interval",
+       .type = kInt,
+       .group = kTraining,
+       .default_yaml = "1000",
+       .min = 0,
+       .help = "Steps between evaluations; 0 disables evaluation.",
+       .aliases = {"eval_steps"},
+       .apply = train_field<&TrainingArgs::eval_interval>},
+      {.name = "eval_iters",
+       .type = kInt,
+       .group = kTraining,
+       .default_yaml = "100",
+       .min = 0,
+       .help = "Validation batches per evaluation.",
+       .apply = train_field<&TrainingArgs::eval_iters>},
+      {.name = "save",
+       .type = kString,
+       .group = kTraining,
+       .default_yaml = "\"\"",
+       .help = "Checkpoint directory; empty: <workspace>/<exp_name>/checkpoints.",
+       .aliases = {"save_dir", "output_dir"},
+       .apply = train_field<&TrainingArgs::save>},
+      {.name = "save_interval",
+       .type = kInt,
+       .group = kTraining,
+       .default_yaml = "0",
+       .min = 0,
+       .help = "Steps between checkpoints; 0 saves only at the end.",
+       .aliases = {"save_steps"},
+       .apply = train_field<&TrainingArgs::save_interval>},
+      {.name = "load",
+       .type = kString,
+       .group = kTraining,
+       .default_yaml = "\"\"",
+       .help = "Checkpoint directory to resume from; empty: the save directory.",
+       .apply = train_field<&TrainingArgs::load>},
+      {.name = "pretrained_checkpoint",
+       .type = kString,
+       .group = kTraining,
+       .default_yaml = "\"\"",
+       .help = "Hugging Face model directory whose weights start the run (no optimizer state).",
+       .apply = train_field<&TrainingArgs::pretrained_checkpoint>},
+      {.name = "mock_data",
+       .type = kBool,
+       .group = kTraining,
+       .default_yaml = "false",
+       .help = "Train on synthetic tokens; data_path is then ignored. Never switched on implicitly.",
+       .apply = train_field<&TrainingArgs::mock_data>},
+      {.name = "data_path",
+       .type = kStringList,
+       .group = kTraining,
+       .default_yaml = "[]",
+       .help = "Training text files or directories (byte-level tokenizer for now); required unless mock_data.",
+       .aliases = {"data", "dataset", "train_data_path"},
+       .apply = train_field<&TrainingArgs::data_path>},
+      {.name = "split",
+       .type = kString,
+       .group = kTraining,
+       .default_yaml = "969,30,1",
+       .help = "Train, validation and test weights: 1 to 3 comma-separated non-negative numbers, positive sum.",
+       .apply = train_field<&TrainingArgs::split>,
+       .check = check_split},
+      {.name = "tokenizer_type",
+       .type = kString,
+       .group = kTraining,
+       .default_yaml = "ByteLevelTokenizer",
+       .choices = {"ByteLevelTokenizer"},
+       .why = "only the byte-level tokenizer is implemented",
+       .help = "Tokenizer.",
+       .aliases = {"tokenizer"},
+       .apply = train_field<&TrainingArgs::tokenizer_type>},
+      {.name = "device",
+       .type = kString,
+       .group = kTraining,
+       .default_yaml = "auto",
+       .choices = {"auto", "cpu"},
+       .help = "auto: a GPU when one is present, else the CPU.",
+       .apply = train_field<&TrainingArgs::device>},
+      {.name = "sample_length",
+       .type = kInt,
+       .group = kTraining,
+       .default_yaml = "0",
+       .min = 0,
+       .help = "Tokens to generate from sample_prompt after training; 0: none.",
+       .apply = train_field<&TrainingArgs::sample_length>},
+      {.name = "sample_prompt",
+       .type = kString,
+       .group = kTraining,
+       .default_yaml = "\"\"",
+       .help = "Prompt for the sample generated after training.",
+       .apply = train_field<&TrainingArgs::sample_prompt>},
+  };
+}
+
+}  // namespace
+
+const std::vector<KeySpec>& module_key_specs() {
+  static const std::vector<KeySpec> specs = build_specs();
+  return specs;
+}
+
+const KeySpec* find_key_spec(std::string_view name) {
+  for (const KeySpec& spec : module_key_specs()) {
+    if (spec.name == name) return &spec;
+  }
+  return nullptr;
+}
+
+const std::vector<std::string>& top_level_keys() {
+  static const std::vector<std::string> keys = {"extends",   "work_group", "user_name", "exp_name",
+                                                "workspace", "env",        "modules"};
+  return keys;
+}
+
+const std::vector<std::string>& module_section_keys() {
+  static const std::vector<std::string> keys = {"framework", "model", "overrides"};
+  return keys;
+}
+
+const char* type_name(KeyType type) {
+  switch (type) {
+    case KeyType::kBool:
+      return "bool";
+    case KeyType::kInt:
+      return "int";
+    case KeyType::kFloat:
+      return "float";
+    case KeyType::kString:
+      return "string";
+    case KeyType::kStringList:
+      return "string_list";
+  }
+  return "string";
+}
+
+const char* group_name(KeyGroup group) { return group == KeyGroup::kModel ? "model" : "training"; }
+
+}  // namespace primus::config
