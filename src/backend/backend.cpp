@@ -23,6 +23,10 @@ void Backend::adamw_step(const AdamWArgs&) { unimplemented("adamw_step"); }
 void Backend::add_inplace(Tensor&, const Tensor&) { unimplemented("add_inplace"); }
 void Backend::scale_inplace(Tensor&, float) { unimplemented("scale_inplace"); }
 double Backend::sum_squares(const Tensor&) { unimplemented("sum_squares"); }
+void Backend::copy(Tensor&, const Tensor&) { unimplemented("copy"); }
+void Backend::fill(Tensor&, float) { unimplemented("fill"); }
+void Backend::zero(Tensor&) { unimplemented("zero"); }
+void Backend::synchronize() { unimplemented("synchronize"); }
 
 namespace {
 Backend* g_backends[2] = {nullptr, nullptr};
@@ -35,5 +39,12 @@ Backend& backend_for(Device device) {
 }
 
 void register_backend(DeviceType type, Backend* backend) { g_backends[static_cast<int>(type)] = backend; }
+
+Tensor copy_to(const Tensor& src, Device device) {
+  PRIMUS_CHECK(src.defined(), "copy_to: the source tensor is undefined");
+  Tensor dst = Tensor::empty(src.shape(), src.dtype(), device);
+  backend_for(device.is_cpu() ? src.device() : device).copy(dst, src);
+  return dst;
+}
 
 }  // namespace primus

@@ -124,6 +124,17 @@ class Backend {
   // Σ x² accumulated in double, in an order that does not depend on thread scheduling.
   virtual double sum_squares(const Tensor& x);
 
+  // Memory entries. The backend of a device also copies between that device and the host.
+  // dst ← src, same dtype and element count; each lives on this backend's device or on the host. Returns
+  // once a host dst holds the data; other copies are ordered with this backend's later work.
+  virtual void copy(Tensor& dst, const Tensor& src);
+  // Every element of an f32 tensor set to value (poisoning outputs in tests, resetting buffers).
+  virtual void fill(Tensor& x, float value);
+  // Every byte set to 0, any dtype (gradient buffers before accumulation).
+  virtual void zero(Tensor& x);
+  // Waits for all queued work of this backend; throws errors its kernels found in the data (bad ids).
+  virtual void synchronize();
+
  protected:
   [[noreturn]] void unimplemented(const char* op) const;
 };
@@ -131,5 +142,9 @@ class Backend {
 // The backend that owns tensors on this device. The CPU backend always exists.
 Backend& backend_for(Device device);
 void register_backend(DeviceType type, Backend* backend);
+
+// A new tensor on `device` holding src's data (a host <-> device transfer when the devices differ). Goes
+// through the device-side backend, which must be registered (for CUDA: start_cuda_backend()).
+Tensor copy_to(const Tensor& src, Device device);
 
 }  // namespace primus

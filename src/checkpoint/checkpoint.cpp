@@ -9,6 +9,7 @@
 #include "checkpoint/hf_config.h"
 #include "checkpoint/safetensors.h"
 #include "core/file_io.h"
+#include "ops/ops.h"
 
 namespace primus {
 
@@ -21,20 +22,26 @@ constexpr const char* kTracker = "latest_checkpointed_iteration.txt";
 constexpr const char* kManifest = "manifest.json";
 constexpr int kFormatVersion = 1;
 
+// The tensor itself when it lives on the host, else a host copy (one transfer for a whole flat buffer).
+Tensor on_host(const Tensor& t) { return t.device().is_cpu() ? t : ops::to_device(t, kCpuDevice); }
+
 void write_model_files(const std::string& dir, const LlamaModel& model) {
   SafetensorsWriter writer;
   const ParamStore& params = model.params();
-  for (size_t i = 0; i < params.specs().size(); ++i) writer.add(params.specs()[i].name, params.param(i));
+  const Tensor flat = on_host(params.flat_params());
+  for (size_t i = 0; i < params.specs().size(); ++i) {
+    writer.add(params.specs()[i].name, flat.slice_elements(params.offset(i), params.specs()[i].shape));
+  }
   writer.write(dir + "/model.safetensors");
   write_file_atomic(dir + "/config.json", hf_config_from_model(model.args()).dump(2) + "\n");
 }
 
-void copy_into(const Tensor& source, const Tensor& target, const std::string& name, const std::string& file) {
+void copy_into(const Tensor& source, Tensor target, const std::string& name, const std::string& file) {
   if (source.shape() != target.shape()) {
     throw RuntimeError(fmt::format("{}: tensor '{}' has shape {} but the model needs {}", file, name,
                                    shape_str(source.shape()), shape_str(target.shape())));
   }
-  target.copy_from(source);
+  ops::copy(target, source);
 }
 
 }  // namespace
@@ -52,10 +59,12 @@ void save_checkpoint(const std::string& save_dir, const LlamaModel& model, const
   write_model_files(tmp_dir, model);
   SafetensorsWriter moments;
   const ParamStore& params = model.params();
+  const Tensor exp_avg = on_host(optimizer.exp_avg());
+  const Tensor exp_avg_sq = on_host(optimizer.exp_avg_sq());
   for (size_t i = 0; i < params.specs().size(); ++i) {
     const ParamSpec& spec = params.specs()[i];
-    moments.add("exp_avg." + spec.name, optimizer.exp_avg().slice_elements(params.offset(i), spec.shape));
-    moments.add("exp_avg_sq." + spec.name, optimizer.exp_avg_sq().slice_elements(params.offset(i), spec.shape));
+    moments.add("exp_avg." + spec.name, exp_avg.slice_elements(params.offset(i), spec.shape));
+    moments.add("exp_avg_sq." + spec.name, exp_avg_sq.slice_elements(params.offset(i), spec.shape));
   }
   moments.write(tmp_dir + "/optimizer.safetensors");
   json trainer = {{"format_version", kFormatVersion},

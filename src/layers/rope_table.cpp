@@ -29,7 +29,7 @@ std::vector<double> rope_inverse_frequencies(int64_t head_dim, const RopeConfig&
   return inv_freq;
 }
 
-RopeTable make_rope_table(int64_t head_dim, int64_t seq_len, const RopeConfig& config, Device device) {
+RopeTable make_rope_table(int64_t head_dim, int64_t seq_len, const RopeConfig& config) {
   std::vector<double> inv_freq = rope_inverse_frequencies(head_dim, config);
   const int64_t half = head_dim / 2;
   RopeTable table{Tensor::empty({seq_len, half}, DType::kF32), Tensor::empty({seq_len, half}, DType::kF32)};
@@ -40,7 +40,6 @@ RopeTable make_rope_table(int64_t head_dim, int64_t seq_len, const RopeConfig& c
       table.sin.f32()[t * half + i] = static_cast<float>(std::sin(angle));
     }
   }
-  PRIMUS_CHECK(device.is_cpu(), "rope tables on {} are copied by the device backend", device.str());
   return table;
 }
 

@@ -21,6 +21,7 @@ struct RopeTable {
 
 // inv_freq[i] = theta^(-2i/D), rescaled per Llama 3.1 when use_scaling; angles computed in double.
 std::vector<double> rope_inverse_frequencies(int64_t head_dim, const RopeConfig& config);
-RopeTable make_rope_table(int64_t head_dim, int64_t seq_len, const RopeConfig& config, Device device = kCpuDevice);
+// On the host; a device copy is the caller's.
+RopeTable make_rope_table(int64_t head_dim, int64_t seq_len, const RopeConfig& config);
 
 }  // namespace primus

@@ -50,6 +50,13 @@ std::vector<ParamSpec> LlamaModel::param_specs(const ModelArgs& a) {
   return specs;
 }
 
+double LlamaModel::flops_per_token(const ModelArgs& a, int64_t seq_length) {
+  // 6 FLOPs per matmul parameter (forward 2, backward 4) plus attention's QKᵀ and PV, forward and backward,
+  // without halving for causality (the PaLM/Megatron convention the reference uses too).
+  return 6.0 * static_cast<double>(matmul_params(a)) +
+         12.0 * static_cast<double>(a.num_layers * seq_length * a.num_attention_heads * a.kv_channels);
+}
+
 int64_t LlamaModel::matmul_params(const ModelArgs& a) {
   int64_t total = 0;
   for (const ParamSpec& s : param_specs(a)) {
@@ -61,7 +68,8 @@ int64_t LlamaModel::matmul_params(const ModelArgs& a) {
 
 LlamaModel::LlamaModel(const ModelArgs& args, int64_t max_seq_length, Device device)
     : args_(args), max_seq_length_(max_seq_length), device_(device), params_(param_specs(args), device) {
-  rope_ = make_rope_table(args_.kv_channels, max_seq_length_, rope_config(args_), device_);
+  RopeTable host_rope = make_rope_table(args_.kv_channels, max_seq_length_, rope_config(args_));
+  rope_ = RopeTable{ops::to_device(host_rope.cos, device_), ops::to_device(host_rope.sin, device_)};
   bind_layers();
 }
 
@@ -129,12 +137,14 @@ LossSum LlamaModel::forward(const Tensor& tokens, const Tensor& labels) {
   }
   Tensor hidden = final_norm_.forward(x, final_norm_saved_);
   Tensor losses = lm_loss_.forward(hidden, labels.reshape({B * T}), lm_loss_saved_);
-  PRIMUS_CHECK(losses.device().is_cpu(), "loss reduction on the host only for now");
+  // Summed on the host: a small copy, and a wait for the device, per micro-batch.
+  const Tensor host_losses = losses.device().is_cpu() ? losses : ops::to_device(losses, kCpuDevice);
+  const Tensor host_labels = labels.device().is_cpu() ? labels : ops::to_device(labels, kCpuDevice);
   LossSum sum;
-  const int32_t* lab = labels.i32();
+  const int32_t* lab = host_labels.i32();
   for (int64_t i = 0; i < B * T; ++i) {
     if (lab[i] < 0) continue;
-    sum.loss_sum += losses.f32()[i];
+    sum.loss_sum += host_losses.f32()[i];
     ++sum.tokens;
   }
   return sum;
@@ -174,10 +184,10 @@ std::vector<float> LlamaModel::next_token_logits(const std::vector<int32_t>& con
   Tensor labels = Tensor::empty({1, T}, DType::kI32);
   std::copy(context.begin(), context.end(), tokens.i32());
   std::fill(labels.i32(), labels.i32() + T, 0);
-  forward(tokens, labels);
-  const Tensor& logits = lm_loss_saved_.logits;  // [T, V]
-  const int64_t V = logits.dim(1);
-  std::vector<float> last(logits.f32() + (T - 1) * V, logits.f32() + T * V);
+  forward(ops::to_device(tokens, device_), ops::to_device(labels, device_));
+  const int64_t V = lm_loss_saved_.logits.dim(1);
+  const Tensor logits = ops::to_device(lm_loss_saved_.logits.slice_elements((T - 1) * V, {V}), kCpuDevice);
+  std::vector<float> last(logits.f32(), logits.f32() + V);
   release_activations();
   return last;
 }

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "config/experiment.h"
-#include "core/param_store.h"
+#include "ops/param_store.h"
 #include "layers/attention.h"
 
 namespace primus {
@@ -25,6 +25,9 @@ class LlamaModel {
   static std::vector<ParamSpec> param_specs(const ModelArgs& args);
   // Parameters in the matmuls of one token's forward, the output layer included even when tied.
   static int64_t matmul_params(const ModelArgs& args);
+  // Training FLOPs per token: 6 × matmul_params + 12 × layers × seq × heads × head_dim (causal not halved).
+  static double flops_per_token(const ModelArgs& args, int64_t seq_length);
+  Device device() const { return device_; }
 
   const ModelArgs& args() const { return args_; }
   ParamStore& params() { return params_; }

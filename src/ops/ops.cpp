@@ -1,12 +1,16 @@
 // Op entry points: validate every tensor (defined, dtype, one device, shapes) with messages that start with
 // "[op NAME]" and name the tensors as ops.h does, flatten leading dimensions to the [N, C] views the backend
-// expects, then dispatch to the backend of the tensors' device. The CPU backend is registered on first use.
+// expects, then dispatch to the backend of the tensors' device. The CPU backend is registered on first use, and
+// so is the CUDA backend in builds with it (PRIMUS_WITH_CUDA).
 #include "ops/ops.h"
 
 #include <cmath>
 #include <initializer_list>
 
 #include "backend/cpu/cpu_backend.h"
+#if PRIMUS_WITH_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
 
 namespace primus::ops {
 
@@ -29,6 +33,9 @@ Backend& backend(Device device) {
     return true;
   }();
   (void)cpu_registered;
+#if PRIMUS_WITH_CUDA
+  if (device.type == DeviceType::kCuda) start_cuda_backend(device.index);
+#endif
   return backend_for(device);
 }
 
@@ -425,5 +432,39 @@ double sum_squares(const Tensor& x) {
   const Device device = check_args(op, {{"x", &x}});
   return backend(device).sum_squares(x);
 }
+
+void copy(Tensor& dst, const Tensor& src) {
+  const char* op = "copy";
+  OP_CHECK(dst.defined() && src.defined(), "dst is {} and src is {}", dst.describe(), src.describe());
+  OP_CHECK_PAIR(dst.dtype() == src.dtype() && dst.numel() == src.numel(), dst, src);
+  // A transfer between the host and a device is the device backend's work.
+  backend(dst.device().is_cpu() ? src.device() : dst.device()).copy(dst, src);
+}
+
+Tensor to_device(const Tensor& src, Device device) {
+  Tensor dst = Tensor::empty(src.shape(), src.dtype(), device);
+  copy(dst, src);
+  return dst;
+}
+
+void fill(Tensor& x, float value) {
+  const char* op = "fill";
+  const Device device = check_args(op, {{"x", &x}});
+  backend(device).fill(x, value);
+}
+
+void zero(Tensor& x) {
+  const char* op = "zero";
+  OP_CHECK(x.defined(), "x is undefined");
+  backend(x.device()).zero(x);
+}
+
+Tensor zeros(const Shape& shape, DType dtype, Device device) {
+  Tensor t = Tensor::empty(shape, dtype, device);
+  zero(t);
+  return t;
+}
+
+void synchronize(Device device) { backend(device).synchronize(); }
 
 }  // namespace primus::ops

@@ -38,4 +38,13 @@ void add_inplace(Tensor& y, const Tensor& x);
 void scale_inplace(Tensor& x, float s);
 double sum_squares(const Tensor& x);
 
+// Memory: any dtype for copy/zero; copies go between the host and a device either way.
+void copy(Tensor& dst, const Tensor& src);
+Tensor to_device(const Tensor& src, Device device);  // a new tensor on `device` holding src's data
+void fill(Tensor& x, float value);                   // f32 only
+void zero(Tensor& x);
+Tensor zeros(const Shape& shape, DType dtype, Device device);
+// Waits for the device's queued work (and reports errors kernels found in the data).
+void synchronize(Device device);
+
 }  // namespace primus::ops

@@ -8,8 +8,8 @@ namespace primus {
 
 AdamW::AdamW(const ParamStore& params, AdamWConfig config)
     : config_(config),
-      exp_avg_(Tensor::zeros({params.numel()}, DType::kF32, params.flat_params().device())),
-      exp_avg_sq_(Tensor::zeros({params.numel()}, DType::kF32, params.flat_params().device())) {}
+      exp_avg_(ops::zeros({params.numel()}, DType::kF32, params.flat_params().device())),
+      exp_avg_sq_(ops::zeros({params.numel()}, DType::kF32, params.flat_params().device())) {}
 
 void AdamW::step(ParamStore& params, double lr) {
   ++steps_taken_;

@@ -2,7 +2,7 @@
 // weight decay on the tensors whose spec asks for it, and global-norm gradient clipping.
 #pragma once
 
-#include "core/param_store.h"
+#include "ops/param_store.h"
 
 namespace primus {
 

@@ -21,6 +21,7 @@
 #include "optim/lr_schedule.h"
 #include "train/sampling.h"
 #include "train/signals.h"
+#include "train/train_step.h"
 
 namespace primus {
 
@@ -74,52 +75,6 @@ DataSources make_data(const TrainingArgs& t, const Tokenizer& tokenizer) {
   return d;
 }
 
-struct StepResult {
-  double loss = 0.0;
-  double grad_norm = 0.0;
-  int64_t tokens = 0;
-};
-
-// One optimizer step over a global batch: micro-batches accumulate fp32 gradients of the mean token loss.
-StepResult train_step(LlamaModel& model, AdamW& optimizer, BatchLoader& loader, const TrainingArgs& t, double lr) {
-  const int64_t micro_batches = t.global_batch_size / (t.micro_batch_size * t.data_parallel_size);
-  std::vector<Batch> batches;
-  int64_t counted = 0;
-  for (int64_t i = 0; i < micro_batches; ++i) {
-    batches.push_back(loader.next());
-    const int32_t* labels = batches.back().labels.i32();
-    for (int64_t k = 0; k < batches.back().labels.numel(); ++k) counted += labels[k] >= 0;
-  }
-  PRIMUS_CHECK(counted > 0, "a global batch without any token to predict");
-  model.params().zero_grads();
-  StepResult result;
-  double loss_sum = 0.0;
-  for (Batch& batch : batches) {
-    loss_sum += model.forward(batch.tokens, batch.labels).loss_sum;
-    model.backward(static_cast<float>(1.0 / static_cast<double>(counted)));
-  }
-  result.loss = loss_sum / static_cast<double>(counted);
-  result.tokens = counted;
-  result.grad_norm = clip_grad_norm(model.params(), t.clip_grad);
-  optimizer.step(model.params(), lr);
-  return result;
-}
-
-double evaluate(LlamaModel& model, const SampleSource& source, const TrainingArgs& t) {
-  BatchLoader loader(source, t.micro_batch_size, t.seq_length);
-  const int64_t micro_batches = t.eval_iters * t.global_batch_size / t.micro_batch_size;
-  double loss_sum = 0.0;
-  int64_t tokens = 0;
-  for (int64_t i = 0; i < micro_batches; ++i) {
-    Batch batch = loader.next();
-    LossSum s = model.forward(batch.tokens, batch.labels);
-    loss_sum += s.loss_sum;
-    tokens += s.tokens;
-  }
-  model.params().zero_grads();  // forward kept activations only; nothing to undo in the weights
-  return loss_sum / static_cast<double>(std::max<int64_t>(tokens, 1));
-}
-
 void add_run_log_sink(const std::string& path) {
   auto sink = std::make_shared<spdlog::sinks::basic_file_sink_mt>(path, /*truncate=*/false);
   spdlog::default_logger()->sinks().push_back(sink);
@@ -135,13 +90,17 @@ int run_pretrain(const ExperimentConfig& config, const RunOptions& options) {
   add_run_log_sink(run_dir + "/logs/train.log");
   write_file_atomic(run_dir + "/config.yaml", config.effective_yaml);
   spdlog::info("run directory: {}", fs::absolute(run_dir).lexically_normal().string());
-  if (t.device == "cuda") throw UsageError("[config] device: cuda is not built into this binary");
-  spdlog::info("device: cpu ({} OpenMP threads)", omp_get_max_threads());
+  const Device device = select_device(t.device);
+  if (device.is_cpu()) {
+    spdlog::info("device: cpu ({} OpenMP threads)", omp_get_max_threads());
+  } else {
+    spdlog::info("device: {}", device.str());
+  }
 
   std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(t.tokenizer_type);
   const ModelArgs model_args = resolve_vocab(config.model, *tokenizer);
   DataSources data = make_data(t, *tokenizer);
-  LlamaModel model(model_args, t.seq_length);
+  LlamaModel model(model_args, t.seq_length, device);
   AdamW optimizer(model.params(), AdamWConfig{t.adam_beta1, t.adam_beta2, t.adam_eps, t.weight_decay});
   const LrSchedule schedule{t.lr, t.min_lr, t.lr_warmup_iters, t.lr_decay_iters, t.lr_decay_style};
 
@@ -177,6 +136,7 @@ int run_pretrain(const ExperimentConfig& config, const RunOptions& options) {
   };
 
   install_stop_handlers();
+  const double flops_per_token = LlamaModel::flops_per_token(model_args, t.seq_length);
   double window_loss = 0.0, window_s = 0.0;
   int64_t window_steps = 0, window_tokens = 0;
   while (state.iteration < t.train_iters) {
@@ -202,19 +162,28 @@ int run_pretrain(const ExperimentConfig& config, const RunOptions& options) {
     }
     if (step % t.log_interval == 0 || step == t.train_iters || eval_loss) {
       const double loss = window_loss / static_cast<double>(window_steps);
+      const double tokens_per_s = static_cast<double>(window_tokens) / window_s;
+      const double tflops = tokens_per_s * flops_per_token / 1e12;
       record = {{"step", step},
                 {"loss", loss},
                 {"lr", lr},
                 {"grad_norm", r.grad_norm},
-                {"tokens_per_s", static_cast<double>(window_tokens) / window_s},
+                {"tokens_per_s", tokens_per_s},
                 {"step_ms", 1000.0 * window_s / static_cast<double>(window_steps)},
+                {"tflops_per_gpu", tflops},
                 {"consumed_samples", loader.consumed_samples()},
                 {"elapsed_s", seconds_since(start)}};
+      if (!device.is_cpu()) {
+        record["mfu"] = tflops / kPeakBf16Tflops;
+        record["mem_peak_gib"] = device_peak_memory_gib(device);
+      }
       if (eval_loss) record["eval_loss"] = *eval_loss;
       metrics.write(record);
-      spdlog::info(" iteration {:>6}/{:<6} | loss {:.4f} |{} lr {:.3e} | grad norm {:.3f} | {:.1f} ms/step | {:.0f} tokens/s",
+      spdlog::info(" iteration {:>6}/{:<6} | loss {:.4f} |{} lr {:.3e} | grad norm {:.3f} | {:.1f} ms/step | {:.0f} tokens/s | {:.2f} TFLOP/s{}",
                    step, t.train_iters, loss, eval_loss ? fmt::format(" eval loss {:.4f} |", *eval_loss) : "", lr,
-                   r.grad_norm, 1000.0 * window_s / window_steps, window_tokens / window_s);
+                   r.grad_norm, 1000.0 * window_s / window_steps, tokens_per_s, tflops,
+                   device.is_cpu() ? "" : fmt::format(" | MFU {:.3f} | peak {:.1f} GiB", tflops / kPeakBf16Tflops,
+                                                      device_peak_memory_gib(device)));
       window_loss = window_s = 0.0;
       window_steps = window_tokens = 0;
     }

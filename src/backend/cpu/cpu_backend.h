@@ -1,6 +1,6 @@
 // The CPU reference backend: plain fp32 kernels that define the numerics of every op. A device kernel is
 // accepted only by comparison with these. One .cpp per op family (gemm, embedding, rmsnorm, rope, attention,
-// swiglu, cross_entropy, adamw, elementwise).
+// swiglu, cross_entropy, adamw, elementwise, memory).
 //
 // Contract: arguments arrive validated by src/ops (dtypes, shapes, one device); the kernels only check values
 // that need reading the data (token ids, targets).
@@ -44,6 +44,10 @@ class CpuBackend : public Backend {
   void add_inplace(Tensor& y, const Tensor& x) override;
   void scale_inplace(Tensor& x, float s) override;
   double sum_squares(const Tensor& x) override;
+  void copy(Tensor& dst, const Tensor& src) override;
+  void fill(Tensor& x, float value) override;
+  void zero(Tensor& x) override;
+  void synchronize() override {}
 };
 
 // The process-wide CPU backend (a function-local static). src/ops registers it for DeviceType::kCpu.

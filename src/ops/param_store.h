@@ -9,7 +9,6 @@
 #include <string>
 #include <vector>
 
-#include "core/rng.h"
 #include "core/tensor.h"
 
 namespace primus {
@@ -41,8 +40,8 @@ class ParamStore {
   Tensor grad(size_t i) const;
   int64_t offset(size_t i) const { return offsets_[i]; }
 
-  // Fills parameters from their specs; stream i of `seed` is used for spec i so a parameter's initial
-  // values do not depend on the other parameters (adding a layer does not change the first ones).
+  // Fills parameters from their specs with a random stream per parameter derived from `seed` and its name,
+  // so a parameter's initial values do not depend on the others (adding a layer changes no other tensor).
   void initialize(uint64_t seed);
   void zero_grads();
 

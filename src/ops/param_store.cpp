@@ -1,4 +1,7 @@
-#include "core/param_store.h"
+#include "ops/param_store.h"
+
+#include "core/rng.h"
+#include "ops/ops.h"
 
 
 namespace primus {
@@ -19,7 +22,7 @@ ParamStore::ParamStore(std::vector<ParamSpec> specs, Device device) : specs_(std
     total_ += shape_numel(specs_[i].shape);
   }
   params_ = Tensor::empty({total_}, DType::kF32, device);
-  grads_ = Tensor::zeros({total_}, DType::kF32, device);
+  grads_ = ops::zeros({total_}, DType::kF32, device);
 }
 
 size_t ParamStore::find(const std::string& name) const {
@@ -34,10 +37,11 @@ Tensor ParamStore::param(size_t i) const { return params_.slice_elements(offsets
 Tensor ParamStore::grad(size_t i) const { return grads_.slice_elements(offsets_[i], specs_[i].shape); }
 
 void ParamStore::initialize(uint64_t seed) {
-  PRIMUS_CHECK(params_.device().is_cpu(), "initialize on the host, then copy to the device");
+  // Drawn on the host (the same values on every device), then copied over once.
+  Tensor host = Tensor::empty({total_}, DType::kF32);
   for (size_t i = 0; i < specs_.size(); ++i) {
     const ParamSpec& spec = specs_[i];
-    Tensor view = param(i);
+    Tensor view = host.slice_elements(offsets_[i], spec.shape);
     float* p = view.f32();
     if (spec.init == ParamInit::kOnes) {
       view.fill(1.0f);
@@ -46,8 +50,9 @@ void ParamStore::initialize(uint64_t seed) {
     Rng rng = Rng::derive(seed, stable_hash(spec.name));
     for (int64_t k = 0; k < view.numel(); ++k) p[k] = static_cast<float>(rng.normal() * spec.init_std);
   }
+  ops::copy(params_, host);
 }
 
-void ParamStore::zero_grads() { grads_.zero(); }
+void ParamStore::zero_grads() { ops::zero(grads_); }
 
 }  // namespace primus

@@ -1,0 +1,78 @@
+#include "train/train_step.h"
+
+#include <spdlog/spdlog.h>
+
+#include "ops/ops.h"
+#if PRIMUS_WITH_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
+
+namespace primus {
+
+StepResult train_step(LlamaModel& model, AdamW& optimizer, BatchLoader& loader, const TrainingArgs& t, double lr) {
+  const int64_t micro_batches = t.global_batch_size / (t.micro_batch_size * t.data_parallel_size);
+  // The whole global batch is drawn first: its token count scales every micro-batch's gradient.
+  std::vector<Batch> batches;
+  int64_t counted = 0;
+  for (int64_t i = 0; i < micro_batches; ++i) {
+    batches.push_back(loader.next());
+    const int32_t* labels = batches.back().labels.i32();
+    for (int64_t k = 0; k < batches.back().labels.numel(); ++k) counted += labels[k] >= 0;
+  }
+  PRIMUS_CHECK(counted > 0, "a global batch without any token to predict");
+  model.params().zero_grads();
+  double loss_sum = 0.0;
+  for (const Batch& batch : batches) {
+    loss_sum += model.forward(ops::to_device(batch.tokens, model.device()), ops::to_device(batch.labels, model.device()))
+                    .loss_sum;
+    model.backward(static_cast<float>(1.0 / static_cast<double>(counted)));
+  }
+  StepResult result;
+  result.loss = loss_sum / static_cast<double>(counted);
+  result.tokens = counted;
+  result.grad_norm = clip_grad_norm(model.params(), t.clip_grad);
+  optimizer.step(model.params(), lr);
+  return result;
+}
+
+double evaluate(LlamaModel& model, const SampleSource& source, const TrainingArgs& t) {
+  BatchLoader loader(source, t.micro_batch_size, t.seq_length);
+  const int64_t micro_batches = t.eval_iters * t.global_batch_size / t.micro_batch_size;
+  double loss_sum = 0.0;
+  int64_t tokens = 0;
+  for (int64_t i = 0; i < micro_batches; ++i) {
+    Batch batch = loader.next();
+    LossSum s = model.forward(ops::to_device(batch.tokens, model.device()), ops::to_device(batch.labels, model.device()));
+    loss_sum += s.loss_sum;
+    tokens += s.tokens;
+  }
+  return loss_sum / static_cast<double>(std::max<int64_t>(tokens, 1));
+}
+
+Device select_device(const std::string& device_key) {
+  if (device_key == "cpu") return kCpuDevice;
+#if PRIMUS_WITH_CUDA
+  std::string why;
+  const int count = cuda_device_count(&why);
+  if (count > 0) {
+    start_cuda_backend(0);
+    return Device{DeviceType::kCuda, 0};
+  }
+  if (device_key == "cuda") throw UsageError(fmt::format("[config] device: cuda, but no CUDA device is usable: {}", why));
+  spdlog::info("device: auto -> cpu (no CUDA device: {})", why);
+#else
+  if (device_key == "cuda") throw UsageError("[config] device: cuda, but this binary was built without CUDA");
+#endif
+  return kCpuDevice;
+}
+
+double device_peak_memory_gib(Device device) {
+#if PRIMUS_WITH_CUDA
+  if (device.type == DeviceType::kCuda) {
+    return static_cast<double>(start_cuda_backend(device.index).allocator().stats().peak_allocated_bytes) / (1ull << 30);
+  }
+#endif
+  return 0.0;
+}
+
+}  // namespace primus

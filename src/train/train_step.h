@@ -1,0 +1,35 @@
+// One optimizer step and one evaluation pass, shared by `train pretrain` and `benchmark train`, plus the
+// device choice and memory figures they report.
+#pragma once
+
+#include "config/experiment.h"
+#include "data/loader.h"
+#include "models/llama.h"
+#include "optim/adamw.h"
+
+namespace primus {
+
+// Datasheet dense bf16 peak of an H100/H200 SXM, the denominator of MFU (as in the PyTorch reference).
+inline constexpr double kPeakBf16Tflops = 989.0;
+
+struct StepResult {
+  double loss = 0.0;       // mean token loss over the global batch
+  double grad_norm = 0.0;  // before clipping
+  int64_t tokens = 0;      // tokens with a label
+};
+
+// Draws a global batch (global_batch_size / (micro × data-parallel) micro-batches) on the host, moves each
+// micro-batch to the model's device, accumulates fp32 gradients of the mean token loss, clips, and takes
+// one AdamW step with learning rate `lr`.
+StepResult train_step(LlamaModel& model, AdamW& optimizer, BatchLoader& loader, const TrainingArgs& t, double lr);
+
+// Mean token loss over eval_iters global batches read from the start of `source` (the same samples each time).
+double evaluate(LlamaModel& model, const SampleSource& source, const TrainingArgs& t);
+
+// `device` key: cpu, cuda (error when not built or no GPU), or auto (cuda when usable, else cpu). Starts the
+// device backend.
+Device select_device(const std::string& device_key);
+// Peak bytes allocated on the device since start, in GiB; 0 for the CPU (not tracked).
+double device_peak_memory_gib(Device device);
+
+}  // namespace primus
