@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
 # Installs what Primus needs from Debian's packages (Debian 12 "bookworm").
 #   scripts/setup.sh          build dependencies and the default job's text (fortunes)
-#   scripts/setup.sh --test   also what the tests need (PyTorch and numpy for the parity tests)
+#   scripts/setup.sh --test   also what the tests need (PyTorch and numpy for the parity tests, Node.js and npm
+#                             for the tokenizer parity tests)
 # Packages already present are skipped, so a second run costs nothing.
 set -euo pipefail
 
 packages=(cmake ninja-build ccache g++ pkg-config
           libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev
-          libgtest-dev libgmock-dev libopenblas-openmp-dev
+          libgtest-dev libgmock-dev libopenblas-openmp-dev libzstd-dev
+          libpcre2-dev libsentencepiece-dev libutf8proc-dev
           fortunes)
 if [[ "${1:-}" == "--test" ]]; then
   packages+=(python3 python3-torch python3-numpy)
+  # Node.js and npm for the tokenizer parity tests (tests/tokenizer_parity). A Node.js that bundles npm (e.g.
+  # NodeSource's nodejs) conflicts with Debian's npm package, so install them only when npm is absent.
+  command -v npm >/dev/null || packages+=(nodejs npm)
 fi
 
 missing=()

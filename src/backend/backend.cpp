@@ -23,6 +23,8 @@ void Backend::adamw_step(const AdamWArgs&) { unimplemented("adamw_step"); }
 void Backend::add_inplace(Tensor&, const Tensor&) { unimplemented("add_inplace"); }
 void Backend::scale_inplace(Tensor&, float) { unimplemented("scale_inplace"); }
 double Backend::sum_squares(const Tensor&) { unimplemented("sum_squares"); }
+void Backend::sum_into(Tensor&, const Tensor&) { unimplemented("sum_into"); }
+void Backend::cast(Tensor&, const Tensor&) { unimplemented("cast"); }
 void Backend::copy(Tensor&, const Tensor&) { unimplemented("copy"); }
 void Backend::fill(Tensor&, float) { unimplemented("fill"); }
 void Backend::zero(Tensor&) { unimplemented("zero"); }

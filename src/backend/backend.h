@@ -4,6 +4,11 @@
 //
 // Conventions: row-major, contiguous tensors; shapes are written next to each field.
 // "accumulate" outputs are added to (gradients); all others are overwritten.
+//
+// Dtypes. The CPU backend is fp32 only (cast aside). The CUDA backend also runs mixed precision: activations
+// ("act" below: f32, or bf16 on CUDA) and the compute copy of the weights in bf16, math in fp32 inside every
+// kernel; per-row statistics (rstd, lse, losses), parameter gradients (dw, dweight, dtable), master weights and
+// optimizer state always fp32. Each field names its dtype where it is not "act".
 #pragma once
 
 #include <string>
@@ -13,6 +18,8 @@
 namespace primus {
 
 // C = alpha * op(A) · op(B) + beta * C, op(X) = X or Xᵀ. A: [M,K] (or [K,M] if trans_a), B: [K,N] (or [N,K]).
+// A and B share one dtype (act); C has that dtype or f32 (bf16 A·B into an f32 C: weight gradients accumulated
+// into the fp32 gradient buffer, fp32 logits). Products are accumulated in fp32.
 struct GemmArgs {
   const Tensor* a = nullptr;
   const Tensor* b = nullptr;
@@ -28,7 +35,7 @@ struct EmbeddingArgs {
   const Tensor* table = nullptr;  // [V, C]  (forward)
   Tensor* out = nullptr;          // [N, C]  (forward)
   const Tensor* dout = nullptr;   // [N, C]  (backward)
-  Tensor* dtable = nullptr;       // [V, C]  (backward, accumulate)
+  Tensor* dtable = nullptr;       // [V, C]  (backward, accumulate) f32
 };
 
 struct RmsNormArgs {
@@ -36,18 +43,18 @@ struct RmsNormArgs {
   const Tensor* weight = nullptr;  // [C]
   float eps = 1e-5f;
   Tensor* y = nullptr;             // [N, C]  (forward)
-  Tensor* rstd = nullptr;          // [N]     (forward writes, backward reads) 1/sqrt(mean(x²)+eps)
+  Tensor* rstd = nullptr;          // [N] f32 (forward writes, backward reads) 1/sqrt(mean(x²)+eps)
   const Tensor* dy = nullptr;      // [N, C]  (backward)
   Tensor* dx = nullptr;            // [N, C]  (backward)
-  Tensor* dweight = nullptr;       // [C]     (backward, accumulate)
+  Tensor* dweight = nullptr;       // [C]     (backward, accumulate) f32
 };
 
 // Rotary embedding in the Hugging Face "rotate half" layout: pair (i, i + D/2) rotates by angle[t, i].
 // Applied in place. backward applies the inverse rotation to the incoming gradient.
 struct RopeArgs {
   Tensor* x = nullptr;            // [B, T, H, D]
-  const Tensor* cos = nullptr;    // [T, D/2]
-  const Tensor* sin = nullptr;    // [T, D/2]
+  const Tensor* cos = nullptr;    // [T, D/2] f32
+  const Tensor* sin = nullptr;    // [T, D/2] f32
 };
 
 // Causal grouped-query attention, softmax scale 1/sqrt(D). Query head h reads kv head h / (Hq / Hkv).
@@ -56,7 +63,7 @@ struct AttentionArgs {
   const Tensor* k = nullptr;    // [B, T, Hkv, D]
   const Tensor* v = nullptr;    // [B, T, Hkv, D]
   Tensor* out = nullptr;        // [B, T, Hq, D]  (forward writes, backward reads)
-  Tensor* lse = nullptr;        // [B, Hq, T]     log-sum-exp of scaled scores (forward writes, backward reads)
+  Tensor* lse = nullptr;        // [B, Hq, T] f32 log-sum-exp of scaled scores (forward writes, backward reads)
   const Tensor* dout = nullptr; // [B, T, Hq, D]  (backward)
   Tensor* dq = nullptr;         // [B, T, Hq, D]  (backward)
   Tensor* dk = nullptr;         // [B, T, Hkv, D] (backward)
@@ -77,8 +84,8 @@ struct SwiGluArgs {
 struct CrossEntropyArgs {
   const Tensor* logits = nullptr;   // [N, V]
   const Tensor* targets = nullptr;  // [N] i32
-  Tensor* losses = nullptr;         // [N]  (forward) -log softmax(logits)[target]
-  Tensor* lse = nullptr;            // [N]  (forward writes, backward reads)
+  Tensor* losses = nullptr;         // [N] f32 (forward) -log softmax(logits)[target]
+  Tensor* lse = nullptr;            // [N] f32 (forward writes, backward reads)
   float grad_scale = 1.0f;          // (backward) dL/dloss_i for every counted row, e.g. 1/num_tokens
   Tensor* dlogits = nullptr;        // [N, V] (backward; may alias logits)
 };
@@ -117,17 +124,23 @@ class Backend {
   virtual void cross_entropy_forward(const CrossEntropyArgs& args);
   virtual void cross_entropy_backward(const CrossEntropyArgs& args);
   virtual void adamw_step(const AdamWArgs& args);
-  // y += x (same shape)
+  // y += x (same shape, same dtype: act)
   virtual void add_inplace(Tensor& y, const Tensor& x);
-  // x *= s
+  // x *= s (f32)
   virtual void scale_inplace(Tensor& x, float s);
-  // Σ x² accumulated in double, in an order that does not depend on thread scheduling.
+  // Σ x² (f32) accumulated in double, in an order that does not depend on thread scheduling.
   virtual double sum_squares(const Tensor& x);
+  // acc[0] += Σ x (acc [1] f32, x f32), Σ in double in a fixed order; queued like any op, so a device can sum
+  // losses over micro-batches without waiting for the host.
+  virtual void sum_into(Tensor& acc, const Tensor& x);
 
   // Memory entries. The backend of a device also copies between that device and the host.
   // dst ← src, same dtype and element count; each lives on this backend's device or on the host. Returns
   // once a host dst holds the data; other copies are ordered with this backend's later work.
   virtual void copy(Tensor& dst, const Tensor& src);
+  // dst ← src converted, f32 <-> bf16 (or the same dtype: a copy), same element count, both on this backend's
+  // device. Narrowing rounds to nearest even as core/bf16.h does, so every backend gives the same bits.
+  virtual void cast(Tensor& dst, const Tensor& src);
   // Every element of an f32 tensor set to value (poisoning outputs in tests, resetting buffers).
   virtual void fill(Tensor& x, float value);
   // Every byte set to 0, any dtype (gradient buffers before accumulation).

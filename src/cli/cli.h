@@ -36,6 +36,8 @@ using Action = std::function<int()>;
 // Each registers one top-level command under `root`; a leaf's callback stores its work in `action`.
 void add_train_commands(CLI::App& root, const LaunchOptions& launch, Action& action);
 void add_config_commands(CLI::App& root, const LaunchOptions& launch, Action& action);
+void add_data_commands(CLI::App& root, const LaunchOptions& launch, Action& action);
+void add_benchmark_commands(CLI::App& root, const LaunchOptions& launch, Action& action);
 
 // Turns the free arguments of a command into "key=value" overrides. Accepts key=value, --key=value,
 // --key value and a bare --flag (meaning flag=true); throws UsageError on anything else.

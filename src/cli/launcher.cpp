@@ -1,6 +1,6 @@
 // primus-cli argument handling: `primus-cli [global flags] [mode [mode flags]] -- <command> [args]`.
 // The words before `--` go to the launcher parser (global flags, mode), the words after it to the command
-// parser (train, config). Two parsers rather than one because CLI11 treats `--` as "positionals follow",
+// parser (train, config, data, benchmark). Two parsers rather than one because CLI11 treats `--` as "positionals follow",
 // which would swallow the command. This file also owns the mapping from exceptions to exit codes.
 #include <spdlog/spdlog.h>
 
@@ -21,6 +21,9 @@ constexpr const char* kLauncherFooter = R"(Commands (given after `--`; `--` may 
   config show --config FILE [KEY=VALUE ...]      the effective config and where each value came from
   config validate --config FILE [KEY=VALUE ...]  check a config: prints OK or the first error
   config schema [--markdown]                      the reference of every config key
+  data preprocess --input PATH... --output-prefix P   text/JSONL(.zst) -> Megatron .bin/.idx
+  data inspect PREFIX                             documents, tokens, lengths, a decoded sample
+  benchmark train --config FILE [KEY=VALUE ...]   time the training step on random tokens
 Run 'primus-cli -- <command> --help' for the options of a command.
 
 Exit codes: 0 ok, 2 bad arguments or config, 3 runtime failure, 128+N stopped by signal N.
@@ -147,6 +150,8 @@ int run_command(const LaunchOptions& launch, const std::vector<std::string>& wor
   Action action;
   add_train_commands(commands, launch, action);
   add_config_commands(commands, launch, action);
+  add_data_commands(commands, launch, action);
+  add_benchmark_commands(commands, launch, action);
 
   if (words.empty()) {
     print_usage_error("no command given (for example: primus-cli -- train pretrain --config exp.yaml)",

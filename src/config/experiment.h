@@ -62,6 +62,8 @@ struct TrainingArgs {
   std::vector<std::string> data_path;  // text files or directories (byte-level tokenizer for now)
   std::string split = "969,30,1";
   std::string tokenizer_type = "ByteLevelTokenizer";
+  std::string tokenizer_model;         // file or directory for every tokenizer but ByteLevelTokenizer
+  bool bf16 = false;                   // mixed precision (CUDA only)
   std::string device = "auto";         // auto | cpu | cuda
   int64_t sample_length = 0;           // tokens to generate at the end of training (0: none)
   std::string sample_prompt;

@@ -7,7 +7,7 @@ namespace primus {
 namespace {
 
 Tensor linear(const Tensor& x, const Tensor& w) {
-  Tensor y = Tensor::empty({x.dim(0), w.dim(0)}, DType::kF32, x.device());
+  Tensor y = Tensor::empty({x.dim(0), w.dim(0)}, x.dtype(), x.device());
   ops::linear_forward(x, w, y);
   return y;
 }
@@ -15,7 +15,7 @@ Tensor linear(const Tensor& x, const Tensor& w) {
 // dw += dyᵀ · x, and dy · w goes into dx_sum: assigned when dx_sum is undefined, added otherwise
 // (a layer input that feeds several projections sums their gradients).
 void linear_grad(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor& dw, Tensor& dx_sum) {
-  Tensor dx = Tensor::empty(x.shape(), DType::kF32, x.device());
+  Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
   ops::linear_backward(x, w, dy, dx, dw);
   if (dx_sum.defined()) {
     ops::add_inplace(dx_sum, dx);
@@ -41,7 +41,7 @@ Tensor Attention::forward(const Tensor& x, const RopeTable& rope, AttentionSaved
   saved.v = v.reshape({B, T, Hkv, D});
   ops::rope_forward(saved.q, rope.cos, rope.sin);
   ops::rope_forward(saved.k, rope.cos, rope.sin);
-  saved.out = Tensor::empty({B, T, Hq, D}, DType::kF32, x.device());
+  saved.out = Tensor::empty({B, T, Hq, D}, x.dtype(), x.device());
   saved.lse = Tensor::empty({B, Hq, T}, DType::kF32, x.device());
   ops::attention_forward(saved.q, saved.k, saved.v, saved.out, saved.lse);
   return linear(saved.out.reshape({B * T, Hq * D}), wo);
@@ -51,9 +51,9 @@ Tensor Attention::backward(const Tensor& dy, const RopeTable& rope, AttentionSav
   const auto [B, T, Hq, Hkv, D] = shape;
   Tensor dout;
   linear_grad(saved.out.reshape({B * T, Hq * D}), wo, dy, dwo, dout);
-  Tensor dq = Tensor::empty({B, T, Hq, D}, DType::kF32, dy.device());
-  Tensor dk = Tensor::empty({B, T, Hkv, D}, DType::kF32, dy.device());
-  Tensor dv = Tensor::empty({B, T, Hkv, D}, DType::kF32, dy.device());
+  Tensor dq = Tensor::empty({B, T, Hq, D}, dy.dtype(), dy.device());
+  Tensor dk = Tensor::empty({B, T, Hkv, D}, dy.dtype(), dy.device());
+  Tensor dv = Tensor::empty({B, T, Hkv, D}, dy.dtype(), dy.device());
   ops::attention_backward(saved.q, saved.k, saved.v, saved.out, saved.lse, dout.reshape({B, T, Hq, D}), dq, dk, dv);
   ops::rope_backward(dq, rope.cos, rope.sin);
   ops::rope_backward(dk, rope.cos, rope.sin);
@@ -75,7 +75,7 @@ Tensor SwiGluMlp::forward(const Tensor& x, MlpSaved& saved) {
   saved.input = x;
   saved.gate = linear(x, w_gate);
   saved.up = linear(x, w_up);
-  saved.act = Tensor::empty(saved.gate.shape(), DType::kF32, x.device());
+  saved.act = Tensor::empty(saved.gate.shape(), x.dtype(), x.device());
   ops::swiglu_forward(saved.gate, saved.up, saved.act);
   return linear(saved.act, w_down);
 }
@@ -83,8 +83,8 @@ Tensor SwiGluMlp::forward(const Tensor& x, MlpSaved& saved) {
 Tensor SwiGluMlp::backward(const Tensor& dy, MlpSaved& saved) {
   Tensor dact;
   linear_grad(saved.act, w_down, dy, dw_down, dact);
-  Tensor dgate = Tensor::empty(saved.gate.shape(), DType::kF32, dy.device());
-  Tensor dup = Tensor::empty(saved.up.shape(), DType::kF32, dy.device());
+  Tensor dgate = Tensor::empty(saved.gate.shape(), dy.dtype(), dy.device());
+  Tensor dup = Tensor::empty(saved.up.shape(), dy.dtype(), dy.device());
   ops::swiglu_backward(saved.gate, saved.up, dact, dgate, dup);
   Tensor dx;
   linear_grad(saved.input, w_gate, dgate, dw_gate, dx);

@@ -66,8 +66,15 @@ int64_t LlamaModel::matmul_params(const ModelArgs& a) {
   return total;
 }
 
-LlamaModel::LlamaModel(const ModelArgs& args, int64_t max_seq_length, Device device)
-    : args_(args), max_seq_length_(max_seq_length), device_(device), params_(param_specs(args), device) {
+LlamaModel::LlamaModel(const ModelArgs& args, int64_t max_seq_length, Device device, DType compute_dtype)
+    : args_(args),
+      max_seq_length_(max_seq_length),
+      device_(device),
+      compute_dtype_(compute_dtype),
+      params_(param_specs(args), device) {
+  PRIMUS_CHECK(compute_dtype == DType::kF32 || compute_dtype == DType::kBF16, "[model] compute dtype {} unsupported",
+               dtype_name(compute_dtype));
+  if (compute_dtype_ != DType::kF32) compute_weights_ = Tensor::empty({params_.numel()}, compute_dtype_, device_);
   RopeTable host_rope = make_rope_table(args_.kv_channels, max_seq_length_, rope_config(args_));
   rope_ = RopeTable{ops::to_device(host_rope.cos, device_), ops::to_device(host_rope.sin, device_)};
   bind_layers();
@@ -75,7 +82,12 @@ LlamaModel::LlamaModel(const ModelArgs& args, int64_t max_seq_length, Device dev
 
 void LlamaModel::bind_layers() {
   const float eps = static_cast<float>(args_.norm_epsilon);
-  auto p = [&](const std::string& name) { return params_.param(name); };
+  // Layers compute with the bf16 copy in mixed precision, else with the master weights themselves.
+  auto p = [&](const std::string& name) {
+    if (compute_dtype_ == DType::kF32) return params_.param(name);
+    const size_t i = params_.index_of(name);
+    return compute_weights_.slice_elements(params_.offset(i), params_.specs()[i].shape);
+  };
   auto g = [&](const std::string& name) { return params_.grad(name); };
   embedding_ = Embedding{p("model.embed_tokens.weight"), g("model.embed_tokens.weight")};
   blocks_.resize(args_.num_layers);
@@ -122,6 +134,10 @@ LossSum LlamaModel::forward(const Tensor& tokens, const Tensor& labels) {
                tokens.describe(), labels.describe());
   const int64_t B = tokens.dim(0), T = tokens.dim(1);
   PRIMUS_CHECK(T <= max_seq_length_, "[model] sequence of {} tokens exceeds the model's {}", T, max_seq_length_);
+  if (compute_dtype_ != DType::kF32 && compute_weights_stale_) {
+    ops::cast(compute_weights_, params_.flat_params());
+    compute_weights_stale_ = false;
+  }
   const RopeTable rope = rope_for(T);
   tokens_ = tokens.reshape({B * T});
   Tensor x = embedding_.forward(tokens_);  // [N, C]
@@ -186,7 +202,13 @@ std::vector<float> LlamaModel::next_token_logits(const std::vector<int32_t>& con
   std::fill(labels.i32(), labels.i32() + T, 0);
   forward(ops::to_device(tokens, device_), ops::to_device(labels, device_));
   const int64_t V = lm_loss_saved_.logits.dim(1);
-  const Tensor logits = ops::to_device(lm_loss_saved_.logits.slice_elements((T - 1) * V, {V}), kCpuDevice);
+  Tensor last_row = lm_loss_saved_.logits.slice_elements((T - 1) * V, {V});
+  if (last_row.dtype() != DType::kF32) {
+    Tensor f32 = Tensor::empty({V}, DType::kF32, device_);
+    ops::cast(f32, last_row);
+    last_row = f32;
+  }
+  const Tensor logits = ops::to_device(last_row, kCpuDevice);
   std::vector<float> last(logits.f32(), logits.f32() + V);
   release_activations();
   return last;

@@ -20,7 +20,10 @@ struct LossSum {
 class LlamaModel {
  public:
   // `args.vocab_size` must be resolved (> 0). Parameters are allocated but not initialised.
-  LlamaModel(const ModelArgs& args, int64_t max_seq_length, Device device = kCpuDevice);
+  // compute_dtype kBF16 (mixed precision, CUDA): matmuls and activations in bf16 from a bf16 copy of the
+  // weights; the ParamStore keeps fp32 master weights and fp32 gradients either way.
+  LlamaModel(const ModelArgs& args, int64_t max_seq_length, Device device = kCpuDevice,
+             DType compute_dtype = DType::kF32);
 
   static std::vector<ParamSpec> param_specs(const ModelArgs& args);
   // Parameters in the matmuls of one token's forward, the output layer included even when tied.
@@ -32,6 +35,11 @@ class LlamaModel {
   const ModelArgs& args() const { return args_; }
   ParamStore& params() { return params_; }
   const ParamStore& params() const { return params_; }
+
+  // Call after the master weights changed (initialisation, loading, an optimizer step): the bf16 copy is
+  // refreshed before the next forward. No-op in fp32.
+  void weights_changed() { compute_weights_stale_ = true; }
+  DType compute_dtype() const { return compute_dtype_; }
 
   // tokens, labels: [B, T] i32 with T <= max_seq_length. Saves activations for backward().
   LossSum forward(const Tensor& tokens, const Tensor& labels);
@@ -59,7 +67,10 @@ class LlamaModel {
   ModelArgs args_;
   int64_t max_seq_length_;
   Device device_;
+  DType compute_dtype_;
   ParamStore params_;
+  Tensor compute_weights_;  // [numel] bf16 copy of the master weights (mixed precision only)
+  bool compute_weights_stale_ = true;
   Embedding embedding_;
   std::vector<Block> blocks_;
   RmsNorm final_norm_;

@@ -2,6 +2,10 @@
 // "[op NAME]" and name the tensors as ops.h does, flatten leading dimensions to the [N, C] views the backend
 // expects, then dispatch to the backend of the tensors' device. The CPU backend is registered on first use, and
 // so is the CUDA backend in builds with it (PRIMUS_WITH_CUDA).
+//
+// Mixed precision: an op's activation dtype ("act") is taken from its first activation tensor — bf16 when that
+// is bf16 on a CUDA device, f32 otherwise — and every other activation must match it; statistics and gradients
+// of parameters are f32 whatever act is (backend/backend.h).
 #include "ops/ops.h"
 
 #include <cmath>
@@ -39,13 +43,22 @@ Backend& backend(Device device) {
   return backend_for(device);
 }
 
+// The activation dtype of an op whose first activation is t: bf16 only on CUDA (the CPU backend is the fp32
+// reference), so a bf16 host tensor then fails check_args as "must be f32".
+DType act_dtype(const Tensor& t) {
+  return t.dtype() == DType::kBF16 && t.device().type == DeviceType::kCuda ? DType::kBF16 : DType::kF32;
+}
+
 // Every tensor defined, of its dtype, and on the device of the first; returns that device.
 Device check_args(const char* op, std::initializer_list<Arg> args) {
   const Arg& first = *args.begin();
   for (const Arg& arg : args) {
     OP_CHECK(arg.tensor->defined(), "{} is undefined", arg.name);
-    OP_CHECK(arg.tensor->dtype() == arg.dtype, "{} is {} but must be {}", arg.name, arg.tensor->describe(),
-             dtype_name(arg.dtype));
+    OP_CHECK(arg.tensor->dtype() == arg.dtype, "{} is {} but must be {}{}", arg.name, arg.tensor->describe(),
+             dtype_name(arg.dtype),
+             arg.tensor->dtype() == DType::kBF16 && arg.tensor->device().is_cpu()
+                 ? " (the cpu backend is f32 only; bf16 runs on cuda)"
+                 : "");
     OP_CHECK(arg.tensor->device() == first.tensor->device(), "{} is {} but {} is {}", arg.name, arg.tensor->describe(),
              first.name, first.tensor->describe());
   }
@@ -82,6 +95,9 @@ bool row_output(const Tensor& t, const Shape& lead, int64_t last) {
   return t.shape() == with_last(lead, last) || t.shape() == Shape{shape_numel(lead), last};
 }
 
+// The dtype a gemm output must have: the operands' act, or f32 from bf16 operands (fp32 gradients, logits).
+DType c_dtype(DType act, const Tensor& c) { return act == DType::kBF16 && c.dtype() == DType::kF32 ? DType::kF32 : act; }
+
 void dispatch_gemm(Device device, const Tensor& a, const Tensor& b, Tensor& c, bool trans_a, bool trans_b, float beta) {
   GemmArgs args;
   args.a = &a;
@@ -101,7 +117,8 @@ void gemm(const GemmArgs& args) {
   const Tensor& a = *args.a;
   const Tensor& b = *args.b;
   const Tensor& c = *args.c;
-  const Device device = check_args(op, {{"a", &a}, {"b", &b}, {"c", &c}});
+  const DType act = act_dtype(a);
+  const Device device = check_args(op, {{"a", &a, act}, {"b", &b, act}, {"c", &c, c_dtype(act, c)}});
   check_rank(op, "a", a, 2, "[M, K] or [K, M]");
   check_rank(op, "b", b, 2, "[K, N] or [N, K]");
   check_rank(op, "c", c, 2, "[M, N]");
@@ -116,7 +133,8 @@ void gemm(const GemmArgs& args) {
 
 void linear_forward(const Tensor& x, const Tensor& w, Tensor& y) {
   const char* op = "linear_forward";
-  const Device device = check_args(op, {{"x", &x}, {"w", &w}, {"y", &y}});
+  const DType act = act_dtype(x);
+  const Device device = check_args(op, {{"x", &x, act}, {"w", &w, act}, {"y", &y, c_dtype(act, y)}});
   check_min_rank(op, "x", x, 2, "[..., in]");
   check_rank(op, "w", w, 2, "[out, in]");
   OP_CHECK_PAIR(x.dim(-1) == w.dim(1), x, w);
@@ -128,7 +146,8 @@ void linear_forward(const Tensor& x, const Tensor& w, Tensor& y) {
 
 void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor& dx, Tensor& dw) {
   const char* op = "linear_backward";
-  const Device device = check_args(op, {{"x", &x}, {"w", &w}, {"dy", &dy}});
+  const DType act = act_dtype(x);
+  const Device device = check_args(op, {{"x", &x, act}, {"w", &w, act}, {"dy", &dy, act}});
   check_min_rank(op, "x", x, 2, "[..., in]");
   check_rank(op, "w", w, 2, "[out, in]");
   OP_CHECK_PAIR(x.dim(-1) == w.dim(1), x, w);
@@ -136,13 +155,13 @@ void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor&
   const Tensor x2 = rows_view(x);    // [N, in]
   const Tensor dy2 = rows_view(dy);  // [N, out]
   if (dx.defined()) {
-    check_args(op, {{"x", &x}, {"dx", &dx}});
+    check_args(op, {{"x", &x, act}, {"dx", &dx, act}});
     OP_CHECK_PAIR(dx.shape() == x.shape(), x, dx);
     Tensor dx2 = rows_view(dx);
     dispatch_gemm(device, dy2, w, dx2, false, false, 0.0f);
   }
   if (dw.defined()) {
-    check_args(op, {{"w", &w}, {"dw", &dw}});
+    check_args(op, {{"w", &w, act}, {"dw", &dw}});
     OP_CHECK_PAIR(dw.shape() == w.shape(), w, dw);
     dispatch_gemm(device, dy2, x2, dw, true, false, 1.0f);
   }
@@ -150,7 +169,9 @@ void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor&
 
 void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out) {
   const char* op = "embedding_forward";
-  const Device device = check_args(op, {{"ids", &ids, DType::kI32}, {"table", &table}, {"out", &out}});
+  const DType act = act_dtype(table);
+  const Device device =
+      check_args(op, {{"ids", &ids, DType::kI32}, {"table", &table, act}, {"out", &out, act}});
   check_min_rank(op, "ids", ids, 1, "[N] or [B, T]");
   check_rank(op, "table", table, 2, "[V, C]");
   OP_CHECK(row_output(out, ids.shape(), table.dim(1)), "ids is {} and table is {} but out is {}", ids.describe(),
@@ -166,7 +187,8 @@ void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out) {
 
 void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable) {
   const char* op = "embedding_backward";
-  const Device device = check_args(op, {{"ids", &ids, DType::kI32}, {"dout", &dout}, {"dtable", &dtable}});
+  const Device device =
+      check_args(op, {{"ids", &ids, DType::kI32}, {"dout", &dout, act_dtype(dout)}, {"dtable", &dtable}});
   check_min_rank(op, "ids", ids, 1, "[N] or [B, T]");
   check_rank(op, "dtable", dtable, 2, "[V, C]");
   OP_CHECK(row_output(dout, ids.shape(), dtable.dim(1)), "ids is {} and dtable is {} but dout is {}", ids.describe(),
@@ -182,7 +204,8 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable) {
 
 void rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, Tensor& y, Tensor& rstd) {
   const char* op = "rmsnorm_forward";
-  const Device device = check_args(op, {{"x", &x}, {"weight", &weight}, {"y", &y}, {"rstd", &rstd}});
+  const DType act = act_dtype(x);
+  const Device device = check_args(op, {{"x", &x, act}, {"weight", &weight, act}, {"y", &y, act}, {"rstd", &rstd}});
   check_min_rank(op, "x", x, 2, "[..., C]");
   OP_CHECK_PAIR(weight.shape() == Shape{x.dim(-1)}, x, weight);
   OP_CHECK_PAIR(y.shape() == x.shape(), x, y);
@@ -203,7 +226,9 @@ void rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, Tensor& y
 void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd, Tensor& dx,
                       Tensor& dweight) {
   const char* op = "rmsnorm_backward";
-  const Device device = check_args(op, {{"x", &x}, {"dy", &dy}, {"weight", &weight}, {"rstd", &rstd}});
+  const DType act = act_dtype(x);
+  const Device device =
+      check_args(op, {{"x", &x, act}, {"dy", &dy, act}, {"weight", &weight, act}, {"rstd", &rstd}});
   check_min_rank(op, "x", x, 2, "[..., C]");
   OP_CHECK_PAIR(weight.shape() == Shape{x.dim(-1)}, x, weight);
   OP_CHECK_PAIR(dy.shape() == x.shape(), x, dy);
@@ -213,12 +238,12 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, c
   const Tensor rstd1 = rstd.reshape({x2.dim(0)});
   Tensor dx2;
   if (dx.defined()) {
-    check_args(op, {{"x", &x}, {"dx", &dx}});
+    check_args(op, {{"x", &x, act}, {"dx", &dx, act}});
     OP_CHECK_PAIR(dx.shape() == x.shape(), x, dx);
     dx2 = rows_view(dx);
   }
   if (dweight.defined()) {
-    check_args(op, {{"x", &x}, {"dweight", &dweight}});
+    check_args(op, {{"x", &x, act}, {"dweight", &dweight}});
     OP_CHECK_PAIR(dweight.shape() == weight.shape(), weight, dweight);
   }
   RmsNormArgs args;
@@ -244,7 +269,7 @@ void check_rope(const char* op, const Tensor& x, const Tensor& cos, const Tensor
 
 void rope_forward(Tensor& x, const Tensor& cos, const Tensor& sin) {
   const char* op = "rope_forward";
-  const Device device = check_args(op, {{"x", &x}, {"cos", &cos}, {"sin", &sin}});
+  const Device device = check_args(op, {{"x", &x, act_dtype(x)}, {"cos", &cos}, {"sin", &sin}});
   check_rope(op, x, cos, sin);
   RopeArgs args{&x, &cos, &sin};
   backend(device).rope_forward(args);
@@ -252,7 +277,7 @@ void rope_forward(Tensor& x, const Tensor& cos, const Tensor& sin) {
 
 void rope_backward(Tensor& dx, const Tensor& cos, const Tensor& sin) {
   const char* op = "rope_backward";
-  const Device device = check_args(op, {{"dx", &dx}, {"cos", &cos}, {"sin", &sin}});
+  const Device device = check_args(op, {{"dx", &dx, act_dtype(dx)}, {"cos", &cos}, {"sin", &sin}});
   check_rope(op, dx, cos, sin);
   RopeArgs args{&dx, &cos, &sin};
   backend(device).rope_backward(args);
@@ -277,7 +302,9 @@ void check_attention(const char* op, const Tensor& q, const Tensor& k, const Ten
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse) {
   const char* op = "attention_forward";
-  const Device device = check_args(op, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"lse", &lse}});
+  const DType act = act_dtype(q);
+  const Device device =
+      check_args(op, {{"q", &q, act}, {"k", &k, act}, {"v", &v, act}, {"out", &out, act}, {"lse", &lse}});
   check_attention(op, q, k, v, out, lse);
   AttentionArgs args;
   args.q = &q;
@@ -291,15 +318,16 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
 void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                         const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv) {
   const char* op = "attention_backward";
-  const Device device = check_args(op, {{"q", &q},
-                                        {"k", &k},
-                                        {"v", &v},
-                                        {"out", &out},
+  const DType act = act_dtype(q);
+  const Device device = check_args(op, {{"q", &q, act},
+                                        {"k", &k, act},
+                                        {"v", &v, act},
+                                        {"out", &out, act},
                                         {"lse", &lse},
-                                        {"dout", &dout},
-                                        {"dq", &dq},
-                                        {"dk", &dk},
-                                        {"dv", &dv}});
+                                        {"dout", &dout, act},
+                                        {"dq", &dq, act},
+                                        {"dk", &dk, act},
+                                        {"dv", &dv, act}});
   check_attention(op, q, k, v, out, lse);
   OP_CHECK_PAIR(dout.shape() == q.shape(), q, dout);
   OP_CHECK_PAIR(dq.shape() == q.shape(), q, dq);
@@ -321,7 +349,8 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
 
 void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& out) {
   const char* op = "swiglu_forward";
-  const Device device = check_args(op, {{"gate", &gate}, {"up", &up}, {"out", &out}});
+  const DType act = act_dtype(gate);
+  const Device device = check_args(op, {{"gate", &gate, act}, {"up", &up, act}, {"out", &out, act}});
   OP_CHECK_PAIR(up.shape() == gate.shape(), gate, up);
   OP_CHECK_PAIR(out.shape() == gate.shape(), gate, out);
   SwiGluArgs args;
@@ -333,8 +362,9 @@ void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& out) {
 
 void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dout, Tensor& dgate, Tensor& dup) {
   const char* op = "swiglu_backward";
-  const Device device =
-      check_args(op, {{"gate", &gate}, {"up", &up}, {"dout", &dout}, {"dgate", &dgate}, {"dup", &dup}});
+  const DType act = act_dtype(gate);
+  const Device device = check_args(
+      op, {{"gate", &gate, act}, {"up", &up, act}, {"dout", &dout, act}, {"dgate", &dgate, act}, {"dup", &dup, act}});
   OP_CHECK_PAIR(up.shape() == gate.shape(), gate, up);
   OP_CHECK_PAIR(dout.shape() == gate.shape(), gate, dout);
   OP_CHECK_PAIR(dgate.shape() == gate.shape(), gate, dgate);
@@ -350,8 +380,10 @@ void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dout, T
 
 void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& losses, Tensor& lse) {
   const char* op = "cross_entropy_forward";
-  const Device device =
-      check_args(op, {{"logits", &logits}, {"targets", &targets, DType::kI32}, {"losses", &losses}, {"lse", &lse}});
+  const Device device = check_args(op, {{"logits", &logits, act_dtype(logits)},
+                                        {"targets", &targets, DType::kI32},
+                                        {"losses", &losses},
+                                        {"lse", &lse}});
   check_min_rank(op, "logits", logits, 2, "[..., V]");
   OP_CHECK_PAIR(per_row(targets, logits), logits, targets);
   OP_CHECK_PAIR(per_row(losses, logits), logits, losses);
@@ -372,8 +404,9 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& 
 void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, float grad_scale,
                             Tensor& dlogits) {
   const char* op = "cross_entropy_backward";
-  const Device device =
-      check_args(op, {{"logits", &logits}, {"targets", &targets, DType::kI32}, {"lse", &lse}, {"dlogits", &dlogits}});
+  const DType act = act_dtype(logits);
+  const Device device = check_args(
+      op, {{"logits", &logits, act}, {"targets", &targets, DType::kI32}, {"lse", &lse}, {"dlogits", &dlogits, act}});
   check_min_rank(op, "logits", logits, 2, "[..., V]");
   OP_CHECK_PAIR(per_row(targets, logits), logits, targets);
   OP_CHECK_PAIR(per_row(lse, logits), logits, lse);
@@ -416,7 +449,8 @@ void adamw_step(const AdamWArgs& args) {
 
 void add_inplace(Tensor& y, const Tensor& x) {
   const char* op = "add_inplace";
-  const Device device = check_args(op, {{"y", &y}, {"x", &x}});
+  const DType act = act_dtype(y);
+  const Device device = check_args(op, {{"y", &y, act}, {"x", &x, act}});
   OP_CHECK_PAIR(x.shape() == y.shape(), y, x);
   backend(device).add_inplace(y, x);
 }
@@ -433,12 +467,30 @@ double sum_squares(const Tensor& x) {
   return backend(device).sum_squares(x);
 }
 
+void sum_into(Tensor& acc, const Tensor& x) {
+  const char* op = "sum_into";
+  const Device device = check_args(op, {{"acc", &acc}, {"x", &x}});
+  OP_CHECK(acc.numel() == 1, "acc is {} but must hold one element", acc.describe());
+  backend(device).sum_into(acc, x);
+}
+
 void copy(Tensor& dst, const Tensor& src) {
   const char* op = "copy";
   OP_CHECK(dst.defined() && src.defined(), "dst is {} and src is {}", dst.describe(), src.describe());
   OP_CHECK_PAIR(dst.dtype() == src.dtype() && dst.numel() == src.numel(), dst, src);
   // A transfer between the host and a device is the device backend's work.
   backend(dst.device().is_cpu() ? src.device() : dst.device()).copy(dst, src);
+}
+
+void cast(Tensor& dst, const Tensor& src) {
+  const char* op = "cast";
+  OP_CHECK(dst.defined() && src.defined(), "dst is {} and src is {}", dst.describe(), src.describe());
+  OP_CHECK(dst.dtype() == DType::kF32 || dst.dtype() == DType::kBF16, "dst is {} but must be f32 or bf16",
+           dst.describe());
+  OP_CHECK(src.dtype() == DType::kF32 || src.dtype() == DType::kBF16, "src is {} but must be f32 or bf16",
+           src.describe());
+  OP_CHECK_PAIR(dst.device() == src.device() && dst.numel() == src.numel(), dst, src);
+  backend(dst.device()).cast(dst, src);
 }
 
 Tensor to_device(const Tensor& src, Device device) {

@@ -1,12 +1,17 @@
 // Op entry points: check shapes, dtypes and devices with messages that name the op, then dispatch
 // to the backend that owns the tensors. Layers call only these, never a backend directly.
+//
+// Dtypes (backend/backend.h has the whole contract): everything is f32 on the CPU. On a CUDA device the
+// activations of an op (x, y, q, logits, dx, ...) and the weights it reads may instead all be bf16 (mixed
+// precision; the first tensor decides), while per-row statistics (rstd, lse, losses), parameter gradients
+// (dw, dweight, dtable), AdamW state and sum_squares/scale_inplace stay f32.
 #pragma once
 
 #include "backend/backend.h"
 
 namespace primus::ops {
 
-// y[N,out] = x[N,in] · w[out,in]ᵀ  (PyTorch/HF Linear layout)
+// y[N,out] = x[N,in] · w[out,in]ᵀ  (PyTorch/HF Linear layout). y has x's dtype, or f32 from bf16 x and w.
 void linear_forward(const Tensor& x, const Tensor& w, Tensor& y);
 // dx[N,in] = dy · w (overwritten) ; dw[out,in] += dyᵀ · x (accumulated). Either output may be undefined (skipped).
 void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor& dx, Tensor& dw);
@@ -37,9 +42,14 @@ void adamw_step(const AdamWArgs& args);
 void add_inplace(Tensor& y, const Tensor& x);
 void scale_inplace(Tensor& x, float s);
 double sum_squares(const Tensor& x);
+// acc[0] += Σ x; acc [1] f32, x f32. Queued on the device without waiting (losses summed over micro-batches).
+void sum_into(Tensor& acc, const Tensor& x);
 
 // Memory: any dtype for copy/zero; copies go between the host and a device either way.
 void copy(Tensor& dst, const Tensor& src);
+// dst ← src converted between f32 and bf16 (round to nearest even), same element count, one device (the host
+// included): the bf16 compute copy of the master weights, fp32 views of bf16 results.
+void cast(Tensor& dst, const Tensor& src);
 Tensor to_device(const Tensor& src, Device device);  // a new tensor on `device` holding src's data
 void fill(Tensor& x, float value);                   // f32 only
 void zero(Tensor& x);

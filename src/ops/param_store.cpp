@@ -25,14 +25,14 @@ ParamStore::ParamStore(std::vector<ParamSpec> specs, Device device) : specs_(std
   grads_ = ops::zeros({total_}, DType::kF32, device);
 }
 
-size_t ParamStore::find(const std::string& name) const {
+size_t ParamStore::index_of(const std::string& name) const {
   auto it = index_.find(name);
   PRIMUS_CHECK(it != index_.end(), "unknown parameter '{}'", name);
   return it->second;
 }
 
-Tensor ParamStore::param(const std::string& name) const { return param(find(name)); }
-Tensor ParamStore::grad(const std::string& name) const { return grad(find(name)); }
+Tensor ParamStore::param(const std::string& name) const { return param(index_of(name)); }
+Tensor ParamStore::grad(const std::string& name) const { return grad(index_of(name)); }
 Tensor ParamStore::param(size_t i) const { return params_.slice_elements(offsets_[i], specs_[i].shape); }
 Tensor ParamStore::grad(size_t i) const { return grads_.slice_elements(offsets_[i], specs_[i].shape); }
 

@@ -39,6 +39,8 @@ class ParamStore {
   Tensor param(size_t i) const;
   Tensor grad(size_t i) const;
   int64_t offset(size_t i) const { return offsets_[i]; }
+  // The position of a parameter in specs(); throws RuntimeError naming it when unknown.
+  size_t index_of(const std::string& name) const;
 
   // Fills parameters from their specs with a random stream per parameter derived from `seed` and its name,
   // so a parameter's initial values do not depend on the others (adding a layer changes no other tensor).
@@ -46,8 +48,6 @@ class ParamStore {
   void zero_grads();
 
  private:
-  size_t find(const std::string& name) const;
-
   std::vector<ParamSpec> specs_;
   std::vector<int64_t> offsets_;
   std::map<std::string, size_t> index_;

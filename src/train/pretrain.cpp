@@ -4,6 +4,7 @@
 
 #include <omp.h>
 #include <spdlog/sinks/basic_file_sink.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include <chrono>
@@ -14,7 +15,9 @@
 #include "checkpoint/checkpoint.h"
 #include "core/file_io.h"
 #include "core/rng.h"
+#include "data/blended_dataset.h"
 #include "data/loader.h"
+#include "data/prefetch_loader.h"
 #include "data/text_corpus.h"
 #include "data/tokenizer.h"
 #include "observe/metrics_log.h"
@@ -42,31 +45,52 @@ ModelArgs resolve_vocab(ModelArgs model, const Tokenizer& tokenizer) {
   return model;
 }
 
-// Training and validation samples: mock tokens, or windows of the text corpus split by `split`.
+// Training and validation samples: mock tokens, Megatron indexed datasets (one prefix or a weighted blend,
+// read through GPTDataset), or windows of text files split by `split`.
 struct DataSources {
-  TokenCorpus corpus;
-  std::unique_ptr<SampleSource> train;
-  std::unique_ptr<SampleSource> valid;  // null when evaluation has no data
+  TokenCorpus corpus;                         // text input only: the sources below view its tokens
+  std::shared_ptr<const SampleSource> train;
+  std::shared_ptr<const SampleSource> valid;  // null when evaluation has no data
+  bool thread_safe = false;                   // the sources may be read from a prefetch thread
 };
 
 DataSources make_data(const TrainingArgs& t, const Tokenizer& tokenizer) {
   DataSources d;
+  const bool evaluating = t.eval_interval > 0 && t.eval_iters > 0;
   if (t.mock_data) {
     spdlog::info("data: mock random tokens (mock_data: true)");
-    d.train = std::make_unique<MockTokens>(tokenizer.vocab_size(), t.seq_length, static_cast<uint64_t>(t.seed));
-    d.valid = std::make_unique<MockTokens>(tokenizer.vocab_size(), t.seq_length, static_cast<uint64_t>(t.seed) + 1);
+    d.train = std::make_shared<MockTokens>(tokenizer.vocab_size(), t.seq_length, static_cast<uint64_t>(t.seed));
+    d.valid = std::make_shared<MockTokens>(tokenizer.vocab_size(), t.seq_length, static_cast<uint64_t>(t.seed) + 1);
+    d.thread_safe = true;
+    return d;
+  }
+  if (names_indexed_datasets(t.data_path)) {
+    if (t.seed < 0 || t.seed > 0xFFFFFFFFll) {
+      throw UsageError(fmt::format("[config] seed: {} is outside [0, 2^32), which Megatron's dataset shuffle needs", t.seed));
+    }
+    GPTDatasetConfig config{.seq_length = t.seq_length, .seed = static_cast<uint32_t>(t.seed), .split = t.split,
+                            .cache_dir = "", .use_cache = true, .tokenizer = tokenizer.name()};
+    // Megatron's sample counts: every training step, and every evaluation of the run.
+    d.train = build_gpt_data(t.data_path, kSplitTrain, t.train_iters * t.global_batch_size, config);
+    if (evaluating) {
+      const int64_t valid_samples = (t.train_iters / t.eval_interval + 1) * t.eval_iters * t.global_batch_size;
+      d.valid = build_gpt_data(t.data_path, kSplitValid, valid_samples, config);
+    }
+    d.thread_safe = true;
+    spdlog::info("data: indexed datasets {} (split {})", fmt::join(t.data_path, " "), t.split);
     return d;
   }
   d.corpus = load_text_corpus(t.data_path, tokenizer);
-  const TokenRange train = split_range(d.corpus.num_tokens(), t.split, 0);
-  const TokenRange valid = split_range(d.corpus.num_tokens(), t.split, 1);
-  spdlog::info("data: {} documents, {} tokens; train {} tokens, valid {} tokens (split {})", d.corpus.documents.size(),
-               d.corpus.num_tokens(), train.size(), valid.size(), t.split);
+  const TokenRange train = split_range(d.corpus.num_tokens(), t.split, kSplitTrain);
+  const TokenRange valid = split_range(d.corpus.num_tokens(), t.split, kSplitValid);
+  spdlog::info("data: {} text documents, {} tokens; train {} tokens, valid {} tokens (split {})",
+               d.corpus.documents.size(), d.corpus.num_tokens(), train.size(), valid.size(), t.split);
   // A data-only seed, so the shuffle never repeats another stream derived from the run's seed.
-  d.train = std::make_unique<ShuffledWindows>(d.corpus.slice(train), t.seq_length, Rng::mix(static_cast<uint64_t>(t.seed) ^ 0xDA7A));
-  if (t.eval_interval > 0 && t.eval_iters > 0) {
+  d.train = std::make_shared<ShuffledWindows>(d.corpus.slice(train), t.seq_length,
+                                              Rng::mix(static_cast<uint64_t>(t.seed) ^ 0xDA7A));
+  if (evaluating) {
     if (valid.size() > t.seq_length) {
-      d.valid = std::make_unique<SequentialWindows>(d.corpus.slice(valid), t.seq_length);
+      d.valid = std::make_shared<SequentialWindows>(d.corpus.slice(valid), t.seq_length);
     } else {
       spdlog::warn("evaluation is off: the validation split has {} tokens, fewer than seq_length + 1 = {}",
                    valid.size(), t.seq_length + 1);
@@ -74,6 +98,28 @@ DataSources make_data(const TrainingArgs& t, const Tokenizer& tokenizer) {
   }
   return d;
 }
+
+// Training micro-batches in sample order, prefetched on a thread when the source allows it.
+class MicroBatchStream {
+ public:
+  MicroBatchStream(const DataSources& data, const TrainingArgs& t, int64_t consumed) {
+    if (data.thread_safe) {
+      prefetch_ = std::make_unique<PrefetchLoader>(*data.train, t.micro_batch_size, t.seq_length, consumed);
+    } else {
+      direct_ = std::make_unique<BatchLoader>(*data.train, t.micro_batch_size, t.seq_length, consumed);
+    }
+  }
+  std::vector<Batch> next_global_batch(int64_t micro_batches) {
+    std::vector<Batch> batches;
+    for (int64_t i = 0; i < micro_batches; ++i) batches.push_back(prefetch_ ? prefetch_->next() : direct_->next());
+    return batches;
+  }
+  int64_t consumed_samples() const { return prefetch_ ? prefetch_->consumed_samples() : direct_->consumed_samples(); }
+
+ private:
+  std::unique_ptr<PrefetchLoader> prefetch_;
+  std::unique_ptr<BatchLoader> direct_;
+};
 
 void add_run_log_sink(const std::string& path) {
   auto sink = std::make_shared<spdlog::sinks::basic_file_sink_mt>(path, /*truncate=*/false);
@@ -97,10 +143,10 @@ int run_pretrain(const ExperimentConfig& config, const RunOptions& options) {
     spdlog::info("device: {}", device.str());
   }
 
-  std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(t.tokenizer_type);
+  std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(t.tokenizer_type, t.tokenizer_model);
   const ModelArgs model_args = resolve_vocab(config.model, *tokenizer);
   DataSources data = make_data(t, *tokenizer);
-  LlamaModel model(model_args, t.seq_length, device);
+  LlamaModel model(model_args, t.seq_length, device, compute_dtype(t, device));
   AdamW optimizer(model.params(), AdamWConfig{t.adam_beta1, t.adam_beta2, t.adam_eps, t.weight_decay});
   const LrSchedule schedule{t.lr, t.min_lr, t.lr_warmup_iters, t.lr_decay_iters, t.lr_decay_style};
 
@@ -121,12 +167,13 @@ int run_pretrain(const ExperimentConfig& config, const RunOptions& options) {
   } else {
     model.params().initialize(static_cast<uint64_t>(t.seed));
   }
+  model.weights_changed();
   spdlog::info("model: {} layers, hidden {}, heads {}/{} (q/kv), head dim {}, ffn {}, vocab {}, {} parameters",
                model_args.num_layers, model_args.hidden_size, model_args.num_attention_heads,
                model_args.num_query_groups, model_args.kv_channels, model_args.ffn_hidden_size, model_args.vocab_size,
                model.params().numel());
 
-  BatchLoader loader(*data.train, t.micro_batch_size, t.seq_length, state.consumed_train_samples);
+  MicroBatchStream loader(data, t, state.consumed_train_samples);
   MetricsLog metrics(run_dir + "/metrics.jsonl", state.iteration);
   auto save = [&]() {
     state.consumed_train_samples = loader.consumed_samples();
@@ -143,7 +190,7 @@ int run_pretrain(const ExperimentConfig& config, const RunOptions& options) {
     const int64_t step = state.iteration + 1;
     const double lr = schedule.at(step);
     const Clock::time_point step_start = Clock::now();
-    const StepResult r = train_step(model, optimizer, loader, t, lr);
+    const StepResult r = train_step(model, optimizer, loader.next_global_batch(micro_batches_per_step(t)), t, lr);
     const double step_s = seconds_since(step_start);
     if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) {
       throw RuntimeError(fmt::format("iteration {}: loss {} / grad norm {} is not finite; stopping without saving",

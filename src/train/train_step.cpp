@@ -9,15 +9,17 @@
 
 namespace primus {
 
-StepResult train_step(LlamaModel& model, AdamW& optimizer, BatchLoader& loader, const TrainingArgs& t, double lr) {
-  const int64_t micro_batches = t.global_batch_size / (t.micro_batch_size * t.data_parallel_size);
-  // The whole global batch is drawn first: its token count scales every micro-batch's gradient.
-  std::vector<Batch> batches;
+int64_t micro_batches_per_step(const TrainingArgs& t) {
+  return t.global_batch_size / (t.micro_batch_size * t.data_parallel_size);
+}
+
+StepResult train_step(LlamaModel& model, AdamW& optimizer, const std::vector<Batch>& batches, const TrainingArgs& t,
+                      double lr) {
+  // The global batch's token count scales every micro-batch's gradient.
   int64_t counted = 0;
-  for (int64_t i = 0; i < micro_batches; ++i) {
-    batches.push_back(loader.next());
-    const int32_t* labels = batches.back().labels.i32();
-    for (int64_t k = 0; k < batches.back().labels.numel(); ++k) counted += labels[k] >= 0;
+  for (const Batch& batch : batches) {
+    const int32_t* labels = batch.labels.i32();
+    for (int64_t k = 0; k < batch.labels.numel(); ++k) counted += labels[k] >= 0;
   }
   PRIMUS_CHECK(counted > 0, "a global batch without any token to predict");
   model.params().zero_grads();
@@ -32,6 +34,7 @@ StepResult train_step(LlamaModel& model, AdamW& optimizer, BatchLoader& loader, 
   result.tokens = counted;
   result.grad_norm = clip_grad_norm(model.params(), t.clip_grad);
   optimizer.step(model.params(), lr);
+  model.weights_changed();
   return result;
 }
 
@@ -64,6 +67,14 @@ Device select_device(const std::string& device_key) {
   if (device_key == "cuda") throw UsageError("[config] device: cuda, but this binary was built without CUDA");
 #endif
   return kCpuDevice;
+}
+
+DType compute_dtype(const TrainingArgs& t, Device device) {
+  if (!t.bf16) return DType::kF32;
+  if (device.is_cpu()) {
+    throw UsageError("[config] bf16: true needs a CUDA device; the CPU engine computes in fp32 (set bf16: false)");
+  }
+  return DType::kBF16;
 }
 
 double device_peak_memory_gib(Device device) {

@@ -18,10 +18,13 @@ struct StepResult {
   int64_t tokens = 0;      // tokens with a label
 };
 
-// Draws a global batch (global_batch_size / (micro × data-parallel) micro-batches) on the host, moves each
-// micro-batch to the model's device, accumulates fp32 gradients of the mean token loss, clips, and takes
-// one AdamW step with learning rate `lr`.
-StepResult train_step(LlamaModel& model, AdamW& optimizer, BatchLoader& loader, const TrainingArgs& t, double lr);
+// Micro-batches per optimizer step: global_batch_size / (micro_batch_size × data-parallel size).
+int64_t micro_batches_per_step(const TrainingArgs& t);
+
+// One optimizer step over a global batch of host micro-batches: each is moved to the model's device, fp32
+// gradients of the global batch's mean token loss accumulate, then clipping and one AdamW step with `lr`.
+StepResult train_step(LlamaModel& model, AdamW& optimizer, const std::vector<Batch>& micro_batches,
+                      const TrainingArgs& t, double lr);
 
 // Mean token loss over eval_iters global batches read from the start of `source` (the same samples each time).
 double evaluate(LlamaModel& model, const SampleSource& source, const TrainingArgs& t);
@@ -29,6 +32,8 @@ double evaluate(LlamaModel& model, const SampleSource& source, const TrainingArg
 // `device` key: cpu, cuda (error when not built or no GPU), or auto (cuda when usable, else cpu). Starts the
 // device backend.
 Device select_device(const std::string& device_key);
+// The model's compute dtype for `bf16`; throws UsageError for bf16 on the CPU.
+DType compute_dtype(const TrainingArgs& t, Device device);
 // Peak bytes allocated on the device since start, in GiB; 0 for the CPU (not tracked).
 double device_peak_memory_gib(Device device);
 

@@ -186,7 +186,7 @@ TEST_F(ConfigErrorsTest, RangesAndChoices) {
   EXPECT_CONTAINS(error_with("      swiglu: false\n"),
                   "'false' is not allowed; allowed: true (only SwiGLU MLPs are implemented)");
   EXPECT_CONTAINS(error_with("      add_bias_linear: true\n"), "not allowed; allowed: false");
-  EXPECT_CONTAINS(error_with("      device: cuda\n"), "'cuda' is not allowed; allowed: auto | cpu");
+  EXPECT_CONTAINS(error_with("      device: tpu\n"), "'tpu' is not allowed; allowed: auto | cpu | cuda");
   EXPECT_CONTAINS(error_with("      split: 1,2,3,4\n"),
                   "exp.yaml:11: modules.pre_trainer.overrides.split: expected 1 to 3 comma-separated");
   EXPECT_CONTAINS(error_with("      split: a,b\n"),

@@ -44,7 +44,9 @@ class CpuBackend : public Backend {
   void add_inplace(Tensor& y, const Tensor& x) override;
   void scale_inplace(Tensor& x, float s) override;
   double sum_squares(const Tensor& x) override;
+  void sum_into(Tensor& acc, const Tensor& x) override;
   void copy(Tensor& dst, const Tensor& src) override;
+  void cast(Tensor& dst, const Tensor& src) override;
   void fill(Tensor& x, float value) override;
   void zero(Tensor& x) override;
   void synchronize() override {}

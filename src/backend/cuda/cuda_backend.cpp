@@ -1,0 +1,468 @@
+// CudaBackend: unpacks the validated op arguments (src/ops checked dtypes, shapes and devices), dispatches on
+// the dtype and calls the typed launchers of kernels/<op>.cu; GEMMs go to cuBLASLt, bf16 attention to cuDNN.
+// Also the process-wide start-up that registers the backend and its caching allocator.
+#include "backend/cuda/cuda_backend.h"
+
+#include <atomic>
+#include <cmath>
+#include <limits>
+#include <mutex>
+
+#include "backend/cuda/cublaslt_gemm.h"
+#include "backend/cuda/cudnn_attention.h"
+#include "backend/cuda/gpu_runtime.h"
+#include "backend/cuda/kernels/kernels.h"
+
+namespace primus {
+
+struct CudaBackend::State {
+  explicit State(int index) : device_index(index), allocator(Device{DeviceType::kCuda, index}) {}
+  int device_index;
+  gpuStream_t stream = nullptr;
+  CachingAllocator allocator;
+  cuda::DeviceError* error = nullptr;  // device memory, see kernels.h
+  double* result = nullptr;            // device memory for sum_squares
+  cuda::KernelContext ctx;
+  std::unique_ptr<CublasLtGemm> gemm;
+  // Created on the first bf16 attention: loading cuDNN takes seconds, and fp32-only processes never need it.
+  std::unique_ptr<CudnnAttention> attention;
+};
+
+namespace {
+
+// Calls f with a value of the storage type of `dtype` (float or cuda::bf16); other dtypes are not implemented.
+template <typename F>
+void dispatch(DType dtype, const char* op, F&& f) {
+  switch (dtype) {
+    case DType::kF32:
+      f(float{});
+      return;
+    case DType::kBF16:
+      f(cuda::bf16{});
+      return;
+    default:
+      throw RuntimeError(fmt::format("[op {}] dtype {} is not supported on cuda yet", op, dtype_name(dtype)));
+  }
+}
+
+template <typename T>
+T* ptr(const Tensor& t) {
+  return static_cast<T*>(t.data());
+}
+
+template <typename T>
+T* ptr_or_null(const Tensor* t) {
+  return t != nullptr && t->defined() ? static_cast<T*>(t->data()) : nullptr;
+}
+
+std::string device_error_message(const cuda::DeviceError& e) {
+  struct Wording {
+    const char* op;
+    const char* value;
+    const char* position;
+    const char* range;
+  };
+  Wording w{"unknown", "value", "position", "its range"};
+  switch (e.code) {
+    case cuda::kEmbeddingForwardId:
+      w = {"embedding_forward", "id", "position", "the table"};
+      break;
+    case cuda::kEmbeddingBackwardId:
+      w = {"embedding_backward", "id", "position", "the table"};
+      break;
+    case cuda::kCrossEntropyForwardTarget:
+      w = {"cross_entropy_forward", "target", "row", "the vocabulary"};
+      break;
+    case cuda::kCrossEntropyBackwardTarget:
+      w = {"cross_entropy_backward", "target", "row", "the vocabulary"};
+      break;
+    default:
+      break;
+  }
+  return fmt::format("[op {}] {} {} at {} {} is outside {} [0, {}) (found on the GPU, reported at the next wait)", w.op,
+                     w.value, e.value, w.position, e.position, w.range, e.limit);
+}
+
+}  // namespace
+
+CudaBackend::CudaBackend(int device_index) : state_(std::make_unique<State>(device_index)) {
+  State& s = *state_;
+  PRIMUS_CUDA_CHECK(gpuSetDevice(device_index));
+  gpuDeviceProp_t props{};
+  PRIMUS_CUDA_CHECK(gpuGetDeviceProperties(&props, device_index));
+  PRIMUS_CUDA_CHECK(gpuStreamCreateWithFlags(&s.stream, gpuStreamNonBlocking));
+  PRIMUS_CUDA_CHECK(gpuMalloc(reinterpret_cast<void**>(&s.error), sizeof(cuda::DeviceError)));
+  PRIMUS_CUDA_CHECK(gpuMemsetAsync(s.error, 0, sizeof(cuda::DeviceError), s.stream));
+  PRIMUS_CUDA_CHECK(gpuMalloc(reinterpret_cast<void**>(&s.result), sizeof(double)));
+  s.ctx.stream = s.stream;
+  s.ctx.error = s.error;
+  s.ctx.allocator = &s.allocator;
+  s.ctx.max_shared_bytes = static_cast<int64_t>(props.sharedMemPerBlockOptin);
+  s.gemm = std::make_unique<CublasLtGemm>();
+}
+
+// Only reached if a start fails half-way: the running backend is never destroyed (see start_cuda_backend).
+CudaBackend::~CudaBackend() = default;
+
+Device CudaBackend::device() const { return Device{DeviceType::kCuda, state_->device_index}; }
+
+CachingAllocator& CudaBackend::allocator() { return state_->allocator; }
+
+void CudaBackend::report_device_errors() {
+  cuda::DeviceError error{};
+  PRIMUS_CUDA_CHECK(gpuMemcpyAsync(&error, state_->error, sizeof(error), gpuMemcpyDeviceToHost, state_->stream));
+  PRIMUS_CUDA_CHECK(gpuStreamSynchronize(state_->stream));
+  if (error.code == cuda::kNoError) return;
+  PRIMUS_CUDA_CHECK(gpuMemsetAsync(state_->error, 0, sizeof(cuda::DeviceError), state_->stream));
+  throw RuntimeError(device_error_message(error));
+}
+
+void CudaBackend::synchronize() {
+  PRIMUS_CUDA_CHECK(gpuStreamSynchronize(state_->stream));
+  report_device_errors();
+}
+
+void CudaBackend::copy(Tensor& dst, const Tensor& src) {
+  PRIMUS_CHECK(dst.dtype() == src.dtype() && dst.numel() == src.numel(), "[op copy] {} <- {}: dtype or size differ",
+               dst.describe(), src.describe());
+  for (const Tensor* t : {static_cast<const Tensor*>(&dst), &src}) {
+    PRIMUS_CHECK(t->device().is_cpu() || t->device() == device(), "[op copy] {} lives on neither the host nor {}",
+                 t->describe(), device().str());
+  }
+  if (dst.nbytes() == 0) return;
+  if (dst.device().is_cpu() && src.device().is_cpu()) {
+    dst.copy_from(src);
+  } else if (dst.device().is_cpu()) {
+    PRIMUS_CUDA_CHECK(gpuMemcpyAsync(dst.data(), src.data(), dst.nbytes(), gpuMemcpyDeviceToHost, state_->stream));
+    synchronize();
+  } else {
+    // A pageable host source is staged by the driver before the call returns, so src may be freed after it.
+    const auto kind = src.device().is_cpu() ? gpuMemcpyHostToDevice : gpuMemcpyDeviceToDevice;
+    PRIMUS_CUDA_CHECK(gpuMemcpyAsync(dst.data(), src.data(), dst.nbytes(), kind, state_->stream));
+  }
+}
+
+void CudaBackend::cast(Tensor& dst, const Tensor& src) {
+  PRIMUS_CHECK(dst.numel() == src.numel() && dst.device() == device() && src.device() == device(),
+               "[op cast] {} <- {}: both must live on {} with one element count", dst.describe(), src.describe(),
+               device().str());
+  if (dst.dtype() == src.dtype()) {
+    copy(dst, src);
+  } else if (dst.dtype() == DType::kBF16 && src.dtype() == DType::kF32) {
+    cuda::cast(state_->ctx, ptr<float>(src), ptr<cuda::bf16>(dst), src.numel());
+  } else if (dst.dtype() == DType::kF32 && src.dtype() == DType::kBF16) {
+    cuda::cast(state_->ctx, ptr<cuda::bf16>(src), ptr<float>(dst), src.numel());
+  } else {
+    throw RuntimeError(fmt::format("[op cast] {} <- {}: only f32 <-> bf16", dst.describe(), src.describe()));
+  }
+}
+
+void CudaBackend::fill(Tensor& x, float value) {
+  dispatch(x.dtype(), "fill", [&](auto tag) {
+    using T = decltype(tag);
+    cuda::fill<T>(state_->ctx, ptr<T>(x), value, x.numel());
+  });
+}
+
+void CudaBackend::zero(Tensor& x) {
+  if (x.nbytes() == 0) return;
+  PRIMUS_CUDA_CHECK(gpuMemsetAsync(x.data(), 0, x.nbytes(), state_->stream));
+}
+
+void CudaBackend::gemm(const GemmArgs& args) {
+  const Tensor& a = *args.a;  // [M, K] or [K, M] if trans_a
+  const Tensor& b = *args.b;  // [K, N] or [N, K] if trans_b
+  Tensor& c = *args.c;        // [M, N]
+  RowMajorGemm g;
+  g.m = c.dim(0);
+  g.n = c.dim(1);
+  g.k = args.trans_a ? a.dim(0) : a.dim(1);
+  if (g.m == 0 || g.n == 0) return;
+  if (g.k == 0) {
+    // The product is empty: C = beta·C (beta 0 never reads C), as on the CPU.
+    if (args.beta == 0.0f) {
+      zero(c);
+    } else {
+      scale_inplace(c, args.beta);
+    }
+    return;
+  }
+  g.a = a.data();
+  g.b = b.data();
+  g.c = c.data();
+  g.lda = a.dim(1);
+  g.ldb = b.dim(1);
+  g.trans_a = args.trans_a;
+  g.trans_b = args.trans_b;
+  g.alpha = args.alpha;
+  g.beta = args.beta;
+  g.ab_dtype = a.dtype();
+  g.c_dtype = c.dtype();
+  state_->gemm->run(g, state_->stream);
+}
+
+void CudaBackend::embedding_forward(const EmbeddingArgs& args) {
+  PRIMUS_CHECK(args.ids->numel() <= std::numeric_limits<int32_t>::max(), "[op embedding_forward] {} tokens exceed {}",
+               args.ids->numel(), std::numeric_limits<int32_t>::max());
+  dispatch(args.table->dtype(), "embedding_forward", [&](auto tag) {
+    using T = decltype(tag);
+    cuda::embedding_forward<T>(state_->ctx, ptr<int32_t>(*args.ids), ptr<T>(*args.table), ptr<T>(*args.out),
+                               args.ids->numel(), args.table->dim(0), args.table->dim(1));
+  });
+}
+
+void CudaBackend::embedding_backward(const EmbeddingArgs& args) {
+  // The deterministic scatter sorts 32-bit (id, token) pairs; ids sort with the sentinel V.
+  PRIMUS_CHECK(args.ids->numel() <= std::numeric_limits<int32_t>::max() &&
+                   args.dtable->dim(0) < std::numeric_limits<int32_t>::max(),
+               "[op embedding_backward] {} tokens or vocabulary {} exceed the 32-bit sort keys", args.ids->numel(),
+               args.dtable->dim(0));
+  dispatch(args.dout->dtype(), "embedding_backward", [&](auto tag) {
+    using T = decltype(tag);
+    cuda::embedding_backward<T>(state_->ctx, ptr<int32_t>(*args.ids), ptr<T>(*args.dout), ptr<float>(*args.dtable),
+                                args.ids->numel(), args.dtable->dim(0), args.dtable->dim(1));
+  });
+}
+
+void CudaBackend::rmsnorm_forward(const RmsNormArgs& args) {
+  const int64_t channels = args.x->dim(-1);
+  const int64_t rows = channels == 0 ? 0 : args.x->numel() / channels;
+  dispatch(args.x->dtype(), "rmsnorm_forward", [&](auto tag) {
+    using T = decltype(tag);
+    cuda::rmsnorm_forward<T>(state_->ctx, ptr<T>(*args.x), ptr<T>(*args.weight), ptr<T>(*args.y),
+                             ptr<float>(*args.rstd), rows, channels, args.eps);
+  });
+}
+
+void CudaBackend::rmsnorm_backward(const RmsNormArgs& args) {
+  const int64_t channels = args.x->dim(-1);
+  const int64_t rows = channels == 0 ? 0 : args.x->numel() / channels;
+  dispatch(args.x->dtype(), "rmsnorm_backward", [&](auto tag) {
+    using T = decltype(tag);
+    cuda::rmsnorm_backward<T>(state_->ctx, ptr<T>(*args.x), ptr<T>(*args.weight), ptr<float>(*args.rstd),
+                              ptr<T>(*args.dy), ptr_or_null<T>(args.dx), ptr_or_null<float>(args.dweight), rows,
+                              channels);
+  });
+}
+
+void CudaBackend::rope_forward(const RopeArgs& args) {
+  const Tensor& x = *args.x;  // [B, T, H, D]
+  dispatch(x.dtype(), "rope_forward", [&](auto tag) {
+    using T = decltype(tag);
+    cuda::rope<T>(state_->ctx, ptr<T>(x), ptr<float>(*args.cos), ptr<float>(*args.sin), x.dim(0), x.dim(1), x.dim(2),
+                  x.dim(3), 1.0f);
+  });
+}
+
+void CudaBackend::rope_backward(const RopeArgs& args) {
+  const Tensor& x = *args.x;  // [B, T, H, D]
+  dispatch(x.dtype(), "rope_backward", [&](auto tag) {
+    using T = decltype(tag);
+    cuda::rope<T>(state_->ctx, ptr<T>(x), ptr<float>(*args.cos), ptr<float>(*args.sin), x.dim(0), x.dim(1), x.dim(2),
+                  x.dim(3), -1.0f);
+  });
+}
+
+namespace {
+
+cuda::AttentionShape attention_shape(const AttentionArgs& args, int64_t max_shared_bytes, const char* op) {
+  const cuda::AttentionShape s{args.q->dim(0), args.q->dim(1), args.q->dim(2), args.k->dim(2), args.q->dim(3)};
+  PRIMUS_CHECK(s.head_dim <= cuda::kAttentionMaxHeadDim, "[op {}] head size {} exceeds the kernels' {}", op, s.head_dim,
+               cuda::kAttentionMaxHeadDim);
+  PRIMUS_CHECK(s.batch <= cuda::kAttentionMaxGridDim && s.q_heads <= cuda::kAttentionMaxGridDim,
+               "[op {}] batch {} or {} heads exceed the launch grid ({})", op, s.batch, s.q_heads,
+               cuda::kAttentionMaxGridDim);
+  const int64_t shared = cuda::attention_shared_bytes(s) + cuda::kAttentionStaticSharedBytes;
+  PRIMUS_CHECK(shared <= max_shared_bytes,
+               "[op {}] sequence length {} needs {} bytes of shared memory per block, more than the device's {}", op,
+               s.seq, shared, max_shared_bytes);
+  return s;
+}
+
+}  // namespace
+
+namespace {
+
+bool aligned_16(const Tensor* t) { return reinterpret_cast<uintptr_t>(t->data()) % 16 == 0; }
+
+// Whether cuDNN's fused attention takes this call: bf16, head size a multiple of 8 up to 256, every tensor
+// 16-byte aligned, and for backward more than one position (cuDNN has no one-token backward).
+bool cudnn_takes(const AttentionArgs& args, bool backward) {
+  const Tensor& q = *args.q;  // [B, T, Hq, D]
+  if (q.dtype() != DType::kBF16 || q.numel() == 0) return false;
+  if (q.dim(3) % 8 != 0 || q.dim(3) > 256 || (backward && q.dim(1) < 2)) return false;
+  for (const Tensor* t : {args.q, args.k, args.v, static_cast<const Tensor*>(args.out)}) {
+    if (!aligned_16(t)) return false;
+  }
+  if (backward) {
+    for (const Tensor* t : {args.dout, static_cast<const Tensor*>(args.dq), static_cast<const Tensor*>(args.dk),
+                            static_cast<const Tensor*>(args.dv)}) {
+      if (!aligned_16(t)) return false;
+    }
+  }
+  return aligned_16(args.lse);
+}
+
+AttentionShape cudnn_shape(const AttentionArgs& args) {
+  return AttentionShape{args.q->dim(0), args.q->dim(1), args.q->dim(2), args.k->dim(2), args.q->dim(3)};
+}
+
+// The softmax scale of the CPU reference (backend/cpu/attention.cpp), rounded the same way.
+float attention_scale(const AttentionArgs& args) { return 1.0f / std::sqrt(static_cast<float>(args.q->dim(3))); }
+
+}  // namespace
+
+CudnnAttention& CudaBackend::cudnn_attention() {
+  if (!state_->attention) state_->attention = std::make_unique<CudnnAttention>(state_->stream, &state_->allocator);
+  return *state_->attention;
+}
+
+void CudaBackend::attention_forward(const AttentionArgs& args) {
+  if (cudnn_takes(args, false)) {
+    cudnn_attention().forward(cudnn_shape(args), args.q->data(), args.k->data(), args.v->data(), args.out->data(),
+                              ptr<float>(*args.lse), attention_scale(args));
+    return;
+  }
+  dispatch(args.q->dtype(), "attention_forward", [&](auto tag) {
+    using T = decltype(tag);
+    const cuda::AttentionShape shape = attention_shape(args, state_->ctx.max_shared_bytes, "attention_forward");
+    cuda::attention_forward<T>(state_->ctx, shape, ptr<T>(*args.q), ptr<T>(*args.k), ptr<T>(*args.v), ptr<T>(*args.out),
+                               ptr<float>(*args.lse));
+  });
+}
+
+void CudaBackend::attention_backward(const AttentionArgs& args) {
+  if (cudnn_takes(args, true)) {
+    cudnn_attention().backward(cudnn_shape(args), args.q->data(), args.k->data(), args.v->data(), args.out->data(),
+                               args.dout->data(), ptr<float>(*args.lse), args.dq->data(), args.dk->data(),
+                               args.dv->data(), attention_scale(args));
+    return;
+  }
+  dispatch(args.q->dtype(), "attention_backward", [&](auto tag) {
+    using T = decltype(tag);
+    const cuda::AttentionShape shape = attention_shape(args, state_->ctx.max_shared_bytes, "attention_backward");
+    cuda::attention_backward<T>(state_->ctx, shape, ptr<T>(*args.q), ptr<T>(*args.k), ptr<T>(*args.v),
+                                ptr<T>(*args.out), ptr<float>(*args.lse), ptr<T>(*args.dout), ptr<T>(*args.dq),
+                                ptr<T>(*args.dk), ptr<T>(*args.dv));
+  });
+}
+
+void CudaBackend::swiglu_forward(const SwiGluArgs& args) {
+  dispatch(args.gate->dtype(), "swiglu_forward", [&](auto tag) {
+    using T = decltype(tag);
+    cuda::swiglu_forward<T>(state_->ctx, ptr<T>(*args.gate), ptr<T>(*args.up), ptr<T>(*args.out), args.gate->numel());
+  });
+}
+
+void CudaBackend::swiglu_backward(const SwiGluArgs& args) {
+  dispatch(args.gate->dtype(), "swiglu_backward", [&](auto tag) {
+    using T = decltype(tag);
+    cuda::swiglu_backward<T>(state_->ctx, ptr<T>(*args.gate), ptr<T>(*args.up), ptr<T>(*args.dout), ptr<T>(*args.dgate),
+                             ptr<T>(*args.dup), args.gate->numel());
+  });
+}
+
+void CudaBackend::cross_entropy_forward(const CrossEntropyArgs& args) {
+  dispatch(args.logits->dtype(), "cross_entropy_forward", [&](auto tag) {
+    using T = decltype(tag);
+    cuda::cross_entropy_forward<T>(state_->ctx, ptr<T>(*args.logits), ptr<int32_t>(*args.targets),
+                                   ptr<float>(*args.losses), ptr<float>(*args.lse), args.targets->numel(),
+                                   args.logits->dim(-1));
+  });
+}
+
+void CudaBackend::cross_entropy_backward(const CrossEntropyArgs& args) {
+  dispatch(args.logits->dtype(), "cross_entropy_backward", [&](auto tag) {
+    using T = decltype(tag);
+    cuda::cross_entropy_backward<T>(state_->ctx, ptr<T>(*args.logits), ptr<int32_t>(*args.targets),
+                                    ptr<float>(*args.lse), args.grad_scale, ptr<T>(*args.dlogits),
+                                    args.targets->numel(), args.logits->dim(-1));
+  });
+}
+
+void CudaBackend::adamw_step(const AdamWArgs& args) {
+  // Step scalars in double, rounded once: the CPU backend's recipe (src/backend/cpu/adamw.cpp).
+  const double lr = args.lr;
+  const double step = static_cast<double>(args.step);
+  cuda::AdamWScalars s{};
+  s.beta1 = args.beta1;
+  s.beta2 = args.beta2;
+  s.one_minus_beta1 = static_cast<float>(1.0 - args.beta1);
+  s.one_minus_beta2 = static_cast<float>(1.0 - args.beta2);
+  s.decay = static_cast<float>(1.0 - lr * args.weight_decay);
+  s.step_size = static_cast<float>(lr / (1.0 - std::pow(static_cast<double>(args.beta1), step)));
+  s.bias_correction2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(args.beta2), step)));
+  s.eps = args.eps;
+  cuda::adamw_step(state_->ctx, ptr<float>(*args.param), ptr<float>(*args.grad), ptr<float>(*args.exp_avg),
+                   ptr<float>(*args.exp_avg_sq), args.param->numel(), s);
+}
+
+void CudaBackend::add_inplace(Tensor& y, const Tensor& x) {
+  dispatch(y.dtype(), "add_inplace", [&](auto tag) {
+    using T = decltype(tag);
+    cuda::add_inplace<T>(state_->ctx, ptr<T>(y), ptr<T>(x), y.numel());
+  });
+}
+
+void CudaBackend::scale_inplace(Tensor& x, float s) {
+  dispatch(x.dtype(), "scale_inplace", [&](auto tag) {
+    using T = decltype(tag);
+    cuda::scale_inplace<T>(state_->ctx, ptr<T>(x), s, x.numel());
+  });
+}
+
+double CudaBackend::sum_squares(const Tensor& x) {
+  dispatch(x.dtype(), "sum_squares", [&](auto tag) {
+    using T = decltype(tag);
+    cuda::sum_squares<T>(state_->ctx, ptr<T>(x), x.numel(), state_->result);
+  });
+  double total = 0.0;
+  PRIMUS_CUDA_CHECK(gpuMemcpyAsync(&total, state_->result, sizeof(double), gpuMemcpyDeviceToHost, state_->stream));
+  synchronize();
+  return total;
+}
+
+void CudaBackend::sum_into(Tensor& acc, const Tensor& x) {
+  cuda::sum_into(state_->ctx, ptr<float>(x), x.numel(), ptr<float>(acc));
+}
+
+int cuda_device_count(std::string* why) {
+  int count = 0;
+  const gpuError_t status = gpuGetDeviceCount(&count);
+  if (status != gpuSuccess) {
+    (void)gpuGetLastError();
+    if (why != nullptr) *why = fmt::format("cudaGetDeviceCount failed: {}", gpuGetErrorString(status));
+    return 0;
+  }
+  if (count == 0 && why != nullptr) *why = "the CUDA driver reports no devices";
+  return count;
+}
+
+CudaBackend& start_cuda_backend(int device_index) {
+  // The fast path is one atomic load: src/ops calls this before every op on a CUDA tensor.
+  static std::atomic<CudaBackend*> running{nullptr};
+  static std::mutex mutex;
+  CudaBackend* backend = running.load(std::memory_order_acquire);
+  if (backend == nullptr) {
+    std::lock_guard<std::mutex> lock(mutex);
+    backend = running.load(std::memory_order_relaxed);
+    if (backend == nullptr) {
+      std::string why;
+      const int count = cuda_device_count(&why);
+      if (device_index < 0 || device_index >= count) {
+        throw RuntimeError(fmt::format("[cuda] cannot start on device {}: {}", device_index,
+                                       count == 0 ? why : fmt::format("only {} devices are visible", count)));
+      }
+      // Never deleted: tensors with static lifetime may hand memory back after main returns.
+      backend = new CudaBackend(device_index);
+      register_allocator(DeviceType::kCuda, &backend->allocator());
+      register_backend(DeviceType::kCuda, backend);
+      running.store(backend, std::memory_order_release);
+    }
+  }
+  PRIMUS_CHECK(backend->device().index == device_index, "[cuda] backend runs on {} but device {} was asked for",
+               backend->device().str(), device_index);
+  return *backend;
+}
+
+}  // namespace primus

@@ -1,0 +1,80 @@
+// The CUDA backend: every Backend entry on one device, checked against the CPU reference backend.
+//
+// One stream carries all kernels, copies and GEMMs, in program order; the caching allocator relies on that
+// (see caching_allocator.h). Ops return without waiting for the GPU. The host waits only where a value
+// must come back: sum_squares, copies into host tensors and synchronize(). Data errors that kernels find
+// (a token id or target outside its range) are recorded on the device and thrown as RuntimeError at the next
+// of those waits, naming the op, the position and the value.
+//
+// Activations dispatch on dtype on the host: fp32, or bf16 for mixed precision (backend/backend.h has the dtype
+// of every argument). bf16 GEMMs accumulate in fp32 through cuBLASLt; bf16 attention runs through cuDNN's fused
+// flash attention (cudnn_attention.h, created on first use), the simple kernels serving fp32 and the shapes
+// cuDNN does not take. One device per process: start_cuda_backend(index) selects it for the calling thread.
+//
+// This header needs no CUDA headers, so src/ops and tests include it from plain C++.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "backend/backend.h"
+#include "backend/cuda/caching_allocator.h"
+
+namespace primus {
+
+class CudnnAttention;
+
+class CudaBackend : public Backend {
+ public:
+  explicit CudaBackend(int device_index);
+  ~CudaBackend() override;
+
+  std::string name() const override { return "cuda"; }
+  Device device() const override;
+
+  void gemm(const GemmArgs& args) override;
+  void embedding_forward(const EmbeddingArgs& args) override;
+  void embedding_backward(const EmbeddingArgs& args) override;
+  void rmsnorm_forward(const RmsNormArgs& args) override;
+  void rmsnorm_backward(const RmsNormArgs& args) override;
+  void rope_forward(const RopeArgs& args) override;
+  void rope_backward(const RopeArgs& args) override;
+  void attention_forward(const AttentionArgs& args) override;
+  void attention_backward(const AttentionArgs& args) override;
+  void swiglu_forward(const SwiGluArgs& args) override;
+  void swiglu_backward(const SwiGluArgs& args) override;
+  void cross_entropy_forward(const CrossEntropyArgs& args) override;
+  void cross_entropy_backward(const CrossEntropyArgs& args) override;
+  void adamw_step(const AdamWArgs& args) override;
+  void add_inplace(Tensor& y, const Tensor& x) override;
+  void scale_inplace(Tensor& x, float s) override;
+  double sum_squares(const Tensor& x) override;
+  void sum_into(Tensor& acc, const Tensor& x) override;
+  void copy(Tensor& dst, const Tensor& src) override;
+  void cast(Tensor& dst, const Tensor& src) override;
+  void fill(Tensor& x, float value) override;
+  void zero(Tensor& x) override;
+  void synchronize() override;
+
+  CachingAllocator& allocator();
+
+ private:
+  struct State;
+  // Throws the first data error recorded by a kernel, if any. Call only after the stream has drained.
+  void report_device_errors();
+  // The cuDNN attention on this backend's stream and allocator, created on first use.
+  CudnnAttention& cudnn_attention();
+  std::unique_ptr<State> state_;
+};
+
+// Number of CUDA devices this process can use; 0 when there is no driver or no device, with the reason
+// in *why. Never throws.
+int cuda_device_count(std::string* why = nullptr);
+
+// Starts the CUDA backend on device `device_index` once per process: selects the device, creates the
+// stream, cuBLASLt handle and workspace, and registers the backend and its caching allocator for
+// DeviceType::kCuda. Later calls with the same index return the running backend at once; another index
+// throws. Throws RuntimeError when no such device is usable.
+CudaBackend& start_cuda_backend(int device_index = 0);
+
+}  // namespace primus

@@ -1,0 +1,75 @@
+// The thin portability layer over the GPU runtime. Code in src/backend/cuda names the runtime only through
+// these aliases (gpuStream_t, gpuMemcpyAsync, ...), so a HIP build for AMD Instinct can map them to hip*
+// by swapping this header. Also the check macros: every runtime and cuBLASLt call goes through one, and a
+// failure throws RuntimeError naming the statement, file, line and the runtime's error string.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace primus {
+
+using gpuError_t = cudaError_t;
+using gpuStream_t = cudaStream_t;
+using gpuEvent_t = cudaEvent_t;
+using gpuDeviceProp_t = cudaDeviceProp;
+
+inline constexpr gpuError_t gpuSuccess = cudaSuccess;
+
+}  // namespace primus
+
+#define gpuGetErrorString cudaGetErrorString
+#define gpuGetErrorName cudaGetErrorName
+#define gpuGetLastError cudaGetLastError
+#define gpuGetDeviceCount cudaGetDeviceCount
+#define gpuGetDeviceProperties cudaGetDeviceProperties
+#define gpuSetDevice cudaSetDevice
+#define gpuMalloc cudaMalloc
+#define gpuFree cudaFree
+#define gpuMemcpyAsync cudaMemcpyAsync
+#define gpuMemsetAsync cudaMemsetAsync
+#define gpuMemcpyHostToDevice cudaMemcpyHostToDevice
+#define gpuMemcpyDeviceToHost cudaMemcpyDeviceToHost
+#define gpuMemcpyDeviceToDevice cudaMemcpyDeviceToDevice
+#define gpuStreamCreateWithFlags cudaStreamCreateWithFlags
+#define gpuStreamNonBlocking cudaStreamNonBlocking
+#define gpuStreamSynchronize cudaStreamSynchronize
+#define gpuDeviceSynchronize cudaDeviceSynchronize
+#define gpuEventCreate cudaEventCreate
+#define gpuEventRecord cudaEventRecord
+#define gpuEventSynchronize cudaEventSynchronize
+#define gpuEventElapsedTime cudaEventElapsedTime
+#define gpuEventDestroy cudaEventDestroy
+#define gpuFuncSetAttribute cudaFuncSetAttribute
+#define gpuFuncAttributeMaxDynamicSharedMemorySize cudaFuncAttributeMaxDynamicSharedMemorySize
+#define gpuErrorMemoryAllocation cudaErrorMemoryAllocation
+
+namespace primus {
+
+[[noreturn]] void throw_gpu_error(gpuError_t error, const char* statement, const char* file, int line);
+// status is a cublasStatus_t; taken as int so this header need not include cuBLASLt.
+[[noreturn]] void throw_cublas_error(int status, const char* statement, const char* file, int line);
+
+}  // namespace primus
+
+// Runs a runtime call; on failure throws RuntimeError("[cuda] <statement> failed at file:line: <error>").
+#define PRIMUS_CUDA_CHECK(stmt)                                                  \
+  do {                                                                           \
+    const ::primus::gpuError_t primus_cuda_status_ = (stmt);                     \
+    if (primus_cuda_status_ != ::primus::gpuSuccess) {                           \
+      ::primus::throw_gpu_error(primus_cuda_status_, #stmt, __FILE__, __LINE__); \
+    }                                                                            \
+  } while (0)
+
+// After a kernel launch: reports launch-configuration errors (asynchronous faults surface at the next sync).
+#define PRIMUS_CUDA_CHECK_LAUNCH() PRIMUS_CUDA_CHECK(gpuGetLastError())
+
+// Runs a cuBLASLt call; on failure throws RuntimeError naming the statement, place and cuBLAS status.
+#define PRIMUS_CUBLAS_CHECK(stmt)                                                     \
+  do {                                                                                \
+    const int primus_cublas_status_ = static_cast<int>(stmt);                         \
+    if (primus_cublas_status_ != 0) {                                                 \
+      ::primus::throw_cublas_error(primus_cublas_status_, #stmt, __FILE__, __LINE__); \
+    }                                                                                 \
+  } while (0)

@@ -1,0 +1,243 @@
+// Causal grouped-query attention on the GPU: the simple, exact O(T²) formulation, one block per query row
+// (forward, dq) or per key row (dk, dv), with that row's scores in shared memory. Same formulas and, per
+// output element, the same summation order as the CPU backend (src/backend/cpu/attention.cpp):
+//   s[j] = (q[t] · k[j]) / sqrt(D), j ≤ t;  p = softmax(s);  out[t] = Σ_j p[j] v[j];  lse[t] = log Σ_j exp(s[j])
+//   Δ[t] = dout[t] · out[t] (double);  ds[t, j] = p[t, j] (dout[t] · v[j] − Δ[t])
+//   dq[t] = Σ_j ds[t, j] k[j] / sqrt(D);  dk[j] = Σ_{h in group} Σ_{t ≥ j} ds[t, j] q[t] / sqrt(D);
+//   dv[j] = Σ_{h in group} Σ_{t ≥ j} p[t, j] dout[t]
+// Backward runs two kernels: per query row it recomputes p from lse, writes dq and Δ; then per key row and
+// kv head it recomputes p and ds for every later query of the group's heads, in head then position order, and
+// sums dk and dv in registers. Every output element is written by one thread: no atomics, deterministic.
+// Shared memory holds a row of T scores (two in backward), which bounds T by the device's per-block limit;
+// the flash-attention kernels that replace these lift it. The CUDA backend runs bf16 attention through cuDNN
+// (cudnn_attention.h) and keeps these for fp32 and for what cuDNN does not take (backward at T = 1, head
+// sizes that are not multiples of 8, misaligned tensors); with bf16 they read and write bf16, math in fp32.
+#include "backend/cuda/caching_allocator.h"
+#include "backend/cuda/kernels/common.cuh"
+
+namespace primus::cuda {
+
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kSlots = 4;  // head-dim elements per thread in the dk/dv kernel
+static_assert(kThreads * kSlots >= kAttentionMaxHeadDim);
+constexpr int64_t kDefaultSharedBytes = 48 * 1024;
+
+struct Strides {
+  int64_t seq, q_heads, kv_heads, head_dim, group;
+  int64_t score_slots;  // floats per row of scores in shared memory (T padded, see kernels.h)
+  __device__ int64_t q_row(int64_t b, int64_t t, int64_t h) const { return ((b * seq + t) * q_heads + h) * head_dim; }
+  __device__ int64_t kv_row(int64_t b, int64_t t, int64_t h) const { return ((b * seq + t) * kv_heads + h) * head_dim; }
+  __device__ int64_t stat(int64_t b, int64_t h, int64_t t) const { return (b * q_heads + h) * seq + t; }
+};
+
+Strides strides_of(const AttentionShape& s) {
+  return Strides{s.seq, s.q_heads, s.kv_heads, s.head_dim, s.q_heads / s.kv_heads, attention_score_slots(s.seq)};
+}
+
+// Dot product of a shared-memory row with a global row, summed over i in order 0..D−1.
+template <typename T>
+__device__ __forceinline__ float dot_row(const float* a, const T* b, int64_t head_dim) {
+  float acc = 0.0f;
+  for (int64_t i = 0; i < head_dim; ++i) acc += a[i] * load(b + i);
+  return acc;
+}
+
+// Block (t, h, b): out[b, t, h, :] and lse[b, h, t]. Shared: q row [D], then p [t + 1] (of score_slots).
+template <typename T>
+__global__ void attention_forward_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                                         T* __restrict__ out, float* __restrict__ lse, Strides d, float scale) {
+  extern __shared__ float smem[];
+  __shared__ float max_scratch[kWarpSize];
+  __shared__ double sum_scratch[kWarpSize];
+  const int64_t t = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int64_t kvh = h / d.group;
+  const int64_t count = t + 1;
+  float* q_row = smem;           // [D]
+  float* p = smem + d.head_dim;  // [t + 1]
+  const int64_t q_off = d.q_row(b, t, h);
+  for (int64_t i = threadIdx.x; i < d.head_dim; i += blockDim.x) q_row[i] = load(q + q_off + i);
+  __syncthreads();
+  float max = -INFINITY;
+  for (int64_t j = threadIdx.x; j < count; j += blockDim.x) {
+    const float s = dot_row(q_row, k + d.kv_row(b, j, kvh), d.head_dim) * scale;
+    p[j] = s;
+    max = fmaxf(max, s);
+  }
+  max = block_max(max, max_scratch);
+  double sum = 0.0;
+  for (int64_t j = threadIdx.x; j < count; j += blockDim.x) {
+    const float e = expf(p[j] - max);
+    p[j] = e;
+    sum += e;
+  }
+  sum = block_sum(sum, sum_scratch);
+  const float inv = static_cast<float>(1.0 / sum);
+  for (int64_t j = threadIdx.x; j < count; j += blockDim.x) p[j] *= inv;
+  __syncthreads();
+  const T* v_head = v + d.kv_row(b, 0, kvh);
+  const int64_t v_stride = d.kv_heads * d.head_dim;
+  for (int64_t i = threadIdx.x; i < d.head_dim; i += blockDim.x) {
+    float acc = 0.0f;
+    for (int64_t j = 0; j < count; ++j) acc += p[j] * load(v_head + j * v_stride + i);
+    store(out + q_off + i, acc);
+  }
+  if (threadIdx.x == 0) lse[d.stat(b, h, t)] = static_cast<float>(static_cast<double>(max) + log(sum));
+}
+
+// Block (t, h, b): dq[b, t, h, :] and Δ[b, h, t]. Shared: q row [D], dout row [D], ds [t + 1] (of score_slots).
+template <typename T>
+__global__ void attention_dq_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                                    const T* __restrict__ out, const float* __restrict__ lse,
+                                    const T* __restrict__ dout, T* __restrict__ dq, float* __restrict__ delta,
+                                    Strides d, float scale) {
+  extern __shared__ float smem[];
+  __shared__ double sum_scratch[kWarpSize];
+  const int64_t t = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int64_t kvh = h / d.group;
+  const int64_t count = t + 1;
+  float* q_row = smem;                // [D]
+  float* do_row = smem + d.head_dim;  // [D]
+  float* ds = smem + 2 * d.head_dim;  // [t + 1]
+  const int64_t off = d.q_row(b, t, h);
+  double dot = 0.0;  // Δ = dout[t] · out[t]
+  for (int64_t i = threadIdx.x; i < d.head_dim; i += blockDim.x) {
+    q_row[i] = load(q + off + i);
+    const float g = load(dout + off + i);
+    do_row[i] = g;
+    dot += static_cast<double>(g) * load(out + off + i);
+  }
+  dot = block_sum(dot, sum_scratch);  // its barriers also publish q_row and do_row
+  const float delta_t = static_cast<float>(dot);
+  const float row_lse = lse[d.stat(b, h, t)];
+  for (int64_t j = threadIdx.x; j < count; j += blockDim.x) {
+    const float p = expf(dot_row(q_row, k + d.kv_row(b, j, kvh), d.head_dim) * scale - row_lse);
+    const float dp = dot_row(do_row, v + d.kv_row(b, j, kvh), d.head_dim);
+    ds[j] = p * (dp - delta_t);
+  }
+  __syncthreads();
+  const T* k_head = k + d.kv_row(b, 0, kvh);
+  const int64_t k_stride = d.kv_heads * d.head_dim;
+  for (int64_t i = threadIdx.x; i < d.head_dim; i += blockDim.x) {
+    float acc = 0.0f;
+    for (int64_t j = 0; j < count; ++j) acc += ds[j] * load(k_head + j * k_stride + i);
+    store(dq + off + i, acc * scale);
+  }
+  if (threadIdx.x == 0) delta[d.stat(b, h, t)] = delta_t;
+}
+
+// Block (j, kv head, b): dk and dv of key row j. Shared: k row [D], v row [D], p [T − j], ds [T − j] (each of
+// score_slots).
+template <typename T>
+__global__ void attention_dkv_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                                     const float* __restrict__ lse, const float* __restrict__ delta,
+                                     const T* __restrict__ dout, T* __restrict__ dk, T* __restrict__ dv, Strides d,
+                                     float scale) {
+  extern __shared__ float smem[];
+  const int64_t j = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+  const int64_t count = d.seq - j;   // queries t = j .. T−1 see key j
+  float* k_row = smem;               // [D]
+  float* v_row = smem + d.head_dim;  // [D]
+  float* p = smem + 2 * d.head_dim;  // [T − j]
+  float* ds = p + d.score_slots;     // [T − j], already scaled by 1/sqrt(D)
+  const int64_t kv_off = d.kv_row(b, j, kvh);
+  for (int64_t i = threadIdx.x; i < d.head_dim; i += blockDim.x) {
+    k_row[i] = load(k + kv_off + i);
+    v_row[i] = load(v + kv_off + i);
+  }
+  float dk_acc[kSlots] = {};
+  float dv_acc[kSlots] = {};
+  const int64_t q_stride = d.q_heads * d.head_dim;
+  for (int64_t h = kvh * d.group; h < (kvh + 1) * d.group; ++h) {
+    __syncthreads();  // k_row/v_row written, or the previous head's p and ds consumed
+    for (int64_t r = threadIdx.x; r < count; r += blockDim.x) {
+      const int64_t t = j + r;
+      const int64_t off = d.q_row(b, t, h);
+      const float pt = expf(dot_row(k_row, q + off, d.head_dim) * scale - lse[d.stat(b, h, t)]);
+      const float dp = dot_row(v_row, dout + off, d.head_dim);
+      p[r] = pt;
+      ds[r] = pt * (dp - delta[d.stat(b, h, t)]) * scale;
+    }
+    __syncthreads();
+    const T* q_head = q + d.q_row(b, j, h);
+    const T* do_head = dout + d.q_row(b, j, h);
+#pragma unroll
+    for (int slot = 0; slot < kSlots; ++slot) {
+      const int64_t i = threadIdx.x + slot * static_cast<int64_t>(blockDim.x);
+      if (i >= d.head_dim) break;
+      for (int64_t r = 0; r < count; ++r) {
+        dk_acc[slot] += ds[r] * load(q_head + r * q_stride + i);
+        dv_acc[slot] += p[r] * load(do_head + r * q_stride + i);
+      }
+    }
+  }
+#pragma unroll
+  for (int slot = 0; slot < kSlots; ++slot) {
+    const int64_t i = threadIdx.x + slot * static_cast<int64_t>(blockDim.x);
+    if (i >= d.head_dim) break;
+    store(dk + kv_off + i, dk_acc[slot]);
+    store(dv + kv_off + i, dv_acc[slot]);
+  }
+}
+
+// Raises a kernel's dynamic shared memory limit above the 48 KiB default when a launch needs more (the
+// backend has checked the device's opt-in limit).
+template <typename Kernel>
+void prepare_shared(Kernel kernel, int64_t bytes) {
+  if (bytes > kDefaultSharedBytes) {
+    PRIMUS_CUDA_CHECK(gpuFuncSetAttribute(kernel, gpuFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  }
+}
+
+}  // namespace
+
+template <typename T>
+void attention_forward(const KernelContext& ctx, const AttentionShape& shape, const T* q, const T* k, const T* v,
+                       T* out, float* lse) {
+  if (shape.batch == 0 || shape.seq == 0 || shape.q_heads == 0) return;
+  const int64_t shared = (shape.head_dim + attention_score_slots(shape.seq)) * static_cast<int64_t>(sizeof(float));
+  prepare_shared(attention_forward_kernel<T>, shared);
+  const dim3 grid(static_cast<unsigned>(shape.seq), static_cast<unsigned>(shape.q_heads),
+                  static_cast<unsigned>(shape.batch));
+  const float scale = 1.0f / sqrtf(static_cast<float>(shape.head_dim));
+  attention_forward_kernel<T><<<grid, kThreads, shared, ctx.stream>>>(q, k, v, out, lse, strides_of(shape), scale);
+  PRIMUS_CUDA_CHECK_LAUNCH();
+}
+
+template <typename T>
+void attention_backward(const KernelContext& ctx, const AttentionShape& shape, const T* q, const T* k, const T* v,
+                        const T* out, const float* lse, const T* dout, T* dq, T* dk, T* dv) {
+  if (shape.batch == 0 || shape.seq == 0 || shape.q_heads == 0) return;
+  const Strides d = strides_of(shape);
+  const float scale = 1.0f / sqrtf(static_cast<float>(shape.head_dim));
+  DeviceBuffer delta(*ctx.allocator, static_cast<size_t>(shape.batch * shape.q_heads * shape.seq) * sizeof(float));
+
+  const int64_t dq_shared =
+      (2 * shape.head_dim + attention_score_slots(shape.seq)) * static_cast<int64_t>(sizeof(float));
+  prepare_shared(attention_dq_kernel<T>, dq_shared);
+  const dim3 q_grid(static_cast<unsigned>(shape.seq), static_cast<unsigned>(shape.q_heads),
+                    static_cast<unsigned>(shape.batch));
+  attention_dq_kernel<T>
+      <<<q_grid, kThreads, dq_shared, ctx.stream>>>(q, k, v, out, lse, dout, dq, delta.as<float>(), d, scale);
+  PRIMUS_CUDA_CHECK_LAUNCH();
+
+  const int64_t dkv_shared = attention_shared_bytes(shape);
+  prepare_shared(attention_dkv_kernel<T>, dkv_shared);
+  const dim3 kv_grid(static_cast<unsigned>(shape.seq), static_cast<unsigned>(shape.kv_heads),
+                     static_cast<unsigned>(shape.batch));
+  attention_dkv_kernel<T>
+      <<<kv_grid, kThreads, dkv_shared, ctx.stream>>>(q, k, v, lse, delta.as<float>(), dout, dk, dv, d, scale);
+  PRIMUS_CUDA_CHECK_LAUNCH();
+}
+
+template void attention_forward<float>(const KernelContext&, const AttentionShape&, const float*, const float*,
+                                       const float*, float*, float*);
+template void attention_backward<float>(const KernelContext&, const AttentionShape&, const float*, const float*,
+                                        const float*, const float*, const float*, const float*, float*, float*, float*);
+template void attention_forward<bf16>(const KernelContext&, const AttentionShape&, const bf16*, const bf16*,
+                                      const bf16*, bf16*, float*);
+template void attention_backward<bf16>(const KernelContext&, const AttentionShape&, const bf16*, const bf16*,
+                                       const bf16*, const bf16*, const float*, const bf16*, bf16*, bf16*, bf16*);
+
+}  // namespace primus::cuda

@@ -1,0 +1,137 @@
+// Typed host launchers of the CUDA kernels, one op family per kernels/<op>.cu. The __global__ functions
+// stay private to their .cu; CudaBackend dispatches on the tensors' dtype and calls these with raw pointers.
+// Every launcher is a template over the storage type T of activations, float or bf16 (instantiated for both).
+// Kernels load T into fp32, compute in fp32 (reductions in double where the CPU reference does) and round once
+// on store. Per-row statistics (rstd, lse, losses), parameter gradients (dweight, dtable) and optimizer state
+// are always fp32.
+//
+// All launchers queue work on ctx.stream and return without waiting for the device. Problems that need the
+// data to detect (a token id outside the table) are recorded in ctx.error and reported by the backend at its
+// next synchronisation. Limits that depend only on shapes are checked by the backend before launching (the
+// .cu files stay free of fmt, whose compile-time format checks nvcc's C++20 front end rejects).
+#pragma once
+
+#include <cstdint>
+
+#include "backend/cuda/gpu_runtime.h"
+#include "core/allocator.h"
+
+namespace primus::cuda {
+
+// The first data error seen by any kernel since the last report; code 0 means none.
+struct DeviceError {
+  int code;
+  int unused;
+  long long position;  // row or token index
+  long long value;     // the offending id or target
+  long long limit;     // the valid range is [0, limit)
+};
+
+enum DeviceErrorCode : int {
+  kNoError = 0,
+  kEmbeddingForwardId = 1,
+  kEmbeddingBackwardId = 2,
+  kCrossEntropyForwardTarget = 3,
+  kCrossEntropyBackwardTarget = 4,
+};
+
+// bf16 storage: the raw bits of a bfloat16. Conversions go through core/bf16.h (round to nearest even), so a
+// value rounded here has the same bits as on the CPU. A plain struct keeps this header free of vendor types.
+struct bf16 {
+  uint16_t bits;
+};
+
+struct KernelContext {
+  gpuStream_t stream = nullptr;
+  DeviceError* error = nullptr;          // device memory
+  Allocator* allocator = nullptr;        // scratch buffers (stream-ordered, see caching_allocator.h)
+  int64_t max_shared_bytes = 48 * 1024;  // per block, opt-in limit of the device
+};
+
+// out[i, :] = table[ids[i], :]            ids [N], table [V, C], out [N, C]
+template <typename T>
+void embedding_forward(const KernelContext& ctx, const int32_t* ids, const T* table, T* out, int64_t n, int64_t vocab,
+                       int64_t channels);
+// dtable[ids[i], :] += dout[i, :] (fp32), repeated ids summed in token order (deterministic).
+template <typename T>
+void embedding_backward(const KernelContext& ctx, const int32_t* ids, const T* dout, float* dtable, int64_t n,
+                        int64_t vocab, int64_t channels);
+
+// x, y, dy, dx [N, C]; weight [C]; dweight [C] fp32; rstd [N]. dx or dweight may be null (skipped); dweight
+// accumulates.
+template <typename T>
+void rmsnorm_forward(const KernelContext& ctx, const T* x, const T* weight, T* y, float* rstd, int64_t rows,
+                     int64_t channels, float eps);
+template <typename T>
+void rmsnorm_backward(const KernelContext& ctx, const T* x, const T* weight, const float* rstd, const T* dy, T* dx,
+                      float* dweight, int64_t rows, int64_t channels);
+
+// In place on x [B, T, H, D] with cos, sin [T, D/2]; sign +1 rotates forward, -1 applies the inverse.
+template <typename T>
+void rope(const KernelContext& ctx, T* x, const float* cos, const float* sin, int64_t batch, int64_t seq, int64_t heads,
+          int64_t head_dim, float sign);
+
+struct AttentionShape {
+  int64_t batch, seq, q_heads, kv_heads, head_dim;
+};
+// Limits of the attention kernels, checked by the backend before it launches them: the head size, the grid
+// (y: heads ≤ 65535, z: batch ≤ 65535) and the dynamic shared memory per block, whose largest use (the
+// dk/dv kernel: two head rows and two rows of T scores) must fit the device's opt-in limit with the
+// kernels' static shared memory (under 1 KiB).
+inline constexpr int64_t kAttentionMaxHeadDim = 512;
+inline constexpr int64_t kAttentionMaxGridDim = 65535;
+inline constexpr int64_t kAttentionStaticSharedBytes = 1024;
+// A row of scores in shared memory is padded to a multiple of 4 floats: the compiler may read the last
+// element of a row together with its neighbour (compute-sanitizer flagged such 8-byte reads at T = 1).
+inline int64_t attention_score_slots(int64_t seq) { return (seq + 3) / 4 * 4; }
+inline int64_t attention_shared_bytes(const AttentionShape& s) {
+  return (2 * s.head_dim + 2 * attention_score_slots(s.seq)) * static_cast<int64_t>(sizeof(float));
+}
+// q, out, dout, dq [B, T, Hq, D]; k, v, dk, dv [B, T, Hkv, D]; lse [B, Hq, T].
+template <typename T>
+void attention_forward(const KernelContext& ctx, const AttentionShape& shape, const T* q, const T* k, const T* v,
+                       T* out, float* lse);
+template <typename T>
+void attention_backward(const KernelContext& ctx, const AttentionShape& shape, const T* q, const T* k, const T* v,
+                        const T* out, const float* lse, const T* dout, T* dq, T* dk, T* dv);
+
+template <typename T>
+void swiglu_forward(const KernelContext& ctx, const T* gate, const T* up, T* out, int64_t n);
+template <typename T>
+void swiglu_backward(const KernelContext& ctx, const T* gate, const T* up, const T* dout, T* dgate, T* dup, int64_t n);
+
+// logits, dlogits [N, V] (dlogits may be the same memory as logits); targets, losses, lse [N].
+template <typename T>
+void cross_entropy_forward(const KernelContext& ctx, const T* logits, const int32_t* targets, float* losses, float* lse,
+                           int64_t rows, int64_t vocab);
+template <typename T>
+void cross_entropy_backward(const KernelContext& ctx, const T* logits, const int32_t* targets, const float* lse,
+                            float grad_scale, T* dlogits, int64_t rows, int64_t vocab);
+
+// Step scalars computed on the host in double and rounded once, exactly as the CPU backend does.
+struct AdamWScalars {
+  float beta1, beta2, one_minus_beta1, one_minus_beta2;
+  float decay;                  // 1 − lr·wd
+  float step_size;              // lr / (1 − β1^t)
+  float bias_correction2_sqrt;  // sqrt(1 − β2^t)
+  float eps;
+};
+void adamw_step(const KernelContext& ctx, float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
+                const AdamWScalars& s);
+
+template <typename T>
+void add_inplace(const KernelContext& ctx, T* y, const T* x, int64_t n);
+// dst[i] = src[i] converted (Src, Dst each float or bf16).
+template <typename Src, typename Dst>
+void cast(const KernelContext& ctx, const Src* src, Dst* dst, int64_t n);
+template <typename T>
+void scale_inplace(const KernelContext& ctx, T* x, float s, int64_t n);
+template <typename T>
+void fill(const KernelContext& ctx, T* x, float value, int64_t n);
+// *result (device memory) = Σ x² in double, by fixed chunks then chunk order: deterministic.
+template <typename T>
+void sum_squares(const KernelContext& ctx, const T* x, int64_t n, double* result);
+// acc[0] += Σ x (acc device memory), Σ in double by the same fixed scheme: deterministic, no host wait.
+void sum_into(const KernelContext& ctx, const float* x, int64_t n, float* acc);
+
+}  // namespace primus::cuda

@@ -1,0 +1,60 @@
+// SwiGLU on the GPU, element-wise, same formulas as the CPU backend (src/backend/cpu/swiglu.cpp):
+//   out = g·σ(g)·up;   dup = dout·g·σ(g);   dgate = dout·up·σ(g)·(1 + g·(1 − σ(g)))
+// σ(g) = 1/(1 + e^−g) with the accurate expf (e^−g → inf for very negative g gives σ = 0, as on the CPU).
+#include "backend/cuda/kernels/common.cuh"
+
+namespace primus::cuda {
+
+namespace {
+
+__device__ __forceinline__ float sigmoid(float g) { return 1.0f / (1.0f + expf(-g)); }
+
+template <typename T>
+__global__ void swiglu_forward_kernel(const T* __restrict__ gate, const T* __restrict__ up, T* __restrict__ out,
+                                      int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float g = load(gate + i);
+    store(out + i, g * sigmoid(g) * load(up + i));
+  }
+}
+
+template <typename T>
+__global__ void swiglu_backward_kernel(const T* __restrict__ gate, const T* __restrict__ up, const T* __restrict__ dout,
+                                       T* __restrict__ dgate, T* __restrict__ dup, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float g = load(gate + i);
+    const float sig = sigmoid(g);
+    const float d = load(dout + i);
+    const float u = load(up + i);
+    store(dup + i, d * (g * sig));
+    store(dgate + i, d * u * sig * (1.0f + g * (1.0f - sig)));
+  }
+}
+
+}  // namespace
+
+template <typename T>
+void swiglu_forward(const KernelContext& ctx, const T* gate, const T* up, T* out, int64_t n) {
+  if (n == 0) return;
+  constexpr int kThreads = 256;
+  swiglu_forward_kernel<T><<<grid_for(n, kThreads), kThreads, 0, ctx.stream>>>(gate, up, out, n);
+  PRIMUS_CUDA_CHECK_LAUNCH();
+}
+
+template <typename T>
+void swiglu_backward(const KernelContext& ctx, const T* gate, const T* up, const T* dout, T* dgate, T* dup, int64_t n) {
+  if (n == 0) return;
+  constexpr int kThreads = 256;
+  swiglu_backward_kernel<T><<<grid_for(n, kThreads), kThreads, 0, ctx.stream>>>(gate, up, dout, dgate, dup, n);
+  PRIMUS_CUDA_CHECK_LAUNCH();
+}
+
+template void swiglu_forward<float>(const KernelContext&, const float*, const float*, float*, int64_t);
+template void swiglu_backward<float>(const KernelContext&, const float*, const float*, const float*, float*, float*,
+                                     int64_t);
+template void swiglu_forward<bf16>(const KernelContext&, const bf16*, const bf16*, bf16*, int64_t);
+template void swiglu_backward<bf16>(const KernelContext&, const bf16*, const bf16*, const bf16*, bf16*, bf16*, int64_t);
+
+}  // namespace primus::cuda

@@ -1,1 +1,0 @@
-// placeholder translation unit so the checkpoint layer library exists before its code lands

@@ -1,0 +1,290 @@
+// The preprocess pipeline: read batches in order, tokenize them on worker threads, write them in order.
+#include "data/preprocess.h"
+
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <future>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "core/error.h"
+#include "data/indexed_dataset.h"
+#include "data/preprocess_input.h"
+
+namespace primus {
+
+namespace {
+
+constexpr size_t kMaxBadLineExamples = 5;
+
+struct Job {
+  const InputFile* file = nullptr;
+  int64_t first_line = 0;          // line number of lines[0]
+  std::vector<std::string> lines;  // JSONL lines
+  std::string text;                // a whole text document (when !file->jsonl)
+  int64_t bytes_done = 0;          // input bytes consumed once this job was read
+};
+
+struct BadLine {
+  int64_t line = 0;
+  std::string why;
+};
+
+struct JobResult {
+  const InputFile* file = nullptr;
+  std::vector<int32_t> tokens;   // every document's tokens back to back
+  std::vector<int64_t> lengths;  // [documents]
+  std::vector<BadLine> bad;
+  int64_t bytes_done = 0;
+};
+
+// A fixed set of threads running submitted jobs; futures carry results and exceptions back in order of the
+// caller's choosing. Destruction drops jobs not started yet and joins.
+class WorkerPool {
+ public:
+  explicit WorkerPool(int threads) {
+    for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { run(); });
+  }
+  ~WorkerPool() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    ready_.notify_all();
+    for (std::thread& t : threads_) t.join();
+  }
+  std::future<JobResult> submit(std::function<JobResult()> work) {
+    std::packaged_task<JobResult()> task(std::move(work));
+    std::future<JobResult> result = task.get_future();
+    {
+      std::lock_guard lock(mutex_);
+      tasks_.push_back(std::move(task));
+    }
+    ready_.notify_one();
+    return result;
+  }
+
+ private:
+  void run() {
+    for (;;) {
+      std::packaged_task<JobResult()> task;
+      {
+        std::unique_lock lock(mutex_);
+        ready_.wait(lock, [this] { return stop_ || !tasks_.empty(); });
+        if (stop_) return;
+        task = std::move(tasks_.front());
+        tasks_.pop_front();
+      }
+      task();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<std::packaged_task<JobResult()>> tasks_;
+  bool stop_ = false;
+  std::vector<std::thread> threads_;
+};
+
+bool is_blank(const std::string& line) { return line.find_first_not_of(" \t\r\f\v") == std::string::npos; }
+
+// Tokenizes one document into `result`, with eod after a non-empty document when asked (as Megatron).
+void add_document(JobResult& result, const Tokenizer& tokenizer, std::string_view text, bool append_eod) {
+  std::vector<int32_t> ids = tokenizer.encode(text);
+  if (append_eod && !ids.empty()) ids.push_back(tokenizer.eod_id());
+  result.tokens.insert(result.tokens.end(), ids.begin(), ids.end());
+  result.lengths.push_back(static_cast<int64_t>(ids.size()));
+}
+
+JobResult tokenize_job(const Job& job, const Tokenizer& tokenizer, const std::string& key, bool append_eod) {
+  JobResult result;
+  result.file = job.file;
+  result.bytes_done = job.bytes_done;
+  if (!job.file->jsonl) {
+    try {
+      add_document(result, tokenizer, job.text, append_eod);
+    } catch (const Error& error) {
+      throw UsageError(fmt::format("{}: {}", job.file->path, error.what()));
+    }
+    return result;
+  }
+  for (size_t i = 0; i < job.lines.size(); ++i) {
+    const std::string& line = job.lines[i];
+    int64_t number = job.first_line + static_cast<int64_t>(i);
+    if (is_blank(line)) continue;
+    nlohmann::json value = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (value.is_discarded()) {
+      result.bad.push_back({number, "malformed JSON"});
+      continue;
+    }
+    auto field = value.is_object() ? value.find(key) : value.end();
+    if (!value.is_object() || field == value.end() || !field->is_string()) {
+      result.bad.push_back({number, fmt::format("no string field '{}'", key)});
+      continue;
+    }
+    try {
+      add_document(result, tokenizer, field->get_ref<const std::string&>(), append_eod);
+    } catch (const Error& error) {
+      throw UsageError(fmt::format("{}:{}: {}", job.file->path, number, error.what()));
+    }
+  }
+  return result;
+}
+
+std::string format_duration(double seconds) {
+  if (!(seconds >= 0.0) || seconds > 359999.0) return "--:--:--";
+  int64_t s = static_cast<int64_t>(seconds + 0.5);
+  return fmt::format("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60);
+}
+
+class Progress {
+ public:
+  Progress(std::FILE* out, double interval_s)
+      : out_(out),
+        tty_(out != nullptr && ::isatty(::fileno(out)) == 1),
+        interval_s_(interval_s),
+        start_(std::chrono::steady_clock::now()),
+        last_(start_) {}
+
+  double elapsed_s() const { return seconds_since(start_); }
+
+  void update(ProgressSnapshot snapshot, bool final) {
+    if (out_ == nullptr) return;
+    if (!final && seconds_since(last_) < interval_s_) return;
+    last_ = std::chrono::steady_clock::now();
+    snapshot.elapsed_s = elapsed_s();
+    std::string line = format_progress(snapshot, tty_);
+    if (tty_) {
+      fmt::print(out_, "\r{}{}", line, final ? "\n" : "");
+    } else {
+      fmt::print(out_, "{}\n", line);
+    }
+    std::fflush(out_);
+  }
+
+ private:
+  static double seconds_since(std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  }
+
+  std::FILE* out_;
+  bool tty_;
+  double interval_s_;
+  std::chrono::steady_clock::time_point start_;
+  std::chrono::steady_clock::time_point last_;
+};
+
+}  // namespace
+
+std::string format_progress(const ProgressSnapshot& snapshot, bool tty) {
+  double elapsed = std::max(snapshot.elapsed_s, 1e-9);
+  double fraction =
+      snapshot.bytes_total > 0
+          ? std::clamp(static_cast<double>(snapshot.bytes_done) / static_cast<double>(snapshot.bytes_total), 0.0, 1.0)
+          : 1.0;
+  double bytes_per_s = static_cast<double>(snapshot.bytes_done) / elapsed;
+  double eta = bytes_per_s > 0.0 ? static_cast<double>(snapshot.bytes_total - snapshot.bytes_done) / bytes_per_s : -1.0;
+  std::string stats =
+      fmt::format("{:5.1f}% | {} docs | {:.0f} docs/s | {:.1f} MB/s | ETA {}", 100.0 * fraction, snapshot.documents,
+                  static_cast<double>(snapshot.documents) / elapsed, bytes_per_s / 1e6, format_duration(eta));
+  if (!tty) return "preprocess: " + stats;
+  constexpr int kWidth = 30;
+  int filled = static_cast<int>(fraction * kWidth);
+  return fmt::format("[{}{}] {}", std::string(static_cast<size_t>(filled), '#'),
+                     std::string(static_cast<size_t>(kWidth - filled), '.'), stats);
+}
+
+PreprocessResult preprocess_to_indexed(const PreprocessOptions& options, const Tokenizer& tokenizer) {
+  if (options.workers < 1) throw UsageError(fmt::format("--workers must be >= 1, got {}", options.workers));
+  if (options.json_key.empty()) throw UsageError("--json-key must not be empty");
+  if (options.output_prefix.empty()) throw UsageError("--output-prefix must not be empty");
+  if (options.batch_bytes < 1)
+    throw UsageError(fmt::format("batch size must be >= 1 byte, got {}", options.batch_bytes));
+
+  std::vector<InputFile> files = list_preprocess_inputs(options.inputs);
+  PreprocessResult result;
+  result.prefix = fmt::format("{}_{}_document", options.output_prefix, options.json_key);
+  int64_t bytes_total = 0;
+  for (const InputFile& file : files) bytes_total += static_cast<int64_t>(file.size_bytes);
+
+  IndexedDatasetWriter writer(result.prefix, token_dtype_for_vocab(tokenizer.vocab_size()));
+  Progress progress(options.progress_out, options.progress_interval_s);
+  std::deque<std::future<JobResult>> in_flight;
+  const size_t max_in_flight = 2 * static_cast<size_t>(options.workers);
+
+  auto write_next = [&] {
+    JobResult done = in_flight.front().get();
+    in_flight.pop_front();
+    for (const BadLine& bad : done.bad) {
+      std::string where = fmt::format("{}:{}: {}", done.file->path, bad.line, bad.why);
+      if (!options.skip_bad_lines) {
+        throw UsageError(fmt::format("{} (--skip-bad-lines counts such lines and goes on)", where));
+      }
+      ++result.bad_lines;
+      if (result.bad_line_examples.size() < kMaxBadLineExamples) result.bad_line_examples.push_back(where);
+    }
+    size_t begin = 0;
+    for (int64_t length : done.lengths) {
+      writer.add_document(std::span<const int32_t>(done.tokens.data() + begin, static_cast<size_t>(length)));
+      begin += static_cast<size_t>(length);
+      ++result.documents;
+      if (length == 0) ++result.empty_documents;
+    }
+    result.tokens += static_cast<int64_t>(done.tokens.size());
+    progress.update({result.documents, done.bytes_done, bytes_total, 0.0}, false);
+  };
+
+  {
+    WorkerPool pool(options.workers);
+    auto submit = [&](Job job) {
+      while (in_flight.size() >= max_in_flight) write_next();
+      auto shared = std::make_shared<Job>(std::move(job));
+      in_flight.push_back(pool.submit([shared, &tokenizer, &options] {
+        return tokenize_job(*shared, tokenizer, options.json_key, options.append_eod);
+      }));
+    };
+    int64_t bytes_before = 0;
+    for (const InputFile& file : files) {
+      InputStream stream(file);
+      if (!file.jsonl) {
+        Job job{&file, 1, {}, stream.read_all(), 0};
+        job.bytes_done = bytes_before + static_cast<int64_t>(stream.consumed_bytes());
+        submit(std::move(job));
+      } else {
+        Job job{&file, 1, {}, {}, 0};
+        int64_t job_bytes = 0;
+        std::string line;
+        while (stream.next_line(line)) {
+          if (job.lines.empty()) job.first_line = stream.line_number();
+          job_bytes += static_cast<int64_t>(line.size()) + 1;
+          job.lines.push_back(std::move(line));
+          if (job_bytes >= options.batch_bytes) {
+            job.bytes_done = bytes_before + static_cast<int64_t>(stream.consumed_bytes());
+            submit(std::move(job));
+            job = Job{&file, 1, {}, {}, 0};
+            job_bytes = 0;
+          }
+        }
+        if (!job.lines.empty()) {
+          job.bytes_done = bytes_before + static_cast<int64_t>(stream.consumed_bytes());
+          submit(std::move(job));
+        }
+      }
+      bytes_before += static_cast<int64_t>(stream.consumed_bytes());
+    }
+    while (!in_flight.empty()) write_next();
+  }
+  writer.finish();
+  result.input_bytes = bytes_total;
+  result.seconds = progress.elapsed_s();
+  progress.update({result.documents, bytes_total, bytes_total, 0.0}, true);
+  return result;
+}
+
+}  // namespace primus

@@ -1,0 +1,58 @@
+// `data preprocess`: text (JSONL, JSONL.zst, plain text files or directories) -> a Megatron indexed dataset
+// `{prefix}_{json_key}_document.bin/.idx`, as Megatron-LM's tools/preprocess_data.py writes it.
+//
+// A JSONL line is one document (the string under json_key); a text file is one document. Memory stays
+// bounded: the reader hands batches of lines to `workers` tokenizing threads, at most 2 × workers batches are
+// in flight, and the writer takes finished batches in input order, so the output is the same for any worker
+// count. Tokenizer::encode must be safe to call from several threads at once (it is const).
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "data/tokenizer.h"
+
+namespace primus {
+
+struct PreprocessOptions {
+  std::vector<std::string> inputs;
+  std::string json_key = "text";
+  std::string output_prefix;
+  int workers = 1;
+  bool append_eod = false;
+  // Count malformed lines (bad JSON, missing or non-string json_key) instead of stopping at the first.
+  bool skip_bad_lines = false;
+  int64_t batch_bytes = int64_t{1} << 20;  // text per worker batch
+  // Progress: every `progress_interval_s` seconds to `progress_out` (null: none). On a terminal the line is
+  // redrawn in place (carriage return); otherwise each update is its own line.
+  std::FILE* progress_out = stderr;
+  double progress_interval_s = 5.0;
+};
+
+struct PreprocessResult {
+  std::string prefix;  // {output_prefix}_{json_key}_document
+  int64_t documents = 0;
+  int64_t empty_documents = 0;
+  int64_t tokens = 0;
+  int64_t input_bytes = 0;
+  int64_t bad_lines = 0;
+  std::vector<std::string> bad_line_examples;  // "file:line: why", the first few
+  double seconds = 0.0;
+};
+
+// Throws UsageError for bad options, a missing input or (without skip_bad_lines) a malformed line, naming
+// file:line; RuntimeError for I/O failures. Output files appear only when the whole run succeeds.
+PreprocessResult preprocess_to_indexed(const PreprocessOptions& options, const Tokenizer& tokenizer);
+
+// One progress report. `tty` selects the carriage-return bar.
+struct ProgressSnapshot {
+  int64_t documents = 0;
+  int64_t bytes_done = 0;
+  int64_t bytes_total = 0;
+  double elapsed_s = 0.0;
+};
+std::string format_progress(const ProgressSnapshot& snapshot, bool tty);
+
+}  // namespace primus

@@ -1,0 +1,116 @@
+#include "train/benchmark.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "data/loader.h"
+#include "data/tokenizer.h"
+#include "ops/ops.h"
+#include "train/train_step.h"
+
+namespace primus {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Seconds since this process started, from /proc (start time in clock ticks since boot vs uptime).
+double seconds_since_process_start() {
+  std::ifstream stat_file("/proc/self/stat");
+  std::ifstream uptime_file("/proc/uptime");
+  std::string stat((std::istreambuf_iterator<char>(stat_file)), std::istreambuf_iterator<char>());
+  double uptime = 0.0;
+  uptime_file >> uptime;
+  // Field 22 (starttime) counted after the ")" that closes the command name, which may contain spaces.
+  std::istringstream fields(stat.substr(stat.rfind(')') + 2));
+  std::string field;
+  for (int i = 3; i <= 22 && fields >> field; ++i) {
+  }
+  const double start_ticks = std::stod(field);
+  return uptime - start_ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+}  // namespace
+
+BenchmarkResult run_benchmark_train(const ExperimentConfig& config, const BenchmarkOptions& options) {
+  PRIMUS_CHECK(options.timed_steps >= 1 && options.warmup_steps >= 0, "benchmark needs >= 1 timed step");
+  TrainingArgs t = config.train;
+  const Device device = select_device(t.device);
+  std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(t.tokenizer_type, t.tokenizer_model);
+  ModelArgs args = config.model;
+  if (args.vocab_size == 0) args.vocab_size = padded_vocab_size(tokenizer->vocab_size(), args.make_vocab_size_divisible_by);
+
+  LlamaModel model(args, t.seq_length, device, compute_dtype(t, device));
+  model.params().initialize(static_cast<uint64_t>(t.seed));
+  model.weights_changed();
+  AdamW optimizer(model.params(), AdamWConfig{t.adam_beta1, t.adam_beta2, t.adam_eps, t.weight_decay});
+  MockTokens tokens(args.vocab_size, t.seq_length, static_cast<uint64_t>(t.seed));
+  BatchLoader loader(tokens, t.micro_batch_size, t.seq_length);
+
+  BenchmarkResult result;
+  result.device = device.str();
+  result.parameters = model.params().numel();
+  result.tokens_per_step = t.global_batch_size * t.seq_length;
+  std::vector<double> step_ms;
+  for (int64_t step = 1; step <= options.warmup_steps + options.timed_steps; ++step) {
+    const Clock::time_point t0 = Clock::now();
+    std::vector<Batch> batches;
+    for (int64_t i = 0; i < micro_batches_per_step(t); ++i) batches.push_back(loader.next());
+    const StepResult r = train_step(model, optimizer, batches, t, t.lr);
+    ops::synchronize(device);
+    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    if (step == 1) {
+      result.time_to_first_step_s = seconds_since_process_start();
+      result.first_loss = r.loss;
+    }
+    result.last_loss = r.loss;
+    if (step > options.warmup_steps) step_ms.push_back(ms);
+  }
+  std::sort(step_ms.begin(), step_ms.end());
+  result.step_ms = step_ms[step_ms.size() / 2];
+  result.step_ms_min = step_ms.front();
+  result.step_ms_max = step_ms.back();
+  result.tokens_per_s = static_cast<double>(result.tokens_per_step) / (result.step_ms / 1000.0);
+  result.tflops_per_gpu = result.tokens_per_s * LlamaModel::flops_per_token(args, t.seq_length) / 1e12;
+  if (!device.is_cpu()) {
+    result.mfu = result.tflops_per_gpu / kPeakBf16Tflops;
+    result.mem_peak_gib = device_peak_memory_gib(device);
+  }
+  return result;
+}
+
+std::string format_benchmark(const ExperimentConfig& config, const BenchmarkResult& r) {
+  const TrainingArgs& t = config.train;
+  std::string text = fmt::format(
+      "benchmark train: {} on {}, micro-batch {} x seq {} (global batch {}), {} parameters\n"
+      "  step time (median)    {:10.1f} ms   (min {:.1f}, max {:.1f})\n"
+      "  tokens/s              {:10.0f}\n"
+      "  TFLOP/s per GPU       {:10.1f}\n"
+      "  MFU (989 TFLOP/s)     {:10.3f}\n"
+      "  peak memory           {:10.2f} GiB\n"
+      "  time to first step    {:10.1f} s\n"
+      "  loss first/last       {:.4f} / {:.4f}\n",
+      config.model.preset, r.device, t.micro_batch_size, t.seq_length, t.global_batch_size, r.parameters, r.step_ms,
+      r.step_ms_min, r.step_ms_max, r.tokens_per_s, r.tflops_per_gpu, r.mfu, r.mem_peak_gib, r.time_to_first_step_s,
+      r.first_loss, r.last_loss);
+  nlohmann::json line = {{"model", config.model.preset},
+                         {"device", r.device},
+                         {"micro_batch_size", t.micro_batch_size},
+                         {"global_batch_size", t.global_batch_size},
+                         {"seq_length", t.seq_length},
+                         {"parameters", r.parameters},
+                         {"step_ms", r.step_ms},
+                         {"tokens_per_s", r.tokens_per_s},
+                         {"tflops_per_gpu", r.tflops_per_gpu},
+                         {"mfu", r.mfu},
+                         {"mem_peak_gib", r.mem_peak_gib},
+                         {"time_to_first_step_s", r.time_to_first_step_s}};
+  return text + line.dump() + "\n";
+}
+
+}  // namespace primus

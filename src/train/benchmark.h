@@ -1,0 +1,39 @@
+// `primus-cli benchmark train`: the training step of an experiment config timed on synthetic tokens.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "config/experiment.h"
+
+namespace primus {
+
+struct BenchmarkOptions {
+  int64_t warmup_steps = 3;
+  int64_t timed_steps = 10;
+};
+
+struct BenchmarkResult {
+  std::string device;
+  int64_t parameters = 0;
+  int64_t tokens_per_step = 0;
+  double step_ms = 0.0;        // median of the timed steps
+  double step_ms_min = 0.0;
+  double step_ms_max = 0.0;
+  double tokens_per_s = 0.0;
+  double tflops_per_gpu = 0.0; // by LlamaModel::flops_per_token
+  double mfu = 0.0;            // against kPeakBf16Tflops (GPU only)
+  double mem_peak_gib = 0.0;   // device allocator peak (GPU only)
+  double time_to_first_step_s = 0.0;  // from process start to the end of step 1
+  double first_loss = 0.0;
+  double last_loss = 0.0;
+};
+
+// Builds the configured model with random weights on the configured device, runs warm-up and timed steps
+// on mock tokens (whatever data_path says), with the config's batch shape, optimizer and clipping.
+BenchmarkResult run_benchmark_train(const ExperimentConfig& config, const BenchmarkOptions& options);
+
+// A table for people and one JSON line for scripts.
+std::string format_benchmark(const ExperimentConfig& config, const BenchmarkResult& result);
+
+}  // namespace primus

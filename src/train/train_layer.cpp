@@ -1,1 +1,0 @@
-// placeholder translation unit so the train layer library exists before its code lands

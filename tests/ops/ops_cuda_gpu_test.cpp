@@ -1,0 +1,471 @@
+// Every op through src/ops on the CUDA backend against the CPU reference backend, on fresh random inputs at
+// awkward sizes (1, 31, 33 rows; head sizes 16, 64, 128; T = 1, 17, 130; GQA 8/2 and plain heads). Outputs on
+// both devices are poisoned with NaN first, so an element a kernel forgets to write fails the comparison.
+//
+// Tolerances (relative error of a whole tensor, ||gpu − cpu|| / ||cpu||):
+//  - 1e-5 for element-wise ops, norms, RoPE, cross-entropy, AdamW, embedding: same formulas in fp32 on both
+//    sides; they differ only by fused multiply-adds on the GPU and expf vs glibc exp (≤ 2 ulp), ~1e-7.
+//  - 1e-4 for gemm and attention: cuBLASLt sums over K in its own blocked order (error grows like sqrt(K)·eps
+//    with K up to 130 here), and attention chains several such sums through exp.
+//  - sum_squares: 1e-11, both sides accumulate in double (in different orders).
+// Also: the embedding gradient equals the CPU's bit for bit (same order of fp32 adds), two runs of every
+// reduction-heavy op give identical bits, data errors found on the GPU are thrown at the next wait, and the
+// caching allocator reuses freed blocks.
+//
+// Without a usable CUDA device (or in a build without the CUDA backend) every test is skipped with the reason.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "ops/ops.h"
+#include "support/test_support.h"
+#if PRIMUS_WITH_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
+
+namespace primus {
+namespace {
+
+using primus::testing::random_ids;
+using primus::testing::random_tensor;
+
+constexpr Device kGpu{DeviceType::kCuda, 0};
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+std::string skip_reason() {
+#if PRIMUS_WITH_CUDA
+  std::string why;
+  if (cuda_device_count(&why) == 0) return "no CUDA device: " + why;
+  return "";
+#else
+  return "no CUDA device: this build has no CUDA backend (PRIMUS_CUDA=OFF or no CUDA compiler found)";
+#endif
+}
+
+class CudaOps : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string why = skip_reason();
+    if (!why.empty()) GTEST_SKIP() << why;
+#if PRIMUS_WITH_CUDA
+    start_cuda_backend(0);
+#endif
+  }
+};
+
+Tensor gpu(const Tensor& t) { return copy_to(t, kGpu); }
+Tensor host(const Tensor& t) { return copy_to(t, kCpuDevice); }
+
+Tensor poisoned(const Shape& shape, Device device) {
+  Tensor t = Tensor::empty(shape, DType::kF32, device);
+  if (device.is_cpu()) {
+    t.fill(kNaN);
+  } else {
+    backend_for(device).fill(t, kNaN);
+  }
+  return t;
+}
+
+// ||got − want|| / max(||want||, floor) ≤ tol with got on the GPU; every element must be finite. The floor
+// turns the check absolute for gradients that are zero in exact arithmetic: attention dq and dk at T = 1, where
+// p = 1 and ds = dout·v − dout·out is pure rounding noise (~1e-7 per element, different on the two devices).
+void expect_close(const std::string& what, const Tensor& got_gpu, const Tensor& want, double tol,
+                  double floor = 1e-30) {
+  const Tensor got = host(got_gpu);
+  ASSERT_EQ(got.numel(), want.numel()) << what;
+  double diff = 0.0, ref = 0.0;
+  for (int64_t i = 0; i < got.numel(); ++i) {
+    const double g = got.f32()[i];
+    const double w = want.f32()[i];
+    ASSERT_TRUE(std::isfinite(g)) << what << ": element " << i << " is " << g;
+    diff += (g - w) * (g - w);
+    ref += w * w;
+  }
+  const double err = std::sqrt(diff) / std::max(std::sqrt(ref), floor);
+  std::printf("  %-58s rel err %.2e (tol %.0e)\n", what.c_str(), err, tol);
+  EXPECT_LE(err, tol) << what;
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  const Tensor ha = host(a), hb = host(b);
+  return ha.nbytes() == hb.nbytes() && std::memcmp(ha.data(), hb.data(), ha.nbytes()) == 0;
+}
+
+// ---- gemm -----------------------------------------------------------------------------------------------------
+
+// ops::gemm on both devices; a and b are views at `offset` elements into larger buffers, so offset 1 gives
+// operands aligned to 4 bytes only.
+void check_gemm(Rng& rng, int64_t m, int64_t n, int64_t k, bool ta, bool tb, float alpha, float beta, int64_t offset) {
+  const Shape a_shape = ta ? Shape{k, m} : Shape{m, k};
+  const Shape b_shape = tb ? Shape{n, k} : Shape{k, n};
+  const Tensor a_buf = random_tensor({shape_numel(a_shape) + offset}, rng);
+  const Tensor b_buf = random_tensor({shape_numel(b_shape) + offset}, rng);
+  const Tensor a = a_buf.slice_elements(offset, a_shape), b = b_buf.slice_elements(offset, b_shape);
+  const Tensor ga_buf = gpu(a_buf), gb_buf = gpu(b_buf);
+  const Tensor ga = ga_buf.slice_elements(offset, a_shape), gb = gb_buf.slice_elements(offset, b_shape);
+  Tensor c, gc;
+  if (beta == 0.0f) {
+    c = poisoned({m, n}, kCpuDevice);
+    gc = poisoned({m, n}, kGpu);
+  } else {
+    c = random_tensor({m, n}, rng);
+    gc = gpu(c);
+  }
+  ops::gemm(GemmArgs{&a, &b, &c, ta, tb, alpha, beta});
+  ops::gemm(GemmArgs{&ga, &gb, &gc, ta, tb, alpha, beta});
+  expect_close(
+      fmt::format("gemm M={} N={} K={} ta={} tb={} alpha={} beta={} offset={}", m, n, k, ta, tb, alpha, beta, offset),
+      gc, c, 1e-4);
+}
+
+TEST_F(CudaOps, GemmMatchesCpu) {
+  Rng rng(301);
+  const int64_t shapes[][3] = {{1, 33, 16}, {31, 64, 17}, {33, 1, 128}, {130, 96, 64}};
+  for (const auto& s : shapes) {
+    for (int t = 0; t < 4; ++t) {
+      check_gemm(rng, s[0], s[1], s[2], t & 1, t & 2, 1.0f, 0.0f, 0);
+      check_gemm(rng, s[0], s[1], s[2], t & 1, t & 2, 0.5f, 1.0f, 1);
+    }
+  }
+  check_gemm(rng, 31, 33, 0, false, false, 1.0f, 0.0f, 0);  // empty K: C = 0
+  check_gemm(rng, 31, 33, 0, false, true, 1.0f, 0.5f, 0);   // empty K: C = beta·C
+}
+
+TEST_F(CudaOps, LinearMatchesCpu) {
+  Rng rng(302);
+  for (int64_t rows : {1, 31, 33}) {
+    const Tensor x = random_tensor({rows, 64}, rng), w = random_tensor({48, 64}, rng),
+                 dy = random_tensor({rows, 48}, rng);
+    const Tensor dw0 = random_tensor({48, 64}, rng);
+    Tensor y = poisoned({rows, 48}, kCpuDevice), gy = poisoned({rows, 48}, kGpu);
+    Tensor dx = poisoned({rows, 64}, kCpuDevice), gdx = poisoned({rows, 64}, kGpu);
+    Tensor dw = host(gpu(dw0)), gdw = gpu(dw0);
+    const Tensor gx = gpu(x), gw = gpu(w), gdy = gpu(dy);
+    ops::linear_forward(x, w, y);
+    ops::linear_forward(gx, gw, gy);
+    ops::linear_backward(x, w, dy, dx, dw);
+    ops::linear_backward(gx, gw, gdy, gdx, gdw);
+    expect_close(fmt::format("linear y rows={}", rows), gy, y, 1e-4);
+    expect_close(fmt::format("linear dx rows={}", rows), gdx, dx, 1e-4);
+    expect_close(fmt::format("linear dw (accumulated) rows={}", rows), gdw, dw, 1e-4);
+  }
+}
+
+// ---- embedding, rmsnorm, rope, swiglu ------------------------------------------------------------------------
+
+TEST_F(CudaOps, EmbeddingMatchesCpuBitForBit) {
+  Rng rng(303);
+  for (int64_t vocab : {37, 1000}) {
+    for (int64_t channels : {16, 64, 128}) {
+      for (int64_t n : {1, 31, 33, 130}) {
+        const std::string shape = fmt::format("V={} C={} N={}", vocab, channels, n);
+        const Tensor ids = random_ids({n}, vocab, rng), table = random_tensor({vocab, channels}, rng);
+        const Tensor dout = random_tensor({n, channels}, rng), dtable0 = random_tensor({vocab, channels}, rng);
+        Tensor out = poisoned({n, channels}, kCpuDevice), gout = poisoned({n, channels}, kGpu);
+        ops::embedding_forward(ids, table, out);
+        ops::embedding_forward(gpu(ids), gpu(table), gout);
+        expect_close("embedding out " + shape, gout, out, 1e-5);
+        Tensor dtable = host(gpu(dtable0)), gdtable = gpu(dtable0);
+        ops::embedding_backward(ids, dout, dtable);
+        ops::embedding_backward(gpu(ids), gpu(dout), gdtable);
+        expect_close("embedding dtable (accumulated) " + shape, gdtable, dtable, 1e-5);
+        EXPECT_TRUE(same_bits(gdtable, dtable)) << "repeated ids are summed in token order on both devices, " << shape;
+      }
+    }
+  }
+}
+
+TEST_F(CudaOps, RmsNormMatchesCpu) {
+  Rng rng(304);
+  for (int64_t rows : {1, 31, 33}) {
+    for (int64_t channels : {16, 64, 128, 1000}) {
+      const std::string shape = fmt::format("N={} C={}", rows, channels);
+      const Tensor x = random_tensor({rows, channels}, rng, 2.0f), w = random_tensor({channels}, rng);
+      const Tensor dy = random_tensor({rows, channels}, rng), dw0 = random_tensor({channels}, rng);
+      const Tensor gx = gpu(x), gw = gpu(w);
+      Tensor y = poisoned({rows, channels}, kCpuDevice), gy = poisoned({rows, channels}, kGpu);
+      Tensor rstd = poisoned({rows}, kCpuDevice), grstd = poisoned({rows}, kGpu);
+      ops::rmsnorm_forward(x, w, 1e-5f, y, rstd);
+      ops::rmsnorm_forward(gx, gw, 1e-5f, gy, grstd);
+      expect_close("rmsnorm y " + shape, gy, y, 1e-5);
+      expect_close("rmsnorm rstd " + shape, grstd, rstd, 1e-5);
+      Tensor dx = poisoned({rows, channels}, kCpuDevice), gdx = poisoned({rows, channels}, kGpu);
+      Tensor dw = host(gpu(dw0)), gdw = gpu(dw0);
+      ops::rmsnorm_backward(dy, x, w, rstd, dx, dw);
+      ops::rmsnorm_backward(gpu(dy), gx, gw, grstd, gdx, gdw);
+      expect_close("rmsnorm dx " + shape, gdx, dx, 1e-5);
+      expect_close("rmsnorm dweight (accumulated) " + shape, gdw, dw, 1e-5);
+    }
+  }
+}
+
+TEST_F(CudaOps, RopeMatchesCpu) {
+  Rng rng(305);
+  for (int64_t seq : {1, 17, 130}) {
+    for (int64_t head_dim : {16, 64, 128}) {
+      const std::string shape = fmt::format("T={} D={}", seq, head_dim);
+      Tensor cos = Tensor::empty({seq, head_dim / 2}, DType::kF32),
+             sin = Tensor::empty({seq, head_dim / 2}, DType::kF32);
+      for (int64_t t = 0; t < seq; ++t) {
+        for (int64_t i = 0; i < head_dim / 2; ++i) {
+          const double angle = static_cast<double>(t) * std::pow(10000.0, -2.0 * static_cast<double>(i) / head_dim);
+          cos.f32()[t * head_dim / 2 + i] = static_cast<float>(std::cos(angle));
+          sin.f32()[t * head_dim / 2 + i] = static_cast<float>(std::sin(angle));
+        }
+      }
+      const Tensor gcos = gpu(cos), gsin = gpu(sin);
+      Tensor x = random_tensor({2, seq, 3, head_dim}, rng);
+      Tensor gx = gpu(x);
+      ops::rope_forward(x, cos, sin);
+      ops::rope_forward(gx, gcos, gsin);
+      expect_close("rope forward " + shape, gx, x, 1e-5);
+      Tensor dx = random_tensor({2, seq, 3, head_dim}, rng);
+      Tensor gdx = gpu(dx);
+      ops::rope_backward(dx, cos, sin);
+      ops::rope_backward(gdx, gcos, gsin);
+      expect_close("rope backward " + shape, gdx, dx, 1e-5);
+    }
+  }
+}
+
+TEST_F(CudaOps, SwiGluMatchesCpu) {
+  Rng rng(306);
+  for (int64_t rows : {1, 31, 33}) {
+    for (int64_t width : {16, 64, 1000}) {
+      const std::string shape = fmt::format("N={} F={}", rows, width);
+      const Tensor gate = random_tensor({rows, width}, rng, 4.0f), up = random_tensor({rows, width}, rng);
+      const Tensor dout = random_tensor({rows, width}, rng);
+      const Tensor ggate = gpu(gate), gup = gpu(up);
+      Tensor out = poisoned({rows, width}, kCpuDevice), gout = poisoned({rows, width}, kGpu);
+      ops::swiglu_forward(gate, up, out);
+      ops::swiglu_forward(ggate, gup, gout);
+      expect_close("swiglu out " + shape, gout, out, 1e-5);
+      Tensor dgate = poisoned({rows, width}, kCpuDevice), gdgate = poisoned({rows, width}, kGpu);
+      Tensor dup = poisoned({rows, width}, kCpuDevice), gdup = poisoned({rows, width}, kGpu);
+      ops::swiglu_backward(gate, up, dout, dgate, dup);
+      ops::swiglu_backward(ggate, gup, gpu(dout), gdgate, gdup);
+      expect_close("swiglu dgate " + shape, gdgate, dgate, 1e-5);
+      expect_close("swiglu dup " + shape, gdup, dup, 1e-5);
+    }
+  }
+}
+
+// ---- attention ------------------------------------------------------------------------------------------------
+
+TEST_F(CudaOps, AttentionMatchesCpu) {
+  Rng rng(307);
+  const int64_t heads[][2] = {{8, 2}, {4, 4}};
+  for (const auto& hh : heads) {
+    for (int64_t seq : {1, 17, 130}) {
+      for (int64_t d : {16, 64, 128}) {
+        const int64_t batch = 2, hq = hh[0], hkv = hh[1];
+        const std::string shape = fmt::format("Hq={} Hkv={} T={} D={}", hq, hkv, seq, d);
+        const Tensor q = random_tensor({batch, seq, hq, d}, rng), k = random_tensor({batch, seq, hkv, d}, rng);
+        const Tensor v = random_tensor({batch, seq, hkv, d}, rng), dout = random_tensor({batch, seq, hq, d}, rng);
+        const Tensor gq = gpu(q), gk = gpu(k), gv = gpu(v);
+        Tensor out = poisoned(q.shape(), kCpuDevice), gout = poisoned(q.shape(), kGpu);
+        Tensor lse = poisoned({batch, hq, seq}, kCpuDevice), glse = poisoned({batch, hq, seq}, kGpu);
+        ops::attention_forward(q, k, v, out, lse);
+        ops::attention_forward(gq, gk, gv, gout, glse);
+        expect_close("attention out " + shape, gout, out, 1e-4);
+        expect_close("attention lse " + shape, glse, lse, 1e-4);
+        Tensor dq = poisoned(q.shape(), kCpuDevice), gdq = poisoned(q.shape(), kGpu);
+        Tensor dk = poisoned(k.shape(), kCpuDevice), gdk = poisoned(k.shape(), kGpu);
+        Tensor dv = poisoned(k.shape(), kCpuDevice), gdv = poisoned(k.shape(), kGpu);
+        ops::attention_backward(q, k, v, out, lse, dout, dq, dk, dv);
+        ops::attention_backward(gq, gk, gv, gout, glse, gpu(dout), gdq, gdk, gdv);
+        expect_close("attention dq " + shape, gdq, dq, 1e-4, 1.0);
+        expect_close("attention dk " + shape, gdk, dk, 1e-4, 1.0);
+        expect_close("attention dv " + shape, gdv, dv, 1e-4);
+      }
+    }
+  }
+}
+
+// ---- cross-entropy, adamw, element-wise -----------------------------------------------------------------------
+
+TEST_F(CudaOps, CrossEntropyMatchesCpu) {
+  Rng rng(308);
+  for (int64_t rows : {1, 31, 33}) {
+    for (int64_t vocab : {16, 1000, 50257}) {
+      const std::string shape = fmt::format("N={} V={}", rows, vocab);
+      const Tensor logits = random_tensor({rows, vocab}, rng, 3.0f);
+      Tensor targets = random_ids({rows}, vocab, rng);
+      for (int64_t r = 3; r < rows; r += 7) targets.i32()[r] = -1;  // ignored rows
+      const Tensor glogits = gpu(logits), gtargets = gpu(targets);
+      Tensor losses = poisoned({rows}, kCpuDevice), glosses = poisoned({rows}, kGpu);
+      Tensor lse = poisoned({rows}, kCpuDevice), glse = poisoned({rows}, kGpu);
+      ops::cross_entropy_forward(logits, targets, losses, lse);
+      ops::cross_entropy_forward(glogits, gtargets, glosses, glse);
+      expect_close("cross_entropy losses " + shape, glosses, losses, 1e-5);
+      expect_close("cross_entropy lse " + shape, glse, lse, 1e-5);
+      const float scale = 1.0f / static_cast<float>(rows);
+      Tensor dlogits = poisoned({rows, vocab}, kCpuDevice), gdlogits = poisoned({rows, vocab}, kGpu);
+      ops::cross_entropy_backward(logits, targets, lse, scale, dlogits);
+      ops::cross_entropy_backward(glogits, gtargets, glse, scale, gdlogits);
+      expect_close("cross_entropy dlogits " + shape, gdlogits, dlogits, 1e-5);
+      Tensor in_place = gpu(logits);  // dlogits written over the logits
+      ops::cross_entropy_backward(in_place, gtargets, glse, scale, in_place);
+      expect_close("cross_entropy dlogits in place " + shape, in_place, dlogits, 1e-5);
+    }
+  }
+}
+
+TEST_F(CudaOps, AdamWMatchesCpu) {
+  Rng rng(309);
+  for (int64_t n : {1, 31, 33, 100003}) {
+    Tensor param = random_tensor({n}, rng), m = random_tensor({n}, rng, 0.1f);
+    Tensor v = random_tensor({n}, rng, 0.1f);
+    for (int64_t i = 0; i < n; ++i) v.f32()[i] *= v.f32()[i];  // second moments are ≥ 0
+    Tensor gparam = gpu(param), gm = gpu(m), gv = gpu(v);
+    for (int64_t step = 1; step <= 3; ++step) {
+      const Tensor grad = random_tensor({n}, rng);
+      const Tensor ggrad = gpu(grad);
+      AdamWArgs args{&param, &grad, &m, &v, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step};
+      ops::adamw_step(args);
+      ops::adamw_step(AdamWArgs{&gparam, &ggrad, &gm, &gv, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step});
+    }
+    expect_close(fmt::format("adamw param n={}", n), gparam, param, 1e-5);
+    expect_close(fmt::format("adamw exp_avg n={}", n), gm, m, 1e-5);
+    expect_close(fmt::format("adamw exp_avg_sq n={}", n), gv, v, 1e-5);
+  }
+}
+
+TEST_F(CudaOps, ElementwiseAndSumSquaresMatchCpu) {
+  Rng rng(310);
+  for (int64_t n : {1, 31, 33, 16384, 16385, 1000003}) {
+    Tensor y = random_tensor({n}, rng);
+    const Tensor x = random_tensor({n}, rng);
+    Tensor gy = gpu(y);
+    ops::add_inplace(y, x);
+    ops::add_inplace(gy, gpu(x));
+    expect_close(fmt::format("add_inplace n={}", n), gy, y, 1e-5);
+    ops::scale_inplace(y, -0.37f);
+    ops::scale_inplace(gy, -0.37f);
+    expect_close(fmt::format("scale_inplace n={}", n), gy, y, 1e-5);
+    const double want = ops::sum_squares(y);
+    const double got = ops::sum_squares(gy);
+    std::printf("  %-58s rel err %.2e (tol 1e-11)\n", fmt::format("sum_squares n={}", n).c_str(),
+                std::fabs(got - want) / want);
+    EXPECT_LE(std::fabs(got - want), 1e-11 * want) << "sum_squares n=" << n;
+  }
+}
+
+// ---- memory entries, determinism, data errors, allocator -----------------------------------------------------
+
+TEST_F(CudaOps, CopyFillAndZero) {
+  Rng rng(311);
+  const Tensor x = random_tensor({33, 17}, rng);
+  const Tensor ids = random_ids({1000}, 50000, rng);
+  const Tensor gx = gpu(x);
+  EXPECT_TRUE(same_bits(gx, x));
+  EXPECT_TRUE(same_bits(gpu(ids), ids));
+  Tensor twice = Tensor::empty(x.shape(), DType::kF32, kGpu);
+  backend_for(kGpu).copy(twice, gx);  // device to device
+  EXPECT_TRUE(same_bits(twice, x));
+  backend_for(kGpu).fill(twice, 2.5f);
+  const Tensor filled = host(twice);
+  for (int64_t i = 0; i < filled.numel(); ++i) ASSERT_EQ(filled.f32()[i], 2.5f);
+  backend_for(kGpu).zero(twice);
+  const Tensor zeroed = host(twice);
+  for (int64_t i = 0; i < zeroed.numel(); ++i) ASSERT_EQ(zeroed.f32()[i], 0.0f);
+}
+
+TEST_F(CudaOps, TwoRunsGiveIdenticalBits) {
+  Rng rng(312);
+  auto twice = [](auto&& run) { return std::make_pair(run(), run()); };
+  const Tensor ids = gpu(random_ids({4096}, 37, rng)), dout = gpu(random_tensor({4096, 64}, rng));
+  const Tensor dtable0 = gpu(random_tensor({37, 64}, rng));
+  auto [e1, e2] = twice([&] {
+    Tensor dtable = Tensor::empty(dtable0.shape(), DType::kF32, kGpu);
+    backend_for(kGpu).copy(dtable, dtable0);
+    ops::embedding_backward(ids, dout, dtable);
+    return dtable;
+  });
+  EXPECT_TRUE(same_bits(e1, e2)) << "embedding_backward";
+
+  const Tensor x = gpu(random_tensor({4097, 96}, rng)), w = gpu(random_tensor({96}, rng));
+  const Tensor dy = gpu(random_tensor({4097, 96}, rng));
+  Tensor y = poisoned({4097, 96}, kGpu), rstd = poisoned({4097}, kGpu);
+  ops::rmsnorm_forward(x, w, 1e-5f, y, rstd);
+  auto [r1, r2] = twice([&] {
+    Tensor dw = Tensor::empty({96}, DType::kF32, kGpu), dx = poisoned({4097, 96}, kGpu);
+    backend_for(kGpu).zero(dw);
+    ops::rmsnorm_backward(dy, x, w, rstd, dx, dw);
+    return dw;
+  });
+  EXPECT_TRUE(same_bits(r1, r2)) << "rmsnorm_backward dweight";
+
+  const Tensor a = gpu(random_tensor({130, 256}, rng)), b = gpu(random_tensor({256, 96}, rng));
+  auto [g1, g2] = twice([&] {
+    Tensor c = poisoned({130, 96}, kGpu);
+    ops::gemm(GemmArgs{&a, &b, &c});
+    return c;
+  });
+  EXPECT_TRUE(same_bits(g1, g2)) << "gemm";
+
+  const Tensor q = gpu(random_tensor({2, 130, 8, 64}, rng)), k = gpu(random_tensor({2, 130, 2, 64}, rng));
+  const Tensor v = gpu(random_tensor({2, 130, 2, 64}, rng)), gout = gpu(random_tensor({2, 130, 8, 64}, rng));
+  Tensor out = poisoned(q.shape(), kGpu), lse = poisoned({2, 8, 130}, kGpu);
+  ops::attention_forward(q, k, v, out, lse);
+  auto [a1, a2] = twice([&] {
+    Tensor dq = poisoned(q.shape(), kGpu), dk = poisoned(k.shape(), kGpu), dv = poisoned(k.shape(), kGpu);
+    ops::attention_backward(q, k, v, out, lse, gout, dq, dk, dv);
+    return dk;
+  });
+  EXPECT_TRUE(same_bits(a1, a2)) << "attention_backward dk";
+
+  const Tensor big = gpu(random_tensor({1000003}, rng));
+  EXPECT_EQ(ops::sum_squares(big), ops::sum_squares(big)) << "sum_squares";
+}
+
+TEST_F(CudaOps, BadIdsAreReportedAtTheNextWait) {
+  Rng rng(313);
+  Tensor ids = random_ids({5}, 40, rng);
+  ids.i32()[2] = 40;
+  const Tensor table = gpu(random_tensor({40, 16}, rng));
+  Tensor out = poisoned({5, 16}, kGpu);
+  ops::embedding_forward(gpu(ids), table, out);  // returns without waiting
+  try {
+    backend_for(kGpu).synchronize();
+    FAIL() << "an id outside the table was not reported";
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("[op embedding_forward] id 40 at position 2"), std::string::npos) << e.what();
+  }
+  backend_for(kGpu).synchronize();  // reported once, then cleared
+
+  Tensor targets = random_ids({3}, 16, rng);
+  targets.i32()[1] = 16;
+  Tensor losses = poisoned({3}, kGpu), lse = poisoned({3}, kGpu);
+  ops::cross_entropy_forward(gpu(random_tensor({3, 16}, rng)), gpu(targets), losses, lse);
+  EXPECT_THROW(host(losses), RuntimeError);
+}
+
+#if PRIMUS_WITH_CUDA
+TEST_F(CudaOps, CachingAllocatorReusesFreedBlocks) {
+  EXPECT_EQ(CachingAllocator::size_class(1), 512u);
+  EXPECT_EQ(CachingAllocator::size_class(512), 512u);
+  EXPECT_EQ(CachingAllocator::size_class(513), 640u);
+  EXPECT_EQ(CachingAllocator::size_class(1024), 1024u);
+  EXPECT_EQ(CachingAllocator::size_class(1025), 1280u);
+  CachingAllocator& allocator = start_cuda_backend(0).allocator();
+  const CudaMemoryStats before = allocator.stats();
+  void* first = allocator.allocate(3000);
+  allocator.deallocate(first, 3000);
+  void* second = allocator.allocate(2900);  // same size class (3072)
+  EXPECT_EQ(first, second);
+  const CudaMemoryStats during = allocator.stats();
+  EXPECT_EQ(during.allocated_bytes, before.allocated_bytes + 3072);
+  EXPECT_GE(during.peak_allocated_bytes, during.allocated_bytes);
+  EXPECT_GE(during.cache_hits, before.cache_hits + 1);
+  allocator.deallocate(second, 2900);
+  EXPECT_EQ(allocator.stats().allocated_bytes, before.allocated_bytes);
+}
+#endif
+
+}  // namespace
+}  // namespace primus

@@ -1,0 +1,279 @@
+// `data preprocess`: JSONL, JSONL.zst and text inputs into an indexed dataset; identical output for any worker
+// count; malformed lines named by file:line or counted; corrupt .zst; progress lines; and the CLI commands
+// (preprocess, inspect) with their exit codes.
+#include "data/preprocess.h"
+
+#include <gtest/gtest.h>
+#include <zstd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/file_io.h"
+#include "core/rng.h"
+#include "data/indexed_dataset.h"
+#include "data/preprocess_input.h"
+#include "data/tokenizer.h"
+#include "support/cli_process.h"
+#include "support/test_support.h"
+
+namespace primus {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string zstd_compress(const std::string& text) {
+  std::string out(ZSTD_compressBound(text.size()), '\0');
+  size_t n = ZSTD_compress(out.data(), out.size(), text.data(), text.size(), 3);
+  EXPECT_FALSE(ZSTD_isError(n));
+  out.resize(n);
+  return out;
+}
+
+std::string random_text(Rng& rng, size_t n) {
+  // Whole UTF-8 characters (JSON text must be valid UTF-8), quotes and escapes included.
+  static const std::vector<std::string> alphabet = {"a",  "b",  "c",  "x",      "y",      " ",
+                                                    "\"", "\\", "\t", "\u00e9", "\u4e2d", "!"};
+  std::string s;
+  for (size_t i = 0; i < n; ++i) s += alphabet[rng.below(alphabet.size())];
+  return s;
+}
+
+std::vector<std::string> documents_of(const IndexedDataset& data) {
+  std::vector<std::string> docs;
+  for (int64_t k = 0; k < data.num_documents(); ++k) {
+    std::string text;
+    for (int64_t s = data.document_entry(k); s < data.document_entry(k + 1); ++s) {
+      for (int32_t id : data.sequence(s))
+        text += id == ByteLevelTokenizer::kEodId ? std::string("<EOD>") : std::string(1, static_cast<char>(id));
+    }
+    docs.push_back(text);
+  }
+  return docs;
+}
+
+PreprocessOptions quiet_options(std::vector<std::string> inputs, std::string prefix) {
+  PreprocessOptions options;
+  options.inputs = std::move(inputs);
+  options.output_prefix = std::move(prefix);
+  options.progress_out = nullptr;
+  return options;
+}
+
+TEST(Preprocess, ReadsJsonlZstdTextAndDirectoriesInOrder) {
+  std::string dir = testing::temp_dir("pre-inputs");
+  Rng rng(1);
+  std::string a = random_text(rng, 40), b = random_text(rng, 25), c = random_text(rng, 30);
+  nlohmann::json line_a = {{"text", a}, {"id", 1}}, line_b = {{"meta", {{"x", 1}}}, {"text", b}};
+  write_file_atomic(dir + "/a.jsonl", line_a.dump() + "\n\n" + line_b.dump() + "\n" + R"({"text": ""})");
+  write_file_atomic(dir + "/b.jsonl.zst", zstd_compress(nlohmann::json({{"text", c}}).dump() + "\n"));
+  fs::create_directories(dir + "/books/sub");
+  write_file_atomic(dir + "/books/sub/2.txt", "second book");
+  write_file_atomic(dir + "/books/1.txt", "first book\n");
+  write_file_atomic(dir + "/books/.hidden", "never read");
+
+  PreprocessOptions options = quiet_options({dir + "/a.jsonl", dir + "/b.jsonl.zst", dir + "/books"}, dir + "/out/ds");
+  options.append_eod = true;
+  ByteLevelTokenizer tokenizer;
+  PreprocessResult result = preprocess_to_indexed(options, tokenizer);
+  EXPECT_EQ(result.prefix, dir + "/out/ds_text_document");
+  EXPECT_EQ(result.documents, 6);
+  EXPECT_EQ(result.empty_documents, 1);
+
+  IndexedDataset data(result.prefix);
+  EXPECT_EQ(data.dtype(), TokenDType::kU16);
+  EXPECT_EQ(documents_of(data), (std::vector<std::string>{a + "<EOD>", b + "<EOD>", "", c + "<EOD>",
+                                                          "first book\n<EOD>", "second book<EOD>"}));
+  EXPECT_EQ(data.num_sequences(), 5);  // the empty document has no sequence, only a repeated boundary
+  EXPECT_EQ(data.num_tokens(), result.tokens);
+}
+
+TEST(Preprocess, OutputIsIdenticalForAnyWorkerCount) {
+  std::string dir = testing::temp_dir("pre-workers");
+  Rng rng(2);
+  std::string jsonl;
+  for (int i = 0; i < 3000; ++i) jsonl += nlohmann::json({{"text", random_text(rng, rng.below(80))}}).dump() + "\n";
+  write_file_atomic(dir + "/big.jsonl", jsonl);
+  write_file_atomic(dir + "/big2.jsonl.zst", zstd_compress(jsonl));
+  ByteLevelTokenizer tokenizer;
+  std::vector<std::string> outputs;
+  for (int workers : {1, 3, 8}) {
+    PreprocessOptions options =
+        quiet_options({dir + "/big.jsonl", dir + "/big2.jsonl.zst"}, dir + "/w" + std::to_string(workers));
+    options.workers = workers;
+    options.batch_bytes = 997;  // many small batches, so many are in flight and finish out of order
+    PreprocessResult result = preprocess_to_indexed(options, tokenizer);
+    EXPECT_EQ(result.documents, 6000);
+    outputs.push_back(read_file(result.prefix + ".idx") + read_file(result.prefix + ".bin"));
+  }
+  EXPECT_EQ(outputs[0], outputs[1]);
+  EXPECT_EQ(outputs[0], outputs[2]);
+}
+
+TEST(Preprocess, MalformedLinesNameFileAndLineOrAreCounted) {
+  std::string dir = testing::temp_dir("pre-bad");
+  write_file_atomic(dir + "/in.jsonl",
+                    "{\"text\": \"ok\"}\n\n{\"text\": \"fine\"}\n{\"text\": oops}\n{\"body\": \"x\"}\n"
+                    "[1, 2]\n{\"text\": 5}\n{\"text\": \"last\"}");
+  ByteLevelTokenizer tokenizer;
+  PreprocessOptions options = quiet_options({dir + "/in.jsonl"}, dir + "/out");
+  options.workers = 2;
+  try {
+    preprocess_to_indexed(options, tokenizer);
+    ADD_FAILURE() << "no error";
+  } catch (const UsageError& error) {
+    EXPECT_NE(std::string(error.what()).find(dir + "/in.jsonl:4: malformed JSON"), std::string::npos) << error.what();
+  }
+  EXPECT_FALSE(fs::exists(dir + "/out_text_document.idx"));  // nothing half-written is left
+  EXPECT_FALSE(fs::exists(dir + "/out_text_document.bin"));
+
+  options.skip_bad_lines = true;
+  PreprocessResult result = preprocess_to_indexed(options, tokenizer);
+  EXPECT_EQ(result.bad_lines, 4);
+  EXPECT_EQ(result.documents, 3);
+  ASSERT_EQ(result.bad_line_examples.size(), 4u);
+  EXPECT_EQ(result.bad_line_examples[1], dir + "/in.jsonl:5: no string field 'text'");
+  EXPECT_EQ(result.bad_line_examples[3], dir + "/in.jsonl:7: no string field 'text'");
+  EXPECT_EQ(documents_of(IndexedDataset(result.prefix)), (std::vector<std::string>{"ok", "fine", "last"}));
+
+  options.json_key = "body";
+  result = preprocess_to_indexed(options, tokenizer);
+  EXPECT_EQ(result.prefix, dir + "/out_body_document");
+  EXPECT_EQ(result.documents, 1);
+}
+
+TEST(Preprocess, CorruptOrTruncatedZstdIsARuntimeErrorWithFileAndOffset) {
+  std::string dir = testing::temp_dir("pre-zstd");
+  Rng rng(3);
+  std::string text;
+  for (int i = 0; i < 200; ++i) text += nlohmann::json({{"text", random_text(rng, 50)}}).dump() + "\n";
+  std::string packed = zstd_compress(text);
+  write_file_atomic(dir + "/cut.jsonl.zst", packed.substr(0, packed.size() / 2));
+  std::string garbled = packed;
+  for (size_t i = 20; i < 40; ++i) garbled[i] = static_cast<char>(garbled[i] ^ 0x5A);
+  write_file_atomic(dir + "/bad.jsonl.zst", garbled);
+  write_file_atomic(dir + "/junk.jsonl.zst", "this is not zstd at all");
+  ByteLevelTokenizer tokenizer;
+  for (std::string name : {"cut", "bad", "junk"}) {
+    std::string path = dir + "/" + name + ".jsonl.zst";
+    try {
+      preprocess_to_indexed(quiet_options({path}, dir + "/o"), tokenizer);
+      ADD_FAILURE() << name << ": no error";
+    } catch (const RuntimeError& error) {
+      EXPECT_NE(std::string(error.what()).find(path + ": "), std::string::npos) << error.what();
+      EXPECT_NE(std::string(error.what()).find("byte offset"), std::string::npos) << error.what();
+    } catch (const UsageError& error) {
+      // Garbled data may decode to bytes that are not JSON before zstd's checksum notices.
+      EXPECT_EQ(name, "bad") << error.what();
+    }
+  }
+}
+
+TEST(Preprocess, RejectsBadOptionsAndMissingInputs) {
+  std::string dir = testing::temp_dir("pre-opts");
+  ByteLevelTokenizer tokenizer;
+  EXPECT_THROW(preprocess_to_indexed(quiet_options({dir + "/missing.jsonl"}, dir + "/o"), tokenizer), UsageError);
+  fs::create_directories(dir + "/empty");
+  EXPECT_THROW(preprocess_to_indexed(quiet_options({dir + "/empty"}, dir + "/o"), tokenizer), UsageError);
+  write_file_atomic(dir + "/x.txt", "x");
+  PreprocessOptions options = quiet_options({dir + "/x.txt"}, dir + "/o");
+  options.workers = 0;
+  EXPECT_THROW(preprocess_to_indexed(options, tokenizer), UsageError);
+  options.workers = 1;
+  options.output_prefix = "";
+  EXPECT_THROW(preprocess_to_indexed(options, tokenizer), UsageError);
+}
+
+TEST(Preprocess, InputStreamSplitsLinesAcrossChunks) {
+  std::string dir = testing::temp_dir("pre-lines");
+  Rng rng(4);
+  std::vector<std::string> lines;
+  std::string text;
+  for (int i = 0; i < 50; ++i) {
+    lines.push_back(random_text(rng, rng.below(3) == 0 ? 70000 : rng.below(100)));  // some longer than a chunk
+    text += lines.back() + "\n";
+  }
+  text.pop_back();  // the last line has no newline
+  write_file_atomic(dir + "/t.jsonl.zst", zstd_compress(text));
+  InputFile file = list_preprocess_inputs({dir + "/t.jsonl.zst"}).at(0);
+  EXPECT_TRUE(file.jsonl);
+  EXPECT_TRUE(file.zstd);
+  InputStream stream(file);
+  std::string line;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    ASSERT_TRUE(stream.next_line(line));
+    ASSERT_EQ(line, lines[i]) << "line " << i;
+    EXPECT_EQ(stream.line_number(), static_cast<int64_t>(i) + 1);
+  }
+  EXPECT_FALSE(stream.next_line(line));
+  EXPECT_EQ(stream.consumed_bytes(), file.size_bytes);
+}
+
+TEST(Preprocess, ProgressReportsRatesAndEta) {
+  ProgressSnapshot snapshot{1000, 50'000'000, 200'000'000, 10.0};
+  EXPECT_EQ(format_progress(snapshot, false), "preprocess:  25.0% | 1000 docs | 100 docs/s | 5.0 MB/s | ETA 0:00:30");
+  std::string bar = format_progress(snapshot, true);
+  EXPECT_EQ(bar.substr(0, 32), "[#######.......................]");
+  EXPECT_NE(bar.find("ETA 0:00:30"), std::string::npos);
+  EXPECT_NE(format_progress({0, 0, 100, 1.0}, false).find("ETA --:--:--"), std::string::npos);
+
+  std::string dir = testing::temp_dir("pre-progress");
+  write_file_atomic(dir + "/a.txt", "some text");
+  std::FILE* log = std::tmpfile();
+  PreprocessOptions options = quiet_options({dir + "/a.txt"}, dir + "/o");
+  options.progress_out = log;  // not a terminal: plain lines
+  options.progress_interval_s = 0.0;
+  preprocess_to_indexed(options, ByteLevelTokenizer());
+  std::rewind(log);
+  char buffer[4096] = {};
+  std::string written(buffer, std::fread(buffer, 1, sizeof(buffer), log));
+  std::fclose(log);
+  EXPECT_EQ(written.find('\r'), std::string::npos);
+  EXPECT_NE(written.find("preprocess: 100.0% | 1 docs |"), std::string::npos) << written;
+}
+
+// The command line: preprocess, inspect, and the exit codes for bad lines (2) and corrupt files (3).
+TEST(DataCli, PreprocessThenInspectAndExitCodes) {
+  ASSERT_TRUE(fs::exists(testing::cli_path())) << "build primus-cli first: " << testing::cli_path();
+  std::string dir = testing::temp_dir("data-cli");
+  write_file_atomic(dir + "/in.jsonl", "{\"text\": \"hello world\"}\n{\"text\": \"second\"}\n");
+  auto run = [&](std::vector<std::string> args) { return testing::wait_cli(testing::spawn_cli(args, dir), dir); };
+  testing::CliResult made =
+      run({"--", "data", "preprocess", "--input", dir + "/in.jsonl", "--tokenizer-type", "ByteLevelTokenizer",
+           "--output-prefix", dir + "/ds", "--workers", "2", "--append-eod"});
+  ASSERT_EQ(made.exit_code, 0) << made.err;
+  EXPECT_NE(made.out.find("2 documents"), std::string::npos) << made.out;
+  EXPECT_NE(made.err.find("preprocess: 100.0%"), std::string::npos) << made.err;
+
+  std::string prefix = dir + "/ds_text_document";
+  testing::CliResult shown = run({"--", "data", "inspect", prefix + ".idx", "--tokenizer-type", "ByteLevelTokenizer",
+                                  "--document", "1", "--sample", "0", "--seq-length", "4"});
+  ASSERT_EQ(shown.exit_code, 0) << shown.err;
+  EXPECT_NE(shown.out.find("documents        2"), std::string::npos) << shown.out;
+  EXPECT_NE(shown.out.find("tokens           19"), std::string::npos) << shown.out;
+  EXPECT_NE(shown.out.find("document 1 (7 tokens):\nsecond\n"), std::string::npos) << shown.out;
+  EXPECT_NE(shown.out.find("histogram"), std::string::npos) << shown.out;
+
+  std::string idx = read_file(prefix + ".idx");
+  idx[17] = 42;
+  write_file_atomic(prefix + ".idx", idx);
+  testing::CliResult corrupt = run({"--", "data", "inspect", prefix});
+  EXPECT_EQ(corrupt.exit_code, 3) << corrupt.err;
+  EXPECT_NE(corrupt.err.find(prefix + ".idx: corrupt indexed dataset at byte offset 17"), std::string::npos)
+      << corrupt.err;
+
+  write_file_atomic(dir + "/bad.jsonl", "{\"text\": \"a\"}\nnot json\n");
+  testing::CliResult bad = run({"--", "data", "preprocess", "--input", dir + "/bad.jsonl", "--tokenizer",
+                                "ByteLevelTokenizer", "--output-prefix", dir + "/b"});
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.err.find(dir + "/bad.jsonl:2: malformed JSON"), std::string::npos) << bad.err;
+  testing::CliResult skipped = run({"--", "data", "preprocess", "--input", dir + "/bad.jsonl", "--tokenizer",
+                                    "ByteLevelTokenizer", "--output-prefix", dir + "/b", "--skip-bad-lines"});
+  EXPECT_EQ(skipped.exit_code, 0) << skipped.err;
+  EXPECT_NE(skipped.out.find("skipped 1 malformed lines"), std::string::npos) << skipped.out;
+}
+
+}  // namespace
+}  // namespace primus
