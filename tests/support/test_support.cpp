@@ -41,7 +41,11 @@ double max_abs_diff(const Tensor& a, const Tensor& b) {
   return m;
 }
 
-std::string shakespeare_path() { return std::string(PRIMUS_TEST_SHARED_DIR) + "/data/tinyshakespeare.txt"; }
+std::string shakespeare_path() {
+  // PRIMUS_TEST_DATA_DIR: where test binaries built elsewhere (e.g. carried to the GPU machine) find the corpus.
+  const char* dir = std::getenv("PRIMUS_TEST_DATA_DIR");
+  return (dir != nullptr ? std::string(dir) : std::string(PRIMUS_TEST_SHARED_DIR) + "/data") + "/tinyshakespeare.txt";
+}
 std::string assets_dir() { return PRIMUS_TEST_ASSETS_DIR; }
 
 namespace {

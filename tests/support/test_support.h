@@ -16,7 +16,7 @@ Tensor random_ids(const Shape& shape, int64_t vocab, Rng& rng);
 double relative_error(const Tensor& a, const Tensor& b);
 // max |a - b|
 double max_abs_diff(const Tensor& a, const Tensor& b);
-// ../shared/data/tinyshakespeare.txt (the corpus shipped beside the checkout)
+// ../shared/data/tinyshakespeare.txt (the corpus shipped beside the checkout), or $PRIMUS_TEST_DATA_DIR/...
 std::string shakespeare_path();
 std::string assets_dir();
 // A fresh empty directory under the system temp dir, removed at process exit.
