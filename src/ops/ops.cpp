@@ -96,7 +96,9 @@ bool row_output(const Tensor& t, const Shape& lead, int64_t last) {
 }
 
 // The dtype a gemm output must have: the operands' act, or f32 from bf16 operands (fp32 gradients, logits).
-DType c_dtype(DType act, const Tensor& c) { return act == DType::kBF16 && c.dtype() == DType::kF32 ? DType::kF32 : act; }
+DType c_dtype(DType act, const Tensor& c) {
+  return act == DType::kBF16 && c.dtype() == DType::kF32 ? DType::kF32 : act;
+}
 
 void dispatch_gemm(Device device, const Tensor& a, const Tensor& b, Tensor& c, bool trans_a, bool trans_b, float beta) {
   GemmArgs args;
@@ -170,8 +172,7 @@ void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor&
 void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out) {
   const char* op = "embedding_forward";
   const DType act = act_dtype(table);
-  const Device device =
-      check_args(op, {{"ids", &ids, DType::kI32}, {"table", &table, act}, {"out", &out, act}});
+  const Device device = check_args(op, {{"ids", &ids, DType::kI32}, {"table", &table, act}, {"out", &out, act}});
   check_min_rank(op, "ids", ids, 1, "[N] or [B, T]");
   check_rank(op, "table", table, 2, "[V, C]");
   OP_CHECK(row_output(out, ids.shape(), table.dim(1)), "ids is {} and table is {} but out is {}", ids.describe(),
@@ -227,8 +228,7 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, c
                       Tensor& dweight) {
   const char* op = "rmsnorm_backward";
   const DType act = act_dtype(x);
-  const Device device =
-      check_args(op, {{"x", &x, act}, {"dy", &dy, act}, {"weight", &weight, act}, {"rstd", &rstd}});
+  const Device device = check_args(op, {{"x", &x, act}, {"dy", &dy, act}, {"weight", &weight, act}, {"rstd", &rstd}});
   check_min_rank(op, "x", x, 2, "[..., C]");
   OP_CHECK_PAIR(weight.shape() == Shape{x.dim(-1)}, x, weight);
   OP_CHECK_PAIR(dy.shape() == x.shape(), x, dy);
@@ -380,10 +380,9 @@ void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dout, T
 
 void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& losses, Tensor& lse) {
   const char* op = "cross_entropy_forward";
-  const Device device = check_args(op, {{"logits", &logits, act_dtype(logits)},
-                                        {"targets", &targets, DType::kI32},
-                                        {"losses", &losses},
-                                        {"lse", &lse}});
+  const Device device = check_args(
+      op,
+      {{"logits", &logits, act_dtype(logits)}, {"targets", &targets, DType::kI32}, {"losses", &losses}, {"lse", &lse}});
   check_min_rank(op, "logits", logits, 2, "[..., V]");
   OP_CHECK_PAIR(per_row(targets, logits), logits, targets);
   OP_CHECK_PAIR(per_row(losses, logits), logits, losses);

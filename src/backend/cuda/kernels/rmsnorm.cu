@@ -108,7 +108,8 @@ void rmsnorm_backward(const KernelContext& ctx, const T* x, const T* weight, con
         <<<dim3(static_cast<unsigned>(chunks), column_blocks), kColumnThreads, 0, ctx.stream>>>(
             x, rstd, dy, partial.as<double>(), rows, channels);
     PRIMUS_CUDA_CHECK_LAUNCH();
-    rmsnorm_dweight_reduce_kernel<<<column_blocks, kColumnThreads, 0, ctx.stream>>>(partial.as<double>(), dweight, chunks, channels);
+    rmsnorm_dweight_reduce_kernel<<<column_blocks, kColumnThreads, 0, ctx.stream>>>(partial.as<double>(), dweight,
+                                                                                    chunks, channels);
     PRIMUS_CUDA_CHECK_LAUNCH();
   }
 }
