@@ -518,4 +518,6 @@ Tensor zeros(const Shape& shape, DType dtype, Device device) {
 
 void synchronize(Device device) { backend(device).synchronize(); }
 
+void start_device(Device device) { backend(device); }
+
 }  // namespace primus::ops

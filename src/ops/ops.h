@@ -45,6 +45,10 @@ double sum_squares(const Tensor& x);
 // acc[0] += Σ x; acc [1] f32, x f32. Queued on the device without waiting (losses summed over micro-batches).
 void sum_into(Tensor& acc, const Tensor& x);
 
+// Starts the backend of `device` (and registers its allocator) when it is not running yet, so tensors can be
+// allocated there. Ops do this themselves; call it before allocating on a device ahead of any op.
+void start_device(Device device);
+
 // Memory: any dtype for copy/zero; copies go between the host and a device either way.
 void copy(Tensor& dst, const Tensor& src);
 // dst ← src converted between f32 and bf16 (round to nearest even), same element count, one device (the host

@@ -21,6 +21,7 @@ ParamStore::ParamStore(std::vector<ParamSpec> specs, Device device) : specs_(std
     offsets_.push_back(total_);
     total_ += shape_numel(specs_[i].shape);
   }
+  ops::start_device(device);
   params_ = Tensor::empty({total_}, DType::kF32, device);
   grads_ = ops::zeros({total_}, DType::kF32, device);
 }
