@@ -7,6 +7,7 @@
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -121,10 +122,24 @@ class MicroBatchStream {
   std::unique_ptr<BatchLoader> direct_;
 };
 
-void add_run_log_sink(const std::string& path) {
-  auto sink = std::make_shared<spdlog::sinks::basic_file_sink_mt>(path, /*truncate=*/false);
-  spdlog::default_logger()->sinks().push_back(sink);
-}
+// Copies the log into the run directory for as long as the run lasts (a second run in the same process
+// logs to its own file only).
+class RunLogSink {
+ public:
+  explicit RunLogSink(const std::string& path)
+      : sink_(std::make_shared<spdlog::sinks::basic_file_sink_mt>(path, /*truncate=*/false)) {
+    spdlog::default_logger()->sinks().push_back(sink_);
+  }
+  ~RunLogSink() {
+    auto& sinks = spdlog::default_logger()->sinks();
+    sinks.erase(std::remove(sinks.begin(), sinks.end(), sink_), sinks.end());
+  }
+  RunLogSink(const RunLogSink&) = delete;
+  RunLogSink& operator=(const RunLogSink&) = delete;
+
+ private:
+  std::shared_ptr<spdlog::sinks::basic_file_sink_mt> sink_;
+};
 
 }  // namespace
 
@@ -133,7 +148,7 @@ int run_pretrain(const ExperimentConfig& config, const RunOptions& options) {
   const TrainingArgs& t = config.train;
   const std::string run_dir = config.run_dir();
   fs::create_directories(run_dir + "/logs");
-  add_run_log_sink(run_dir + "/logs/train.log");
+  const RunLogSink log_sink(run_dir + "/logs/train.log");
   write_file_atomic(run_dir + "/config.yaml", config.effective_yaml);
   spdlog::info("run directory: {}", fs::absolute(run_dir).lexically_normal().string());
   const Device device = select_device(t.device);
