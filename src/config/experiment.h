@@ -63,6 +63,7 @@ struct TrainingArgs {
   std::string split = "969,30,1";
   std::string tokenizer_type = "ByteLevelTokenizer";
   std::string tokenizer_model;         // file or directory for every tokenizer but ByteLevelTokenizer
+  std::string tensorboard_dir;         // TensorBoard event files; empty: none
   bool bf16 = false;                   // mixed precision (CUDA only)
   std::string device = "auto";         // auto | cpu | cuda
   int64_t sample_length = 0;           // tokens to generate at the end of training (0: none)

@@ -469,6 +469,13 @@ std::vector<KeySpec> build_specs() {
        .help = "Tokenizer file or directory: tokenizer.json (HuggingFaceTokenizer), a tiktoken rank file "
                "(TikTokenizer, Llama3Tokenizer), a SentencePiece tokenizer.model, or a folder holding one.",
        .apply = train_field<&TrainingArgs::tokenizer_model>},
+      {.name = "tensorboard_dir",
+       .type = kString,
+       .group = kTraining,
+       .default_yaml = "\"\"",
+       .help = "Write TensorBoard event files here (Megatron's tags: lm loss, learning-rate, grad-norm, "
+               "lm loss validation, plus throughput); empty: off.",
+       .apply = train_field<&TrainingArgs::tensorboard_dir>},
       {.name = "bf16",
        .type = kBool,
        .group = kTraining,

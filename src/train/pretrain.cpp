@@ -22,6 +22,7 @@
 #include "data/text_corpus.h"
 #include "data/tokenizer.h"
 #include "observe/metrics_log.h"
+#include "observe/tensorboard.h"
 #include "optim/lr_schedule.h"
 #include "train/sampling.h"
 #include "train/signals.h"
@@ -190,6 +191,11 @@ int run_pretrain(const ExperimentConfig& config, const RunOptions& options) {
 
   MicroBatchStream loader(data, t, state.consumed_train_samples);
   MetricsLog metrics(run_dir + "/metrics.jsonl", state.iteration);
+  std::unique_ptr<TensorBoardWriter> tensorboard;
+  if (!t.tensorboard_dir.empty()) {
+    tensorboard = std::make_unique<TensorBoardWriter>(t.tensorboard_dir);
+    spdlog::info("TensorBoard: {}", tensorboard->path());
+  }
   auto save = [&]() {
     state.consumed_train_samples = loader.consumed_samples();
     state.optimizer_steps = optimizer.steps_taken();
@@ -241,6 +247,17 @@ int run_pretrain(const ExperimentConfig& config, const RunOptions& options) {
       }
       if (eval_loss) record["eval_loss"] = *eval_loss;
       metrics.write(record);
+      if (tensorboard) {
+        // Megatron's tag names, so existing dashboards keep working.
+        tensorboard->add_scalar("lm loss", loss, step);
+        tensorboard->add_scalar("learning-rate", lr, step);
+        tensorboard->add_scalar("grad-norm", r.grad_norm, step);
+        tensorboard->add_scalar("tokens-per-sec", tokens_per_s, step);
+        tensorboard->add_scalar("tflops-per-gpu", tflops, step);
+        if (eval_loss) tensorboard->add_scalar("lm loss validation", *eval_loss, step);
+        if (!device.is_cpu()) tensorboard->add_scalar("mem-peak-gib", device_peak_memory_gib(device), step);
+        tensorboard->flush();
+      }
       spdlog::info(" iteration {:>6}/{:<6} | loss {:.4f} |{} lr {:.3e} | grad norm {:.3f} | {:.1f} ms/step | {:.0f} tokens/s | {:.2f} TFLOP/s{}",
                    step, t.train_iters, loss, eval_loss ? fmt::format(" eval loss {:.4f} |", *eval_loss) : "", lr,
                    r.grad_norm, 1000.0 * window_s / window_steps, tokens_per_s, tflops,

@@ -56,7 +56,13 @@ TEST(Pretrain, LossFallsFarBelowStartOnShakespeare) {
   ExperimentConfig c = shakespeare_config(testing::temp_dir("train"), 150);
   c.train.eval_interval = 50;
   c.train.eval_iters = 2;
+  c.train.tensorboard_dir = c.run_dir() + "/tensorboard";
   ASSERT_EQ(run_pretrain(c, {}), 0);
+  bool has_events = false;
+  for (const auto& entry : std::filesystem::directory_iterator(c.train.tensorboard_dir)) {
+    has_events |= entry.path().filename().string().find("tfevents") != std::string::npos && entry.file_size() > 1000;
+  }
+  EXPECT_TRUE(has_events) << "no TensorBoard event file with scalars in " << c.train.tensorboard_dir;
   auto records = read_metrics(c.run_dir());
   ASSERT_EQ(records.size(), 150u);
   for (const char* key : {"step", "loss", "lr", "grad_norm", "tokens_per_s", "elapsed_s"}) {
