@@ -42,11 +42,4 @@ Backend& backend_for(Device device) {
 
 void register_backend(DeviceType type, Backend* backend) { g_backends[static_cast<int>(type)] = backend; }
 
-Tensor copy_to(const Tensor& src, Device device) {
-  PRIMUS_CHECK(src.defined(), "copy_to: the source tensor is undefined");
-  Tensor dst = Tensor::empty(src.shape(), src.dtype(), device);
-  backend_for(device.is_cpu() ? src.device() : device).copy(dst, src);
-  return dst;
-}
-
 }  // namespace primus

@@ -152,12 +152,9 @@ class Backend {
   [[noreturn]] void unimplemented(const char* op) const;
 };
 
-// The backend that owns tensors on this device. The CPU backend always exists.
+// The backend that owns tensors on this device (src/ops registers and starts them on first use;
+// ops::to_device and ops::copy move tensors between devices).
 Backend& backend_for(Device device);
 void register_backend(DeviceType type, Backend* backend);
-
-// A new tensor on `device` holding src's data (a host <-> device transfer when the devices differ). Goes
-// through the device-side backend, which must be registered (for CUDA: start_cuda_backend()).
-Tensor copy_to(const Tensor& src, Device device);
 
 }  // namespace primus

@@ -86,17 +86,17 @@ Tensor random_bf16_values(const Shape& shape, Rng& rng, float scale = 1.0f) {
 
 // A GPU tensor of `dtype` holding the host f32 tensor's values (exact when they are bf16 values).
 Tensor to_gpu(const Tensor& host_f32, DType dtype) {
-  if (dtype == DType::kF32) return copy_to(host_f32, kGpu);
+  if (dtype == DType::kF32) return ops::to_device(host_f32, kGpu);
   Tensor h = Tensor::empty(host_f32.shape(), dtype);
   ops::cast(h, host_f32);
-  return copy_to(h, kGpu);
+  return ops::to_device(h, kGpu);
 }
 
 Tensor bf16_gpu(const Tensor& host_f32) { return to_gpu(host_f32, DType::kBF16); }
 
 // A GPU tensor's values as a host f32 tensor.
 Tensor host_f32(const Tensor& t) {
-  const Tensor h = copy_to(t, kCpuDevice);
+  const Tensor h = ops::to_device(t, kCpuDevice);
   if (h.dtype() == DType::kF32) return h;
   Tensor f = Tensor::empty(h.shape(), DType::kF32);
   ops::cast(f, h);
@@ -107,7 +107,7 @@ Tensor host_f32(const Tensor& t) {
 Tensor poisoned(const Shape& shape, DType dtype) {
   Tensor h = Tensor::empty(shape, dtype);
   std::memset(h.data(), 0xFF, h.nbytes());
-  return copy_to(h, kGpu);
+  return ops::to_device(h, kGpu);
 }
 
 // ||got − want|| / max(||want||, floor) ≤ tol; got lives on the GPU (any dtype) and must be finite everywhere.
@@ -129,7 +129,7 @@ void expect_close(const std::string& what, const Tensor& got_gpu, const Tensor& 
 }
 
 bool same_bits(const Tensor& a, const Tensor& b) {
-  const Tensor ha = copy_to(a, kCpuDevice), hb = copy_to(b, kCpuDevice);
+  const Tensor ha = ops::to_device(a, kCpuDevice), hb = ops::to_device(b, kCpuDevice);
   return ha.nbytes() == hb.nbytes() && std::memcmp(ha.data(), hb.data(), ha.nbytes()) == 0;
 }
 
@@ -185,7 +185,7 @@ TEST_F(Bf16Ops, LinearMatchesCpu) {
     Tensor dw = Tensor::empty(dw0.shape(), DType::kF32);
     dw.copy_from(dw0);
     Tensor gy = poisoned({rows, 48}, DType::kBF16), glogits = poisoned({rows, 48}, DType::kF32);
-    Tensor gdx = poisoned({rows, 64}, DType::kBF16), gdw = copy_to(dw0, kGpu);
+    Tensor gdx = poisoned({rows, 64}, DType::kBF16), gdw = ops::to_device(dw0, kGpu);
     ops::linear_forward(x, w, y);
     ops::linear_forward(gx, gw, gy);
     ops::linear_forward(gx, gw, glogits);
@@ -210,12 +210,12 @@ TEST_F(Bf16Ops, EmbeddingMatchesCpuBitForBit) {
         const Tensor dout = random_bf16_values({n, channels}, rng), dtable0 = random_tensor({vocab, channels}, rng);
         Tensor out = Tensor::empty({n, channels}, DType::kF32), gout = poisoned({n, channels}, DType::kBF16);
         ops::embedding_forward(ids, table, out);
-        ops::embedding_forward(copy_to(ids, kGpu), bf16_gpu(table), gout);
+        ops::embedding_forward(ops::to_device(ids, kGpu), bf16_gpu(table), gout);
         EXPECT_TRUE(same_bits(host_f32(gout), out)) << "embedding out " << shape;
-        Tensor dtable = Tensor::empty(dtable0.shape(), DType::kF32), gdtable = copy_to(dtable0, kGpu);
+        Tensor dtable = Tensor::empty(dtable0.shape(), DType::kF32), gdtable = ops::to_device(dtable0, kGpu);
         dtable.copy_from(dtable0);
         ops::embedding_backward(ids, dout, dtable);
-        ops::embedding_backward(copy_to(ids, kGpu), bf16_gpu(dout), gdtable);
+        ops::embedding_backward(ops::to_device(ids, kGpu), bf16_gpu(dout), gdtable);
         EXPECT_TRUE(same_bits(gdtable, dtable)) << "embedding dtable (f32, accumulated) " << shape;
       }
     }
@@ -237,7 +237,7 @@ TEST_F(Bf16Ops, RmsNormMatchesCpu) {
       expect_close("rmsnorm y " + shape, gy, y, kRounded);
       expect_close("rmsnorm rstd " + shape, grstd, rstd, kFp32);
       Tensor dx = Tensor::empty({rows, channels}, DType::kF32), gdx = poisoned({rows, channels}, DType::kBF16);
-      Tensor dw = Tensor::empty({channels}, DType::kF32), gdw = copy_to(dw0, kGpu);
+      Tensor dw = Tensor::empty({channels}, DType::kF32), gdw = ops::to_device(dw0, kGpu);
       dw.copy_from(dw0);
       ops::rmsnorm_backward(dy, x, w, rstd, dx, dw);
       ops::rmsnorm_backward(bf16_gpu(dy), gx, gw, grstd, gdx, gdw);
@@ -261,7 +261,7 @@ TEST_F(Bf16Ops, RopeMatchesCpu) {
           sin.f32()[t * half + i] = static_cast<float>(std::sin(angle));
         }
       }
-      const Tensor gcos = copy_to(cos, kGpu), gsin = copy_to(sin, kGpu);
+      const Tensor gcos = ops::to_device(cos, kGpu), gsin = ops::to_device(sin, kGpu);
       for (const bool forward : {true, false}) {
         Tensor x = random_bf16_values({2, seq, 3, head_dim}, rng);
         Tensor gx = bf16_gpu(x);
@@ -310,7 +310,7 @@ TEST_F(Bf16Ops, SwiGluAddAndCastMatchCpu) {
     Tensor want = Tensor::empty({n}, DType::kBF16);
     ops::cast(want, f);
     Tensor narrowed = poisoned({n}, DType::kBF16), widened = poisoned({n}, DType::kF32);
-    ops::cast(narrowed, copy_to(f, kGpu));
+    ops::cast(narrowed, ops::to_device(f, kGpu));
     ops::cast(widened, narrowed);
     EXPECT_TRUE(same_bits(narrowed, want)) << "cast f32 -> bf16 rounds as core/bf16.h, n=" << n;
     Tensor want_wide = Tensor::empty({n}, DType::kF32);
@@ -321,14 +321,14 @@ TEST_F(Bf16Ops, SwiGluAddAndCastMatchCpu) {
 
 TEST_F(Bf16Ops, SumIntoMatchesCpuWithoutWaiting) {
   Rng rng(407);
-  Tensor acc = Tensor::zeros({1}, DType::kF32), gacc = copy_to(acc, kGpu);
+  Tensor acc = Tensor::zeros({1}, DType::kF32), gacc = ops::to_device(acc, kGpu);
   for (int64_t n : {1, 31, 33, 16384, 16385, 1000003}) {
     const Tensor x = random_tensor({n}, rng, 2.0f);
     ops::sum_into(acc, x);
-    ops::sum_into(gacc, copy_to(x, kGpu));
+    ops::sum_into(gacc, ops::to_device(x, kGpu));
   }
   expect_close("sum_into over six tensors", gacc, acc, kFp32);
-  const Tensor x = copy_to(random_tensor({1000003}, rng), kGpu);
+  const Tensor x = ops::to_device(random_tensor({1000003}, rng), kGpu);
   Tensor a1 = ops::zeros({1}, DType::kF32, kGpu), a2 = ops::zeros({1}, DType::kF32, kGpu);
   ops::sum_into(a1, x);
   ops::sum_into(a2, x);
@@ -345,7 +345,7 @@ TEST_F(Bf16Ops, CrossEntropyMatchesCpu) {
       const Tensor logits = random_bf16_values({rows, vocab}, rng, 3.0f);
       Tensor targets = random_ids({rows}, vocab, rng);
       for (int64_t r = 3; r < rows; r += 7) targets.i32()[r] = -1;  // ignored rows
-      const Tensor glogits = bf16_gpu(logits), gtargets = copy_to(targets, kGpu);
+      const Tensor glogits = bf16_gpu(logits), gtargets = ops::to_device(targets, kGpu);
       Tensor losses = Tensor::empty({rows}, DType::kF32), lse = Tensor::empty({rows}, DType::kF32);
       Tensor glosses = poisoned({rows}, DType::kF32), glse = poisoned({rows}, DType::kF32);
       ops::cross_entropy_forward(logits, targets, losses, lse);
@@ -432,14 +432,14 @@ TEST_F(Bf16Ops, TwoRunsGiveIdenticalBits) {
     ops::rmsnorm_backward(ndy, x, nw, rstd, dx, dweight);
     return std::vector<Tensor>{y, rstd, dx, dweight};
   });
-  const Tensor ids = copy_to(random_ids({4097}, 37, rng), kGpu);
+  const Tensor ids = ops::to_device(random_ids({4097}, 37, rng), kGpu);
   twice("embedding_backward", [&] {
     Tensor dtable = ops::zeros({37, 256}, DType::kF32, kGpu);
     ops::embedding_backward(ids, ndy, dtable);
     return std::vector<Tensor>{dtable};
   });
   const Tensor logits = bf16_gpu(random_bf16_values({33, 50257}, rng, 3.0f));
-  const Tensor targets = copy_to(random_ids({33}, 50257, rng), kGpu);
+  const Tensor targets = ops::to_device(random_ids({33}, 50257, rng), kGpu);
   twice("cross_entropy", [&] {
     Tensor losses = poisoned({33}, DType::kF32), lse = poisoned({33}, DType::kF32);
     Tensor dlogits = poisoned({33, 50257}, DType::kBF16);
@@ -557,7 +557,7 @@ TEST_F(Bf16Ops, ThroughputAtTrainingShapes) {
   bandwidth_line("cast f32 -> bf16, 2^28 elements", 6.0 * params, median_ms([&] { ops::cast(copy, master); }));
   const int64_t rows = 4096, vocab = 128256;
   Tensor logits = values({rows, vocab});
-  const Tensor targets = copy_to(random_ids({rows}, vocab, rng), kGpu);
+  const Tensor targets = ops::to_device(random_ids({rows}, vocab, rng), kGpu);
   Tensor losses = poisoned({rows}, DType::kF32), lse = poisoned({rows}, DType::kF32);
   bandwidth_line("cross_entropy forward [4096, 128256]", 2.0 * rows * vocab,
                  median_ms([&] { ops::cross_entropy_forward(logits, targets, losses, lse); }));

@@ -57,8 +57,8 @@ class CudaOps : public ::testing::Test {
   }
 };
 
-Tensor gpu(const Tensor& t) { return copy_to(t, kGpu); }
-Tensor host(const Tensor& t) { return copy_to(t, kCpuDevice); }
+Tensor gpu(const Tensor& t) { return ops::to_device(t, kGpu); }
+Tensor host(const Tensor& t) { return ops::to_device(t, kCpuDevice); }
 
 Tensor poisoned(const Shape& shape, Device device) {
   Tensor t = Tensor::empty(shape, DType::kF32, device);
