@@ -90,7 +90,8 @@ struct CrossEntropyArgs {
   Tensor* dlogits = nullptr;        // [N, V] (backward; may alias logits)
 };
 
-// Decoupled-weight-decay Adam (Loshchilov & Hutter), one step, in place, with bias correction.
+// Decoupled-weight-decay Adam (Loshchilov & Hutter), one step, in place, with bias correction. Folding the clip
+// factor and the bf16 copy in saves two passes over the parameters per step.
 struct AdamWArgs {
   Tensor* param = nullptr;        // [n] f32 master weights
   const Tensor* grad = nullptr;   // [n] f32
@@ -102,6 +103,8 @@ struct AdamWArgs {
   float eps = 1e-8f;
   float weight_decay = 0.0f;
   int64_t step = 1;               // 1-based step count for bias correction
+  float grad_scale = 1.0f;        // g = grad · grad_scale before the update (gradient clipping's factor)
+  Tensor* compute_copy = nullptr; // [n] bf16, optional: receives the updated param rounded (the compute weights)
 };
 
 class Backend {

@@ -39,6 +39,9 @@ class LlamaModel {
   // Call after the master weights changed (initialisation, loading, an optimizer step): the bf16 copy is
   // refreshed before the next forward. No-op in fp32.
   void weights_changed() { compute_weights_stale_ = true; }
+  // The bf16 compute copy (null in fp32), for an optimizer that rewrites it as it updates the master weights
+  // (AdamW::step); the copy is then current and weights_changed() is not needed.
+  Tensor* compute_weights() { return compute_dtype_ == DType::kF32 ? nullptr : &compute_weights_; }
   DType compute_dtype() const { return compute_dtype_; }
 
   // tokens, labels: [B, T] i32 with T <= max_seq_length. Saves activations for backward().

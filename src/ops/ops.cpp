@@ -443,6 +443,14 @@ void adamw_step(const AdamWArgs& args) {
            "betas are ({}, {}) but must lie in [0, 1)", args.beta1, args.beta2);
   OP_CHECK(args.lr >= 0.0f && args.eps >= 0.0f && args.weight_decay >= 0.0f,
            "lr {}, eps {} and weight_decay {} must be >= 0", args.lr, args.eps, args.weight_decay);
+  OP_CHECK(std::isfinite(args.grad_scale) && args.grad_scale >= 0.0f, "grad_scale is {} but must be finite and >= 0",
+           args.grad_scale);
+  if (args.compute_copy != nullptr) {
+    const Tensor& copy = *args.compute_copy;
+    OP_CHECK(copy.defined() && copy.dtype() == DType::kBF16 && copy.device() == device && copy.numel() == param.numel(),
+             "compute_copy {} must be bf16 on {} with param's {} elements", copy.describe(), device.str(),
+             param.numel());
+  }
   backend(device).adamw_step(args);
 }
 

@@ -1,5 +1,6 @@
 #include "optim/adamw.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "ops/ops.h"
@@ -11,15 +12,20 @@ AdamW::AdamW(const ParamStore& params, AdamWConfig config)
       exp_avg_(ops::zeros({params.numel()}, DType::kF32, params.flat_params().device())),
       exp_avg_sq_(ops::zeros({params.numel()}, DType::kF32, params.flat_params().device())) {}
 
-void AdamW::step(ParamStore& params, double lr) {
+void AdamW::step(ParamStore& params, double lr, double grad_scale, Tensor* compute_copy) {
   ++steps_taken_;
-  for (size_t i = 0; i < params.specs().size(); ++i) {
-    const ParamSpec& spec = params.specs()[i];
-    const int64_t n = shape_numel(spec.shape);
-    Tensor p = params.param(i).reshape({n});
-    Tensor g = params.grad(i).reshape({n});
-    Tensor m = exp_avg_.slice_elements(params.offset(i), {n});
-    Tensor v = exp_avg_sq_.slice_elements(params.offset(i), {n});
+  const std::vector<ParamSpec>& specs = params.specs();
+  for (size_t first = 0; first < specs.size();) {
+    // A run of adjacent tensors with the same weight decay is one contiguous range of the flat buffers.
+    size_t end = first + 1;
+    while (end < specs.size() && specs[end].weight_decay == specs[first].weight_decay) ++end;
+    const int64_t offset = params.offset(first);
+    const int64_t n = params.offset(end - 1) + shape_numel(specs[end - 1].shape) - offset;
+    Tensor p = params.flat_params().slice_elements(offset, {n});
+    Tensor g = params.flat_grads().slice_elements(offset, {n});
+    Tensor m = exp_avg_.slice_elements(offset, {n});
+    Tensor v = exp_avg_sq_.slice_elements(offset, {n});
+    Tensor copy = compute_copy != nullptr ? compute_copy->slice_elements(offset, {n}) : Tensor();
     AdamWArgs args;
     args.param = &p;
     args.grad = &g;
@@ -29,22 +35,20 @@ void AdamW::step(ParamStore& params, double lr) {
     args.beta1 = static_cast<float>(config_.beta1);
     args.beta2 = static_cast<float>(config_.beta2);
     args.eps = static_cast<float>(config_.eps);
-    args.weight_decay = spec.weight_decay ? static_cast<float>(config_.weight_decay) : 0.0f;
+    args.weight_decay = specs[first].weight_decay ? static_cast<float>(config_.weight_decay) : 0.0f;
     args.step = steps_taken_;
+    args.grad_scale = static_cast<float>(grad_scale);
+    args.compute_copy = compute_copy != nullptr ? &copy : nullptr;
     ops::adamw_step(args);
+    first = end;
   }
 }
 
-double clip_grad_norm(ParamStore& params, double max_norm) {
-  const double norm = std::sqrt(ops::sum_squares(params.flat_grads()));
-  if (max_norm > 0.0) {
-    const double coeff = max_norm / (norm + 1e-6);
-    if (coeff < 1.0) {
-      Tensor grads = params.flat_grads();
-      ops::scale_inplace(grads, static_cast<float>(coeff));
-    }
-  }
-  return norm;
+GradClip clip_grad_norm(const ParamStore& params, double max_norm) {
+  GradClip clip;
+  clip.norm = std::sqrt(ops::sum_squares(params.flat_grads()));
+  if (max_norm > 0.0) clip.scale = std::min(1.0, max_norm / (clip.norm + 1e-6));
+  return clip;
 }
 
 }  // namespace primus

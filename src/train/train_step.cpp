@@ -32,9 +32,9 @@ StepResult train_step(LlamaModel& model, AdamW& optimizer, const std::vector<Bat
   StepResult result;
   result.loss = loss_sum / static_cast<double>(counted);
   result.tokens = counted;
-  result.grad_norm = clip_grad_norm(model.params(), t.clip_grad);
-  optimizer.step(model.params(), lr);
-  model.weights_changed();
+  const GradClip clip = clip_grad_norm(model.params(), t.clip_grad);
+  result.grad_norm = clip.norm;
+  optimizer.step(model.params(), lr, clip.scale, model.compute_weights());
   return result;
 }
 

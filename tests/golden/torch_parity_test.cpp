@@ -66,8 +66,7 @@ void check_parity(ModelArgs args, uint64_t seed) {
     model.backward(static_cast<float>(1.0 / ls.tokens));
     const double step_loss = ls.loss_sum / ls.tokens;
     EXPECT_NEAR(step_loss, ref_losses.f32()[step], 1e-5 * std::fabs(ref_losses.f32()[step])) << "step " << step;
-    clip_grad_norm(model.params(), kClip);
-    optimizer.step(model.params(), kLr);
+    optimizer.step(model.params(), kLr, clip_grad_norm(model.params(), kClip).scale);
   }
 }
 

@@ -4,7 +4,8 @@
 //   v ← β2·v + (1 − β2)·g²
 //   p ← p − lr/(1 − β1^t) · m / (sqrt(v)/sqrt(1 − β2^t) + eps)
 // Step-level scalars are computed in double (as PyTorch does in Python) and rounded to fp32 once; the
-// per-element update is fp32. PyTorch's m update is lerp(m, g, 1 − β1), equal up to rounding.
+// per-element update is fp32. The gradient is first multiplied by grad_scale (one fp32 multiply, as a separate
+// clipping pass would do). PyTorch's m update is lerp(m, g, 1 − β1), equal up to rounding.
 #include <cmath>
 
 #include "backend/cpu/cpu_backend.h"
@@ -28,9 +29,10 @@ void CpuBackend::adamw_step(const AdamWArgs& args) {
   const float bias_correction2_sqrt =
       static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(args.beta2), step)));
   const float eps = args.eps;
+  const float grad_scale = args.grad_scale;
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
-    const float g = grad[i];
+    const float g = grad[i] * grad_scale;
     const float m = beta1 * exp_avg[i] + one_minus_beta1 * g;
     const float v = beta2 * exp_avg_sq[i] + one_minus_beta2 * (g * g);
     exp_avg[i] = m;
@@ -38,6 +40,7 @@ void CpuBackend::adamw_step(const AdamWArgs& args) {
     const float denom = std::sqrt(v) / bias_correction2_sqrt + eps;
     param[i] = param[i] * decay - step_size * (m / denom);
   }
+  if (args.compute_copy != nullptr) cast(*args.compute_copy, *args.param);
 }
 
 }  // namespace primus

@@ -393,8 +393,9 @@ void CudaBackend::adamw_step(const AdamWArgs& args) {
   s.step_size = static_cast<float>(lr / (1.0 - std::pow(static_cast<double>(args.beta1), step)));
   s.bias_correction2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(args.beta2), step)));
   s.eps = args.eps;
+  s.grad_scale = args.grad_scale;
   cuda::adamw_step(state_->ctx, ptr<float>(*args.param), ptr<float>(*args.grad), ptr<float>(*args.exp_avg),
-                   ptr<float>(*args.exp_avg_sq), args.param->numel(), s);
+                   ptr<float>(*args.exp_avg_sq), ptr_or_null<cuda::bf16>(args.compute_copy), args.param->numel(), s);
 }
 
 void CudaBackend::add_inplace(Tensor& y, const Tensor& x) {

@@ -1,5 +1,6 @@
 // Element-wise helpers on the GPU: y += x, x *= s, fill, cast (f32 <-> bf16), Σ x² for gradient-norm clipping
-// and Σ x into a device accumulator (losses).
+// and Σ x into a device accumulator (losses). add, scale and cast use 16-byte accesses where the tensors allow
+// (common.cuh: with_width).
 // The sums are deterministic in two passes: block b sums the fixed chunk [b·kChunk, (b+1)·kChunk) in double
 // (each thread a fixed strided subset, then the block tree), and one block adds the chunk sums by the same
 // fixed scheme. The result depends only on n, never on scheduling.
@@ -14,19 +15,29 @@ constexpr int kThreads = 256;
 constexpr int64_t kChunk = 1 << 14;
 constexpr int kReduceThreads = 1024;
 
-template <typename T>
+// N elements per thread and iteration (16-byte accesses when N > 1); n is a multiple of N.
+template <typename T, int N>
 __global__ void add_kernel(T* y, const T* x, int64_t n) {  // y may alias x: same element, same thread
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    store(y + i, load(y + i) + load(x + i));
+  for (int64_t i = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) * N; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x * N) {
+    float a[N], b[N];
+    load_n(y + i, a);
+    load_n(x + i, b);
+#pragma unroll
+    for (int k = 0; k < N; ++k) a[k] += b[k];
+    store_n(y + i, a);
   }
 }
 
-template <typename T>
+template <typename T, int N>
 __global__ void scale_kernel(T* __restrict__ x, float s, int64_t n) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    store(x + i, load(x + i) * s);
+  for (int64_t i = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) * N; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x * N) {
+    float a[N];
+    load_n(x + i, a);
+#pragma unroll
+    for (int k = 0; k < N; ++k) a[k] *= s;
+    store_n(x + i, a);
   }
 }
 
@@ -38,11 +49,13 @@ __global__ void fill_kernel(T* __restrict__ x, float value, int64_t n) {
   }
 }
 
-template <typename Src, typename Dst>
+template <typename Src, typename Dst, int N>
 __global__ void cast_kernel(const Src* __restrict__ src, Dst* __restrict__ dst, int64_t n) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    store(dst + i, load(src + i));
+  for (int64_t i = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) * N; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x * N) {
+    float a[N];
+    load_n(src + i, a);
+    store_n(dst + i, a);
   }
 }
 
@@ -89,14 +102,20 @@ void sum_chunks(const KernelContext& ctx, const T* x, int64_t n, double* result,
 template <typename T>
 void add_inplace(const KernelContext& ctx, T* y, const T* x, int64_t n) {
   if (n == 0) return;
-  add_kernel<T><<<grid_for(n, kThreads), kThreads, 0, ctx.stream>>>(y, x, n);
+  with_width<T>(vector_ok<T>(n, y, x), [&](auto width) {
+    constexpr int N = decltype(width)::value;
+    add_kernel<T, N><<<grid_for(n / N, kThreads), kThreads, 0, ctx.stream>>>(y, x, n);
+  });
   PRIMUS_CUDA_CHECK_LAUNCH();
 }
 
 template <typename T>
 void scale_inplace(const KernelContext& ctx, T* x, float s, int64_t n) {
   if (n == 0) return;
-  scale_kernel<T><<<grid_for(n, kThreads), kThreads, 0, ctx.stream>>>(x, s, n);
+  with_width<T>(vector_ok<T>(n, x), [&](auto width) {
+    constexpr int N = decltype(width)::value;
+    scale_kernel<T, N><<<grid_for(n / N, kThreads), kThreads, 0, ctx.stream>>>(x, s, n);
+  });
   PRIMUS_CUDA_CHECK_LAUNCH();
 }
 
@@ -110,7 +129,12 @@ void fill(const KernelContext& ctx, T* x, float value, int64_t n) {
 template <typename Src, typename Dst>
 void cast(const KernelContext& ctx, const Src* src, Dst* dst, int64_t n) {
   if (n == 0) return;
-  cast_kernel<Src, Dst><<<grid_for(n, kThreads), kThreads, 0, ctx.stream>>>(src, dst, n);
+  // The narrower type sets the width: 8 elements are 16 bytes of bf16 and two 16-byte accesses of float.
+  using Narrow = std::conditional_t<(sizeof(Src) < sizeof(Dst)), Src, Dst>;
+  with_width<Narrow>(vector_ok<Narrow>(n, src, dst), [&](auto width) {
+    constexpr int N = decltype(width)::value;
+    cast_kernel<Src, Dst, N><<<grid_for(n / N, kThreads), kThreads, 0, ctx.stream>>>(src, dst, n);
+  });
   PRIMUS_CUDA_CHECK_LAUNCH();
 }
 

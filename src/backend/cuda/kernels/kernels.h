@@ -115,9 +115,11 @@ struct AdamWScalars {
   float step_size;              // lr / (1 − β1^t)
   float bias_correction2_sqrt;  // sqrt(1 − β2^t)
   float eps;
+  float grad_scale;             // g = grad · grad_scale
 };
-void adamw_step(const KernelContext& ctx, float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
-                const AdamWScalars& s);
+// compute_copy (bf16, may be null) receives the updated param rounded.
+void adamw_step(const KernelContext& ctx, float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
+                bf16* compute_copy, int64_t n, const AdamWScalars& s);
 
 template <typename T>
 void add_inplace(const KernelContext& ctx, T* y, const T* x, int64_t n);

@@ -1,10 +1,14 @@
 // RMSNorm on the GPU, same formulas as the CPU backend (src/backend/cpu/rmsnorm.cpp):
 //   y = weight ⊙ x · rstd, rstd = 1/sqrt(mean(x²) + eps)            one block per row, mean square in double
-//   dx = rstd · (g − x̂ · mean(g ⊙ x̂)), g = dy ⊙ weight, x̂ = x · rstd  one block per row, Σ in double
-//   dweight += Σ_rows dy ⊙ x̂  (fp32 for either activation dtype)     deterministic, two passes:
-// pass 1 gives each (chunk of kRowsPerChunk rows, column) one thread (grid x: chunks, y: column blocks) that sums its
-// rows in order in double into a partial; pass 2 adds a column's partials in chunk order and adds the total to dweight
-// once. No atomics, so the result depends only on the shape.
+//   dx = rstd · (g − x̂ · mean(g ⊙ x̂)), g = dy ⊙ weight, x̂ = x · rstd  Σ in double
+//   dweight += Σ_rows dy ⊙ x̂  (fp32 for either activation dtype)     deterministic, two passes
+// dweight without atomics, so the result depends only on the shape: pass 1 writes, for each chunk of rows and
+// each column, the chunk's rows summed in order in double into a partial; pass 2 adds a column's partials in
+// chunk order and adds the total to dweight once.
+// Rows go through 16-byte accesses when the tensors allow (common.cuh: with_width). When a row fits one block
+// with every thread owning N columns, the backward is one fused kernel: a block walks a chunk of rows, writes
+// dx row by row and keeps its columns' dweight partials in registers (x and dy are read once). Otherwise dx
+// takes one block per row and pass 1 reads x and dy again, one thread per (chunk, column).
 #include "backend/cuda/caching_allocator.h"
 #include "backend/cuda/kernels/common.cuh"
 
@@ -13,10 +17,13 @@ namespace primus::cuda {
 namespace {
 
 constexpr int kMaxRowThreads = 256;
+constexpr int kMaxFusedThreads = 1024;
 constexpr int kColumnThreads = 256;
-constexpr int64_t kRowsPerChunk = 64;
+constexpr int64_t kRowsPerChunk = 64;       // pass 1 of the unfused backward
+constexpr int64_t kFusedRowsPerChunk = 16;  // rows per block of the fused backward
 
-template <typename T>
+// One block per row; each thread handles N consecutive columns at a time.
+template <typename T, int N>
 __global__ void rmsnorm_forward_kernel(const T* __restrict__ x, const T* __restrict__ weight, T* __restrict__ y,
                                        float* __restrict__ rstd, int64_t channels, float eps) {
   __shared__ double scratch[kWarpSize];
@@ -24,17 +31,27 @@ __global__ void rmsnorm_forward_kernel(const T* __restrict__ x, const T* __restr
   const T* xr = x + row * channels;  // [C]
   T* yr = y + row * channels;        // [C]
   double sum_sq = 0.0;
-  for (int64_t c = threadIdx.x; c < channels; c += blockDim.x) {
-    const double v = load(xr + c);
-    sum_sq += v * v;
+  for (int64_t c = threadIdx.x * N; c < channels; c += blockDim.x * N) {
+    float v[N];
+    load_n(xr + c, v);
+#pragma unroll
+    for (int k = 0; k < N; ++k) sum_sq += static_cast<double>(v[k]) * v[k];
   }
   sum_sq = block_sum(sum_sq, scratch);
   const float s = static_cast<float>(1.0 / sqrt(sum_sq / static_cast<double>(channels) + static_cast<double>(eps)));
-  for (int64_t c = threadIdx.x; c < channels; c += blockDim.x) store(yr + c, (load(xr + c) * s) * load(weight + c));
+  for (int64_t c = threadIdx.x * N; c < channels; c += blockDim.x * N) {
+    float v[N], w[N];
+    load_n(xr + c, v);
+    load_n(weight + c, w);
+#pragma unroll
+    for (int k = 0; k < N; ++k) v[k] = (v[k] * s) * w[k];
+    store_n(yr + c, v);
+  }
   if (threadIdx.x == 0) rstd[row] = s;
 }
 
-template <typename T>
+// One block per row.
+template <typename T, int N>
 __global__ void rmsnorm_dx_kernel(const T* __restrict__ x, const T* __restrict__ weight, const float* __restrict__ rstd,
                                   const T* __restrict__ dy, T* __restrict__ dx, int64_t channels) {
   __shared__ double scratch[kWarpSize];
@@ -44,14 +61,66 @@ __global__ void rmsnorm_dx_kernel(const T* __restrict__ x, const T* __restrict__
   T* dxr = dx + row * channels;        // [C]
   const float s = rstd[row];
   double dot = 0.0;  // Σ g ⊙ x̂
-  for (int64_t c = threadIdx.x; c < channels; c += blockDim.x) {
-    dot += static_cast<double>(load(dyr + c) * load(weight + c)) * static_cast<double>(load(xr + c) * s);
+  for (int64_t c = threadIdx.x * N; c < channels; c += blockDim.x * N) {
+    float xv[N], gv[N], w[N];
+    load_n(xr + c, xv);
+    load_n(dyr + c, gv);
+    load_n(weight + c, w);
+#pragma unroll
+    for (int k = 0; k < N; ++k) dot += static_cast<double>(gv[k] * w[k]) * static_cast<double>(xv[k] * s);
   }
   dot = block_sum(dot, scratch);
   const float mean_dot = static_cast<float>(dot / static_cast<double>(channels));
-  for (int64_t c = threadIdx.x; c < channels; c += blockDim.x) {
-    store(dxr + c, s * (load(dyr + c) * load(weight + c) - (load(xr + c) * s) * mean_dot));
+  for (int64_t c = threadIdx.x * N; c < channels; c += blockDim.x * N) {
+    float xv[N], gv[N], w[N];
+    load_n(xr + c, xv);
+    load_n(dyr + c, gv);
+    load_n(weight + c, w);
+#pragma unroll
+    for (int k = 0; k < N; ++k) xv[k] = s * (gv[k] * w[k] - (xv[k] * s) * mean_dot);
+    store_n(dxr + c, xv);
   }
+}
+
+// Fused backward: blockDim.x · N == channels; block b handles rows [b·kFusedRowsPerChunk, ...) in order, writes
+// their dx (when dx is not null) and partial[b, c] = Σ_rows dy · x̂ for its thread's N columns c.
+template <typename T, int N>
+__global__ void rmsnorm_backward_fused_kernel(const T* __restrict__ x, const T* __restrict__ weight,
+                                              const float* __restrict__ rstd, const T* __restrict__ dy,
+                                              T* __restrict__ dx, double* __restrict__ partial, int64_t rows,
+                                              int64_t channels) {
+  __shared__ double scratch[kWarpSize];
+  const int64_t c = threadIdx.x * N;
+  const int64_t r0 = blockIdx.x * kFusedRowsPerChunk;
+  const int64_t r1 = min(rows, r0 + kFusedRowsPerChunk);
+  float w[N];
+  load_n(weight + c, w);
+  double acc[N];
+#pragma unroll
+  for (int k = 0; k < N; ++k) acc[k] = 0.0;
+  for (int64_t r = r0; r < r1; ++r) {
+    const float s = rstd[r];
+    float xv[N], gv[N];
+    load_n(x + r * channels + c, xv);
+    load_n(dy + r * channels + c, gv);
+    double dot = 0.0;
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      const float xhat = xv[k] * s;
+      dot += static_cast<double>(gv[k] * w[k]) * static_cast<double>(xhat);
+      acc[k] += static_cast<double>(gv[k] * xhat);
+      xv[k] = xhat;
+    }
+    if (dx == nullptr) continue;  // uniform across the block: the barrier in block_sum is safe
+    dot = block_sum(dot, scratch);
+    const float mean_dot = static_cast<float>(dot / static_cast<double>(channels));
+#pragma unroll
+    for (int k = 0; k < N; ++k) xv[k] = s * (gv[k] * w[k] - xv[k] * mean_dot);
+    store_n(dx + r * channels + c, xv);
+  }
+  double* out = partial + blockIdx.x * channels + c;
+#pragma unroll
+  for (int k = 0; k < N; ++k) out[k] = acc[k];
 }
 
 // partial[chunk, c] = Σ_{rows r of the chunk, in order} dy[r, c] · x[r, c] · rstd[r]   (double)
@@ -80,14 +149,25 @@ __global__ void rmsnorm_dweight_reduce_kernel(const double* __restrict__ partial
   dweight[c] += static_cast<float>(acc);
 }
 
+void reduce_dweight(const KernelContext& ctx, const double* partial, float* dweight, int64_t chunks,
+                    int64_t channels) {
+  const unsigned column_blocks = static_cast<unsigned>((channels + kColumnThreads - 1) / kColumnThreads);
+  rmsnorm_dweight_reduce_kernel<<<column_blocks, kColumnThreads, 0, ctx.stream>>>(partial, dweight, chunks, channels);
+  PRIMUS_CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace
 
 template <typename T>
 void rmsnorm_forward(const KernelContext& ctx, const T* x, const T* weight, T* y, float* rstd, int64_t rows,
                      int64_t channels, float eps) {
   if (rows == 0) return;
-  rmsnorm_forward_kernel<T><<<static_cast<unsigned>(rows), row_threads(channels, kMaxRowThreads), 0, ctx.stream>>>(
-      x, weight, y, rstd, channels, eps);
+  with_width<T>(vector_ok<T>(channels, x, weight, y), [&](auto width) {
+    constexpr int N = decltype(width)::value;
+    rmsnorm_forward_kernel<T, N>
+        <<<static_cast<unsigned>(rows), row_threads(channels / N, kMaxRowThreads), 0, ctx.stream>>>(x, weight, y, rstd,
+                                                                                                   channels, eps);
+  });
   PRIMUS_CUDA_CHECK_LAUNCH();
 }
 
@@ -95,9 +175,25 @@ template <typename T>
 void rmsnorm_backward(const KernelContext& ctx, const T* x, const T* weight, const float* rstd, const T* dy, T* dx,
                       float* dweight, int64_t rows, int64_t channels) {
   if (rows == 0 || channels == 0) return;
+  const bool vector = vector_ok<T>(channels, x, weight, dy) && (dx == nullptr || vector_ok<T>(channels, dx));
+  const int64_t fused_threads = channels / kVecWidth<T>;
+  if (vector && dweight != nullptr && fused_threads % kWarpSize == 0 && fused_threads <= kMaxFusedThreads) {
+    constexpr int N = kVecWidth<T>;
+    const int64_t chunks = (rows + kFusedRowsPerChunk - 1) / kFusedRowsPerChunk;
+    DeviceBuffer partial(*ctx.allocator, static_cast<size_t>(chunks * channels) * sizeof(double));
+    rmsnorm_backward_fused_kernel<T, N><<<static_cast<unsigned>(chunks), static_cast<unsigned>(fused_threads), 0,
+                                          ctx.stream>>>(x, weight, rstd, dy, dx, partial.as<double>(), rows, channels);
+    PRIMUS_CUDA_CHECK_LAUNCH();
+    reduce_dweight(ctx, partial.as<double>(), dweight, chunks, channels);
+    return;
+  }
   if (dx != nullptr) {
-    rmsnorm_dx_kernel<T><<<static_cast<unsigned>(rows), row_threads(channels, kMaxRowThreads), 0, ctx.stream>>>(
-        x, weight, rstd, dy, dx, channels);
+    with_width<T>(vector, [&](auto width) {
+      constexpr int N = decltype(width)::value;
+      rmsnorm_dx_kernel<T, N>
+          <<<static_cast<unsigned>(rows), row_threads(channels / N, kMaxRowThreads), 0, ctx.stream>>>(x, weight, rstd,
+                                                                                                     dy, dx, channels);
+    });
     PRIMUS_CUDA_CHECK_LAUNCH();
   }
   if (dweight != nullptr) {
@@ -108,9 +204,7 @@ void rmsnorm_backward(const KernelContext& ctx, const T* x, const T* weight, con
         <<<dim3(static_cast<unsigned>(chunks), column_blocks), kColumnThreads, 0, ctx.stream>>>(
             x, rstd, dy, partial.as<double>(), rows, channels);
     PRIMUS_CUDA_CHECK_LAUNCH();
-    rmsnorm_dweight_reduce_kernel<<<column_blocks, kColumnThreads, 0, ctx.stream>>>(partial.as<double>(), dweight,
-                                                                                    chunks, channels);
-    PRIMUS_CUDA_CHECK_LAUNCH();
+    reduce_dweight(ctx, partial.as<double>(), dweight, chunks, channels);
   }
 }
 

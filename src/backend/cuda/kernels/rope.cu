@@ -1,28 +1,37 @@
 // Rotary position embedding on the GPU, Hugging Face "rotate half" layout, in place, same arithmetic as the
 // CPU backend (src/backend/cpu/rope.cpp): the pair (x[i], x[i + D/2]) of each head vector rotates by
-// angle[t, i]; sign −1 applies the inverse rotation (backward). One thread per pair, grid-stride.
+// angle[t, i]; sign −1 applies the inverse rotation (backward). One thread per N pairs, grid-stride.
 #include "backend/cuda/kernels/common.cuh"
 
 namespace primus::cuda {
 
 namespace {
 
-template <typename T>
+// Each thread rotates N consecutive pairs of one head vector (16-byte accesses when N > 1; N divides half).
+template <typename T, int N>
 __global__ void rope_kernel(T* __restrict__ x, const float* __restrict__ cos, const float* __restrict__ sin,
                             int64_t pairs, int64_t seq, int64_t heads, int64_t half, float sign) {
-  for (int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; p < pairs;
-       p += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  for (int64_t p = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) * N; p < pairs;
+       p += static_cast<int64_t>(gridDim.x) * blockDim.x * N) {
     const int64_t vector = p / half;  // (b, t, h) flattened
     const int64_t i = p % half;
     const int64_t t = (vector / heads) % seq;
     T* lo = x + vector * 2 * half + i;
     T* hi = lo + half;
-    const float a = load(lo);
-    const float b = load(hi);
-    const float c = cos[t * half + i];
-    const float s = sign * sin[t * half + i];
-    store(lo, a * c - b * s);
-    store(hi, b * c + a * s);
+    float a[N], b[N], c[N], s[N];
+    load_n(lo, a);
+    load_n(hi, b);
+    load_n(cos + t * half + i, c);
+    load_n(sin + t * half + i, s);
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      const float sk = sign * s[k];
+      const float rotated_lo = a[k] * c[k] - b[k] * sk;
+      b[k] = b[k] * c[k] + a[k] * sk;
+      a[k] = rotated_lo;
+    }
+    store_n(lo, a);
+    store_n(hi, b);
   }
 }
 
@@ -35,7 +44,11 @@ void rope(const KernelContext& ctx, T* x, const float* cos, const float* sin, in
   const int64_t pairs = batch * seq * heads * half;
   if (pairs == 0) return;
   constexpr int kThreads = 256;
-  rope_kernel<T><<<grid_for(pairs, kThreads), kThreads, 0, ctx.stream>>>(x, cos, sin, pairs, seq, heads, half, sign);
+  with_width<T>(vector_ok<T>(half, x, cos, sin), [&](auto width) {
+    constexpr int N = decltype(width)::value;
+    rope_kernel<T, N><<<grid_for(pairs / N, kThreads), kThreads, 0, ctx.stream>>>(x, cos, sin, pairs, seq, heads,
+                                                                                  half, sign);
+  });
   PRIMUS_CUDA_CHECK_LAUNCH();
 }
 

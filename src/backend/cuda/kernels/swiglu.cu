@@ -9,27 +9,39 @@ namespace {
 
 __device__ __forceinline__ float sigmoid(float g) { return 1.0f / (1.0f + expf(-g)); }
 
-template <typename T>
+// N elements per thread and iteration (16-byte accesses when N > 1); n is a multiple of N.
+template <typename T, int N>
 __global__ void swiglu_forward_kernel(const T* __restrict__ gate, const T* __restrict__ up, T* __restrict__ out,
                                       int64_t n) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float g = load(gate + i);
-    store(out + i, g * sigmoid(g) * load(up + i));
+  for (int64_t i = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) * N; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x * N) {
+    float g[N], u[N];
+    load_n(gate + i, g);
+    load_n(up + i, u);
+#pragma unroll
+    for (int k = 0; k < N; ++k) u[k] *= g[k] * sigmoid(g[k]);
+    store_n(out + i, u);
   }
 }
 
-template <typename T>
+template <typename T, int N>
 __global__ void swiglu_backward_kernel(const T* __restrict__ gate, const T* __restrict__ up, const T* __restrict__ dout,
                                        T* __restrict__ dgate, T* __restrict__ dup, int64_t n) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float g = load(gate + i);
-    const float sig = sigmoid(g);
-    const float d = load(dout + i);
-    const float u = load(up + i);
-    store(dup + i, d * (g * sig));
-    store(dgate + i, d * u * sig * (1.0f + g * (1.0f - sig)));
+  for (int64_t i = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) * N; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x * N) {
+    float g[N], u[N], d[N];
+    load_n(gate + i, g);
+    load_n(up + i, u);
+    load_n(dout + i, d);
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      const float sig = sigmoid(g[k]);
+      const float dg = d[k] * u[k] * sig * (1.0f + g[k] * (1.0f - sig));
+      u[k] = d[k] * (g[k] * sig);  // dup
+      g[k] = dg;
+    }
+    store_n(dup + i, u);
+    store_n(dgate + i, g);
   }
 }
 
@@ -39,7 +51,10 @@ template <typename T>
 void swiglu_forward(const KernelContext& ctx, const T* gate, const T* up, T* out, int64_t n) {
   if (n == 0) return;
   constexpr int kThreads = 256;
-  swiglu_forward_kernel<T><<<grid_for(n, kThreads), kThreads, 0, ctx.stream>>>(gate, up, out, n);
+  with_width<T>(vector_ok<T>(n, gate, up, out), [&](auto width) {
+    constexpr int N = decltype(width)::value;
+    swiglu_forward_kernel<T, N><<<grid_for(n / N, kThreads), kThreads, 0, ctx.stream>>>(gate, up, out, n);
+  });
   PRIMUS_CUDA_CHECK_LAUNCH();
 }
 
@@ -47,7 +62,10 @@ template <typename T>
 void swiglu_backward(const KernelContext& ctx, const T* gate, const T* up, const T* dout, T* dgate, T* dup, int64_t n) {
   if (n == 0) return;
   constexpr int kThreads = 256;
-  swiglu_backward_kernel<T><<<grid_for(n, kThreads), kThreads, 0, ctx.stream>>>(gate, up, dout, dgate, dup, n);
+  with_width<T>(vector_ok<T>(n, gate, up, dout, dgate, dup), [&](auto width) {
+    constexpr int N = decltype(width)::value;
+    swiglu_backward_kernel<T, N><<<grid_for(n / N, kThreads), kThreads, 0, ctx.stream>>>(gate, up, dout, dgate, dup, n);
+  });
   PRIMUS_CUDA_CHECK_LAUNCH();
 }
 
