@@ -1,6 +1,6 @@
 // primus-cli argument handling: `primus-cli [global flags] [mode [mode flags]] -- <command> [args]`.
 // The words before `--` go to the launcher parser (global flags, mode), the words after it to the command
-// parser (train, config, data, benchmark). Two parsers rather than one because CLI11 treats `--` as "positionals follow",
+// parser (train, config, data, benchmark, report). Two parsers rather than one because CLI11 treats `--` as "positionals follow",
 // which would swallow the command. This file also owns the mapping from exceptions to exit codes.
 #include <spdlog/spdlog.h>
 
@@ -24,6 +24,7 @@ constexpr const char* kLauncherFooter = R"(Commands (given after `--`; `--` may 
   data preprocess --input PATH... --output-prefix P   text/JSONL(.zst) -> Megatron .bin/.idx
   data inspect PREFIX                             documents, tokens, lengths, a decoded sample
   benchmark train --config FILE [KEY=VALUE ...]   time the training step on random tokens
+  report RUN_DIR [--output FILE]                  an HTML page of a run: loss/lr/throughput charts, config
 Run 'primus-cli -- <command> --help' for the options of a command.
 
 Exit codes: 0 ok, 2 bad arguments or config, 3 runtime failure, 128+N stopped by signal N.
@@ -152,6 +153,7 @@ int run_command(const LaunchOptions& launch, const std::vector<std::string>& wor
   add_config_commands(commands, launch, action);
   add_data_commands(commands, launch, action);
   add_benchmark_commands(commands, launch, action);
+  add_report_commands(commands, launch, action);
 
   if (words.empty()) {
     print_usage_error("no command given (for example: primus-cli -- train pretrain --config exp.yaml)",
