@@ -1,5 +1,7 @@
 #include "layers/basic_layers.h"
 
+#include <algorithm>
+
 #include "ops/ops.h"
 
 namespace primus {
@@ -26,25 +28,77 @@ Tensor RmsNorm::backward(const Tensor& dy, const RmsNormSaved& saved) {
   return dx;
 }
 
-Tensor LmLoss::forward(const Tensor& hidden, const Tensor& targets, LmLossSaved& saved) {
-  const int64_t n = hidden.dim(0);
-  saved.hidden = hidden;
-  saved.targets = targets;
-  saved.logits = Tensor::empty({n, head.dim(0)}, hidden.dtype(), hidden.device());
-  saved.lse = Tensor::empty({n}, DType::kF32, hidden.device());
-  ops::linear_forward(hidden, head, saved.logits);
+namespace {
+
+// Rows per logits chunk: as many as fit the budget, a multiple of 64 when there is room (GEMM tiles).
+int64_t logits_chunk_rows(int64_t max_bytes, int64_t rows, int64_t vocab, DType dtype) {
+  int64_t chunk = max_bytes / std::max<int64_t>(1, vocab * static_cast<int64_t>(dtype_size(dtype)));
+  if (chunk >= 64) chunk = chunk / 64 * 64;
+  return std::clamp<int64_t>(chunk, 1, std::max<int64_t>(rows, 1));
+}
+
+// Calls each(r0, r1) for consecutive row ranges of at most `chunk` rows covering [0, rows).
+template <typename F>
+void for_each_chunk(int64_t rows, int64_t chunk, F&& each) {
+  for (int64_t r0 = 0; r0 < rows; r0 += chunk) each(r0, std::min(rows, r0 + chunk));
+}
+
+Tensor rows_of(const Tensor& t, int64_t r0, int64_t r1) {
+  if (t.ndim() == 1) return t.slice_elements(r0, {r1 - r0});
+  return t.slice_elements(r0 * t.dim(1), {r1 - r0, t.dim(1)});
+}
+
+}  // namespace
+
+Tensor LmLoss::forward_with_grad(const Tensor& hidden, const Tensor& targets, float grad_scale,
+                                 LmLossSaved& saved) {
+  const int64_t n = hidden.dim(0), vocab = head.dim(0);
+  const int64_t chunk = logits_chunk_rows(max_logits_bytes, n, vocab, hidden.dtype());
   Tensor losses = Tensor::empty({n}, DType::kF32, hidden.device());
-  ops::cross_entropy_forward(saved.logits, saved.targets, losses, saved.lse);
+  Tensor lse = Tensor::empty({n}, DType::kF32, hidden.device());
+  Tensor logits_buffer = Tensor::empty({chunk, vocab}, hidden.dtype(), hidden.device());
+  saved.dhidden = Tensor::empty(hidden.shape(), hidden.dtype(), hidden.device());
+  for_each_chunk(n, chunk, [&](int64_t r0, int64_t r1) {
+    const Tensor h = rows_of(hidden, r0, r1);
+    const Tensor t = rows_of(targets, r0, r1);
+    Tensor chunk_lse = rows_of(lse, r0, r1);
+    Tensor chunk_losses = rows_of(losses, r0, r1);
+    Tensor chunk_dhidden = rows_of(saved.dhidden, r0, r1);
+    Tensor logits = rows_of(logits_buffer, 0, r1 - r0);
+    ops::linear_forward(h, head, logits);
+    ops::cross_entropy_forward(logits, t, chunk_losses, chunk_lse);
+    ops::cross_entropy_backward(logits, t, chunk_lse, grad_scale, logits);  // dlogits over the logits
+    ops::linear_backward(h, head, logits, chunk_dhidden, dhead);
+  });
   return losses;
 }
 
-Tensor LmLoss::backward(float grad_scale, LmLossSaved& saved) {
-  Tensor& dlogits = saved.logits;  // overwritten in place: the logits are not needed afterwards
-  ops::cross_entropy_backward(saved.logits, saved.targets, saved.lse, grad_scale, dlogits);
-  Tensor dhidden = Tensor::empty(saved.hidden.shape(), dlogits.dtype(), dlogits.device());
-  ops::linear_backward(saved.hidden, head, dlogits, dhidden, dhead);
-  saved.logits = Tensor();
+Tensor LmLoss::forward(const Tensor& hidden, const Tensor& targets) const {
+  const int64_t n = hidden.dim(0), vocab = head.dim(0);
+  const int64_t chunk = logits_chunk_rows(max_logits_bytes, n, vocab, hidden.dtype());
+  Tensor losses = Tensor::empty({n}, DType::kF32, hidden.device());
+  Tensor lse = Tensor::empty({n}, DType::kF32, hidden.device());
+  Tensor logits_buffer = Tensor::empty({chunk, vocab}, hidden.dtype(), hidden.device());
+  for_each_chunk(n, chunk, [&](int64_t r0, int64_t r1) {
+    Tensor chunk_lse = rows_of(lse, r0, r1);
+    Tensor chunk_losses = rows_of(losses, r0, r1);
+    Tensor logits = rows_of(logits_buffer, 0, r1 - r0);
+    ops::linear_forward(rows_of(hidden, r0, r1), head, logits);
+    ops::cross_entropy_forward(logits, rows_of(targets, r0, r1), chunk_losses, chunk_lse);
+  });
+  return losses;
+}
+
+Tensor LmLoss::backward(LmLossSaved& saved) const {
+  Tensor dhidden = saved.dhidden;
+  saved.dhidden = Tensor();
   return dhidden;
+}
+
+Tensor LmLoss::logits(const Tensor& hidden) const {
+  Tensor out = Tensor::empty({hidden.dim(0), head.dim(0)}, hidden.dtype(), hidden.device());
+  ops::linear_forward(hidden, head, out);
+  return out;
 }
 
 }  // namespace primus

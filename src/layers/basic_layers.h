@@ -30,20 +30,27 @@ struct RmsNorm {
 };
 
 struct LmLossSaved {
-  Tensor hidden;  // [N, C] final-norm output
-  Tensor logits;  // [N, V]
-  Tensor lse;     // [N]
-  Tensor targets; // [N] i32
+  Tensor dhidden;  // [N, C] the loss gradient w.r.t. the hidden states, computed in forward
 };
 
-// logits = hidden · headᵀ; per-token cross-entropy. `head` may be the embedding table (tied weights).
+// logits = hidden · headᵀ and per-token cross-entropy, `head` possibly the embedding table (tied weights).
+// The rows go through in chunks whose logits fit max_logits_bytes, so the [N, V] logits never exist whole:
+// in training each chunk's loss gradient is formed right away (grad_scale is known before the step: 1 / the
+// global batch's counted tokens), multiplied into dhidden and accumulated into dhead, and the chunk's logits
+// are dropped. That costs no extra GEMM against keeping the logits for backward, and saves their memory
+// (4 GiB for 16,384 tokens of a 128K vocabulary in bf16).
 struct LmLoss {
   Tensor head;   // [V, C]
   Tensor dhead;  // [V, C]
+  int64_t max_logits_bytes = int64_t{1} << 30;  // one chunk's logits
 
-  Tensor forward(const Tensor& hidden, const Tensor& targets, LmLossSaved& saved);  // -> losses [N]
-  // grad_scale is dL/dloss_i for each counted token (1 / tokens in the global batch). Frees the logits.
-  Tensor backward(float grad_scale, LmLossSaved& saved);  // -> dhidden [N, C]
+  // Training: losses [N] f32 (0 for ignored targets); dhead += the gradient of grad_scale × Σ losses, whose
+  // gradient w.r.t. hidden goes to saved.dhidden.
+  Tensor forward_with_grad(const Tensor& hidden, const Tensor& targets, float grad_scale, LmLossSaved& saved);
+  // Evaluation: losses [N] f32 only.
+  Tensor forward(const Tensor& hidden, const Tensor& targets) const;
+  Tensor backward(LmLossSaved& saved) const;  // -> dhidden [N, C] (saved's, released)
+  Tensor logits(const Tensor& hidden) const;  // hidden [n, C] -> [n, V]
 };
 
 }  // namespace primus

@@ -129,9 +129,15 @@ RopeTable LlamaModel::rope_for(int64_t seq) const {
   return RopeTable{rope_.cos.slice_elements(0, {seq, half}), rope_.sin.slice_elements(0, {seq, half})};
 }
 
-LossSum LlamaModel::forward(const Tensor& tokens, const Tensor& labels) {
-  PRIMUS_CHECK(tokens.ndim() == 2 && labels.shape() == tokens.shape(), "[model] tokens {} and labels {} must be [B, T]",
-               tokens.describe(), labels.describe());
+int64_t LlamaModel::counted_tokens(const Tensor& host_labels) {
+  const int32_t* labels = host_labels.i32();
+  int64_t counted = 0;
+  for (int64_t k = 0; k < host_labels.numel(); ++k) counted += labels[k] >= 0;
+  return counted;
+}
+
+Tensor LlamaModel::forward_hidden(const Tensor& tokens) {
+  PRIMUS_CHECK(tokens.ndim() == 2, "[model] tokens {} must be [B, T]", tokens.describe());
   const int64_t B = tokens.dim(0), T = tokens.dim(1);
   PRIMUS_CHECK(T <= max_seq_length_, "[model] sequence of {} tokens exceeds the model's {}", T, max_seq_length_);
   if (compute_dtype_ != DType::kF32 && compute_weights_stale_) {
@@ -151,24 +157,33 @@ LossSum LlamaModel::forward(const Tensor& tokens, const Tensor& labels) {
     ops::add_inplace(m, a);
     x = m;
   }
-  Tensor hidden = final_norm_.forward(x, final_norm_saved_);
-  Tensor losses = lm_loss_.forward(hidden, labels.reshape({B * T}), lm_loss_saved_);
-  // Summed on the host: a small copy, and a wait for the device, per micro-batch.
-  const Tensor host_losses = losses.device().is_cpu() ? losses : ops::to_device(losses, kCpuDevice);
-  const Tensor host_labels = labels.device().is_cpu() ? labels : ops::to_device(labels, kCpuDevice);
-  LossSum sum;
-  const int32_t* lab = host_labels.i32();
-  for (int64_t i = 0; i < B * T; ++i) {
-    if (lab[i] < 0) continue;
-    sum.loss_sum += host_losses.f32()[i];
-    ++sum.tokens;
-  }
-  return sum;
+  return final_norm_.forward(x, final_norm_saved_);
 }
 
-void LlamaModel::backward(float grad_scale) {
+void LlamaModel::forward(const Tensor& tokens, const Tensor& labels, float grad_scale, Tensor& loss_sum) {
+  PRIMUS_CHECK(labels.shape() == tokens.shape(), "[model] labels {} must match tokens {}", labels.describe(),
+               tokens.describe());
+  const Tensor hidden = forward_hidden(tokens);
+  const Tensor losses =
+      lm_loss_.forward_with_grad(hidden, labels.reshape({labels.numel()}), grad_scale, lm_loss_saved_);
+  ops::sum_into(loss_sum, losses);  // ignored targets have loss 0
+}
+
+LossSum LlamaModel::evaluate(const Tensor& tokens, const Tensor& labels) {
+  PRIMUS_CHECK(labels.shape() == tokens.shape(), "[model] labels {} must match tokens {}", labels.describe(),
+               tokens.describe());
+  const Tensor hidden = forward_hidden(tokens);
+  const Tensor losses = lm_loss_.forward(hidden, labels.reshape({labels.numel()}));
+  release_activations();
+  Tensor sum = ops::zeros({1}, DType::kF32, device_);
+  ops::sum_into(sum, losses);
+  const Tensor host_labels = labels.device().is_cpu() ? labels : ops::to_device(labels, kCpuDevice);
+  return LossSum{static_cast<double>(ops::to_device(sum, kCpuDevice).f32()[0]), counted_tokens(host_labels)};
+}
+
+void LlamaModel::backward() {
   const RopeTable rope = rope_for(blocks_.empty() ? 1 : blocks_[0].attention.shape.seq);
-  Tensor dx = final_norm_.backward(lm_loss_.backward(grad_scale, lm_loss_saved_), final_norm_saved_);
+  Tensor dx = final_norm_.backward(lm_loss_.backward(lm_loss_saved_), final_norm_saved_);
   for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) {
     Block& b = *it;
     // x_out = mid + mlp(norm(mid)); mid = x_in + attn(norm(x_in)): each residual passes dx through.
@@ -197,21 +212,17 @@ std::vector<float> LlamaModel::next_token_logits(const std::vector<int32_t>& con
   const int64_t T = static_cast<int64_t>(context.size());
   PRIMUS_CHECK(T >= 1 && T <= max_seq_length_, "[model] context of {} tokens (1..{} allowed)", T, max_seq_length_);
   Tensor tokens = Tensor::empty({1, T}, DType::kI32);
-  Tensor labels = Tensor::empty({1, T}, DType::kI32);
   std::copy(context.begin(), context.end(), tokens.i32());
-  std::fill(labels.i32(), labels.i32() + T, 0);
-  forward(ops::to_device(tokens, device_), ops::to_device(labels, device_));
-  const int64_t V = lm_loss_saved_.logits.dim(1);
-  Tensor last_row = lm_loss_saved_.logits.slice_elements((T - 1) * V, {V});
+  const Tensor hidden = forward_hidden(ops::to_device(tokens, device_));
+  release_activations();
+  Tensor last_row = lm_loss_.logits(hidden.slice_elements((T - 1) * hidden.dim(1), {1, hidden.dim(1)}));
   if (last_row.dtype() != DType::kF32) {
-    Tensor f32 = Tensor::empty({V}, DType::kF32, device_);
+    Tensor f32 = Tensor::empty(last_row.shape(), DType::kF32, device_);
     ops::cast(f32, last_row);
     last_row = f32;
   }
   const Tensor logits = ops::to_device(last_row, kCpuDevice);
-  std::vector<float> last(logits.f32(), logits.f32() + V);
-  release_activations();
-  return last;
+  return std::vector<float>(logits.f32(), logits.f32() + logits.numel());
 }
 
 }  // namespace primus

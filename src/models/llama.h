@@ -44,10 +44,17 @@ class LlamaModel {
   Tensor* compute_weights() { return compute_dtype_ == DType::kF32 ? nullptr : &compute_weights_; }
   DType compute_dtype() const { return compute_dtype_; }
 
-  // tokens, labels: [B, T] i32 with T <= max_seq_length. Saves activations for backward().
-  LossSum forward(const Tensor& tokens, const Tensor& labels);
-  // Accumulates parameter gradients of (grad_scale × Σ token losses) of the last forward.
-  void backward(float grad_scale);
+  // Training forward of one micro-batch: tokens, labels [B, T] i32 on the model's device, T <= max_seq_length.
+  // The loss gradient (grad_scale × Σ token losses) is formed with the loss, chunk by chunk (LmLoss), so
+  // grad_scale is given here: 1 / the tokens counted over the global batch (counted_tokens). Adds Σ token
+  // losses to loss_sum ([1] f32 on the model's device) without waiting for the device. Saves activations.
+  void forward(const Tensor& tokens, const Tensor& labels, float grad_scale, Tensor& loss_sum);
+  // Accumulates the parameter gradients of the last forward's grad_scale × Σ token losses; frees activations.
+  void backward();
+  // Σ token losses and counted tokens of one micro-batch, keeping nothing (evaluation); waits for the device.
+  LossSum evaluate(const Tensor& tokens, const Tensor& labels);
+  // Labels that count (>= 0) in a host [.., ..] i32 tensor.
+  static int64_t counted_tokens(const Tensor& host_labels);
   // Logits of the last position of `context` ([T] ids, T <= max_seq_length) without keeping activations.
   std::vector<float> next_token_logits(const std::vector<int32_t>& context);
 
@@ -64,6 +71,7 @@ class LlamaModel {
   };
 
   void bind_layers();
+  Tensor forward_hidden(const Tensor& tokens);  // embedding, blocks, final norm: [B·T, C], activations saved
   void release_activations();
   RopeTable rope_for(int64_t seq) const;  // the first `seq` rows of rope_
 

@@ -17,23 +17,22 @@ StepResult train_step(LlamaModel& model, AdamW& optimizer, const std::vector<Bat
                       double lr) {
   // The global batch's token count scales every micro-batch's gradient.
   int64_t counted = 0;
-  for (const Batch& batch : batches) {
-    const int32_t* labels = batch.labels.i32();
-    for (int64_t k = 0; k < batch.labels.numel(); ++k) counted += labels[k] >= 0;
-  }
+  for (const Batch& batch : batches) counted += LlamaModel::counted_tokens(batch.labels);
   PRIMUS_CHECK(counted > 0, "a global batch without any token to predict");
+  const float grad_scale = static_cast<float>(1.0 / static_cast<double>(counted));
   model.params().zero_grads();
-  double loss_sum = 0.0;
+  Tensor loss_sum = ops::zeros({1}, DType::kF32, model.device());  // summed on the device: no wait per micro-batch
   for (const Batch& batch : batches) {
-    loss_sum += model.forward(ops::to_device(batch.tokens, model.device()), ops::to_device(batch.labels, model.device()))
-                    .loss_sum;
-    model.backward(static_cast<float>(1.0 / static_cast<double>(counted)));
+    model.forward(ops::to_device(batch.tokens, model.device()), ops::to_device(batch.labels, model.device()),
+                  grad_scale, loss_sum);
+    model.backward();
   }
   StepResult result;
-  result.loss = loss_sum / static_cast<double>(counted);
   result.tokens = counted;
   const GradClip clip = clip_grad_norm(model.params(), t.clip_grad);
   result.grad_norm = clip.norm;
+  // Read while the device is idle anyway (the norm above waited for it), before the optimizer is queued.
+  result.loss = static_cast<double>(ops::to_device(loss_sum, kCpuDevice).f32()[0]) / static_cast<double>(counted);
   optimizer.step(model.params(), lr, clip.scale, model.compute_weights());
   return result;
 }
@@ -45,7 +44,7 @@ double evaluate(LlamaModel& model, const SampleSource& source, const TrainingArg
   int64_t tokens = 0;
   for (int64_t i = 0; i < micro_batches; ++i) {
     Batch batch = loader.next();
-    LossSum s = model.forward(ops::to_device(batch.tokens, model.device()), ops::to_device(batch.labels, model.device()));
+    LossSum s = model.evaluate(ops::to_device(batch.tokens, model.device()), ops::to_device(batch.labels, model.device()));
     loss_sum += s.loss_sum;
     tokens += s.tokens;
   }

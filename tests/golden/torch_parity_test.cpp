@@ -45,8 +45,7 @@ void check_parity(ModelArgs args, uint64_t seed) {
 
   // Step 0: loss and every gradient.
   model.params().zero_grads();
-  LossSum s = model.forward(tokens, labels);
-  model.backward(static_cast<float>(1.0 / s.tokens));
+  LossSum s = testing::train_micro_batch(model, tokens, labels);
   const double loss = s.loss_sum / s.tokens;
   const double ref_loss = reference.read_f32("loss").f32()[0];
   EXPECT_NEAR(loss, ref_loss, 1e-5 * std::fabs(ref_loss));
@@ -62,8 +61,7 @@ void check_parity(ModelArgs args, uint64_t seed) {
   AdamW optimizer(model.params(), AdamWConfig{kBeta1, kBeta2, kEps, kWeightDecay});
   for (int step = 0; step < kSteps; ++step) {
     model.params().zero_grads();
-    LossSum ls = model.forward(tokens, labels);
-    model.backward(static_cast<float>(1.0 / ls.tokens));
+    LossSum ls = testing::train_micro_batch(model, tokens, labels);
     const double step_loss = ls.loss_sum / ls.tokens;
     EXPECT_NEAR(step_loss, ref_losses.f32()[step], 1e-5 * std::fabs(ref_losses.f32()[step])) << "step " << step;
     optimizer.step(model.params(), kLr, clip_grad_norm(model.params(), kClip).scale);

@@ -12,7 +12,7 @@ namespace primus {
 namespace {
 
 double mean_loss(LlamaModel& model, const Tensor& tokens, const Tensor& labels) {
-  LossSum s = model.forward(tokens, labels);
+  LossSum s = model.evaluate(tokens, labels);
   return s.loss_sum / static_cast<double>(s.tokens);
 }
 
@@ -29,8 +29,7 @@ void check_model_gradients(const ModelArgs& args, uint64_t seed) {
   labels.i32()[3] = -1;  // one ignored position
 
   model.params().zero_grads();
-  LossSum s = model.forward(tokens, labels);
-  model.backward(static_cast<float>(1.0 / s.tokens));
+  testing::train_micro_batch(model, tokens, labels);
 
   const double h = 1e-2;
   for (size_t i = 0; i < model.params().specs().size(); ++i) {
@@ -67,8 +66,7 @@ TEST(ModelGrad, GradientAccumulationEqualsOneBigBatch) {
   Tensor tokens = testing::random_ids({4, T}, args.vocab_size, rng);
   Tensor labels = testing::random_ids({4, T}, args.vocab_size, rng);
   model.params().zero_grads();
-  model.forward(tokens, labels);
-  model.backward(1.0f / (4 * T));
+  testing::train_micro_batch(model, tokens, labels, 1.0f / (4 * T));
   Tensor whole = Tensor::empty({model.params().numel()}, DType::kF32);
   whole.copy_from(model.params().flat_grads());
 
@@ -76,8 +74,7 @@ TEST(ModelGrad, GradientAccumulationEqualsOneBigBatch) {
   for (int half = 0; half < 2; ++half) {
     Tensor t = tokens.slice_elements(half * 2 * T, {2, T});
     Tensor l = labels.slice_elements(half * 2 * T, {2, T});
-    model.forward(t, l);
-    model.backward(1.0f / (4 * T));
+    testing::train_micro_batch(model, t, l, 1.0f / (4 * T));
   }
   EXPECT_LT(testing::relative_error(model.params().flat_grads(), whole), 1e-5);
 }

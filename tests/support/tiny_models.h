@@ -3,6 +3,8 @@
 #pragma once
 
 #include "config/experiment.h"
+#include "models/llama.h"
+#include "ops/ops.h"
 
 namespace primus::testing {
 
@@ -38,6 +40,19 @@ inline ModelArgs tiny_qwen3_args() {
   a.qk_layernorm = true;
   a.untie_embeddings_and_output_weights = false;
   return a;
+}
+
+// One training micro-batch (host tokens and labels [B, T]) through `model`: forward with the loss gradient, then
+// backward, gradients accumulating. grad_scale 0 means 1 / this batch's counted tokens. Returns Σ token losses
+// and the counted tokens.
+inline LossSum train_micro_batch(LlamaModel& model, const Tensor& tokens, const Tensor& labels,
+                                 float grad_scale = 0.0f) {
+  const int64_t counted = LlamaModel::counted_tokens(labels);
+  if (grad_scale == 0.0f) grad_scale = static_cast<float>(1.0 / static_cast<double>(counted));
+  Tensor loss_sum = ops::zeros({1}, DType::kF32, model.device());
+  model.forward(ops::to_device(tokens, model.device()), ops::to_device(labels, model.device()), grad_scale, loss_sum);
+  model.backward();
+  return LossSum{static_cast<double>(ops::to_device(loss_sum, kCpuDevice).f32()[0]), counted};
 }
 
 }  // namespace primus::testing

@@ -44,8 +44,7 @@ std::pair<double, Tensor> loss_and_grads(const ModelArgs& args, Device device, D
   model.params().initialize(31);
   model.weights_changed();
   model.params().zero_grads();
-  LossSum s = model.forward(ops::to_device(tokens, device), ops::to_device(labels, device));
-  model.backward(static_cast<float>(1.0 / s.tokens));
+  LossSum s = testing::train_micro_batch(model, tokens, labels);
   return {s.loss_sum / s.tokens, ops::to_device(model.params().flat_grads(), kCpuDevice)};
 }
 
