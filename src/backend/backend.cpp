@@ -19,6 +19,10 @@ void Backend::swiglu_forward(const SwiGluArgs&) { unimplemented("swiglu_forward"
 void Backend::swiglu_backward(const SwiGluArgs&) { unimplemented("swiglu_backward"); }
 void Backend::cross_entropy_forward(const CrossEntropyArgs&) { unimplemented("cross_entropy_forward"); }
 void Backend::cross_entropy_backward(const CrossEntropyArgs&) { unimplemented("cross_entropy_backward"); }
+void Backend::cross_entropy_forward_backward(const CrossEntropyArgs& args) {
+  cross_entropy_forward(args);
+  cross_entropy_backward(args);
+}
 void Backend::adamw_step(const AdamWArgs&) { unimplemented("adamw_step"); }
 void Backend::add_inplace(Tensor&, const Tensor&) { unimplemented("add_inplace"); }
 void Backend::scale_inplace(Tensor&, float) { unimplemented("scale_inplace"); }

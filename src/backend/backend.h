@@ -126,6 +126,8 @@ class Backend {
   virtual void swiglu_backward(const SwiGluArgs& args);
   virtual void cross_entropy_forward(const CrossEntropyArgs& args);
   virtual void cross_entropy_backward(const CrossEntropyArgs& args);
+  // Both at once (every field of args): the forward, then the backward. A device may fuse them into one pass.
+  virtual void cross_entropy_forward_backward(const CrossEntropyArgs& args);
   virtual void adamw_step(const AdamWArgs& args);
   // y += x (same shape, same dtype: act)
   virtual void add_inplace(Tensor& y, const Tensor& x);

@@ -66,8 +66,7 @@ Tensor LmLoss::forward_with_grad(const Tensor& hidden, const Tensor& targets, fl
     Tensor chunk_dhidden = rows_of(saved.dhidden, r0, r1);
     Tensor logits = rows_of(logits_buffer, 0, r1 - r0);
     ops::linear_forward(h, head, logits);
-    ops::cross_entropy_forward(logits, t, chunk_losses, chunk_lse);
-    ops::cross_entropy_backward(logits, t, chunk_lse, grad_scale, logits);  // dlogits over the logits
+    ops::cross_entropy_forward_backward(logits, t, chunk_losses, chunk_lse, grad_scale, logits);  // dlogits in place
     ops::linear_backward(h, head, logits, chunk_dhidden, dhead);
   });
   return losses;

@@ -425,6 +425,37 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
   backend(device).cross_entropy_backward(args);
 }
 
+void cross_entropy_forward_backward(const Tensor& logits, const Tensor& targets, Tensor& losses, Tensor& lse,
+                                    float grad_scale, Tensor& dlogits) {
+  const char* op = "cross_entropy_forward_backward";
+  const DType act = act_dtype(logits);
+  const Device device = check_args(op, {{"logits", &logits, act},
+                                        {"targets", &targets, DType::kI32},
+                                        {"losses", &losses},
+                                        {"lse", &lse},
+                                        {"dlogits", &dlogits, act}});
+  check_min_rank(op, "logits", logits, 2, "[..., V]");
+  OP_CHECK_PAIR(per_row(targets, logits), logits, targets);
+  OP_CHECK_PAIR(per_row(losses, logits), logits, losses);
+  OP_CHECK_PAIR(per_row(lse, logits), logits, lse);
+  OP_CHECK_PAIR(dlogits.shape() == logits.shape(), logits, dlogits);
+  OP_CHECK(std::isfinite(grad_scale), "grad_scale is {} but must be finite", grad_scale);
+  const Tensor logits2 = rows_view(logits);
+  const int64_t rows = logits2.dim(0);
+  const Tensor targets1 = targets.reshape({rows});
+  Tensor losses1 = losses.reshape({rows});
+  Tensor lse1 = lse.reshape({rows});
+  Tensor dlogits2 = rows_view(dlogits);
+  CrossEntropyArgs args;
+  args.logits = &logits2;
+  args.targets = &targets1;
+  args.losses = &losses1;
+  args.lse = &lse1;
+  args.grad_scale = grad_scale;
+  args.dlogits = &dlogits2;
+  backend(device).cross_entropy_forward_backward(args);
+}
+
 void adamw_step(const AdamWArgs& args) {
   const char* op = "adamw_step";
   OP_CHECK(args.param != nullptr && args.grad != nullptr && args.exp_avg != nullptr && args.exp_avg_sq != nullptr,

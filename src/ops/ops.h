@@ -38,6 +38,10 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& 
 void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, float grad_scale,
                             Tensor& dlogits);
 
+// cross_entropy_forward then cross_entropy_backward in one op (dlogits may alias logits), fused where the backend can.
+void cross_entropy_forward_backward(const Tensor& logits, const Tensor& targets, Tensor& losses, Tensor& lse,
+                                    float grad_scale, Tensor& dlogits);
+
 void adamw_step(const AdamWArgs& args);
 void add_inplace(Tensor& y, const Tensor& x);
 void scale_inplace(Tensor& x, float s);

@@ -360,6 +360,13 @@ TEST_F(Bf16Ops, CrossEntropyMatchesCpu) {
       Tensor in_place = bf16_gpu(logits);
       ops::cross_entropy_backward(in_place, gtargets, glse, scale, in_place);
       EXPECT_TRUE(same_bits(in_place, gdlogits)) << "dlogits written over the logits, " << shape;
+      // Forward and backward in one launch, in place, as the loss layer runs them.
+      Tensor fused = bf16_gpu(logits);
+      Tensor flosses = poisoned({rows}, DType::kF32), flse = poisoned({rows}, DType::kF32);
+      ops::cross_entropy_forward_backward(fused, gtargets, flosses, flse, scale, fused);
+      expect_close("cross_entropy fused losses " + shape, flosses, losses, kFp32);
+      expect_close("cross_entropy fused lse " + shape, flse, lse, kFp32);
+      expect_close("cross_entropy fused dlogits " + shape, fused, dlogits, kRounded);
     }
   }
 }

@@ -311,6 +311,12 @@ TEST_F(CudaOps, CrossEntropyMatchesCpu) {
       Tensor in_place = gpu(logits);  // dlogits written over the logits
       ops::cross_entropy_backward(in_place, gtargets, glse, scale, in_place);
       expect_close("cross_entropy dlogits in place " + shape, in_place, dlogits, 1e-5);
+      // Forward and backward in one launch, in place, as the loss layer runs them.
+      Tensor fused = gpu(logits), flosses = poisoned({rows}, kGpu), flse = poisoned({rows}, kGpu);
+      ops::cross_entropy_forward_backward(fused, gtargets, flosses, flse, scale, fused);
+      expect_close("cross_entropy fused losses " + shape, flosses, losses, 1e-5);
+      expect_close("cross_entropy fused lse " + shape, flse, lse, 1e-5);
+      expect_close("cross_entropy fused dlogits " + shape, fused, dlogits, 1e-5);
     }
   }
 }
@@ -332,6 +338,24 @@ TEST_F(CudaOps, AdamWMatchesCpu) {
     expect_close(fmt::format("adamw param n={}", n), gparam, param, 1e-5);
     expect_close(fmt::format("adamw exp_avg n={}", n), gm, m, 1e-5);
     expect_close(fmt::format("adamw exp_avg_sq n={}", n), gv, v, 1e-5);
+
+    // The clip factor folded in, and the bf16 compute copy written by the same pass: its bits are those of
+    // casting the updated weights.
+    const Tensor grad = random_tensor({n}, rng);
+    AdamWArgs args{&param, &grad, &m, &v, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 4};
+    args.grad_scale = 0.37f;
+    ops::adamw_step(args);
+    const Tensor ggrad = gpu(grad);
+    Tensor copy = Tensor::empty({n}, DType::kBF16, kGpu);
+    AdamWArgs gargs{&gparam, &ggrad, &gm, &gv, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 4};
+    gargs.grad_scale = 0.37f;
+    gargs.compute_copy = &copy;
+    ops::adamw_step(gargs);
+    expect_close(fmt::format("adamw scaled param n={}", n), gparam, param, 1e-5);
+    expect_close(fmt::format("adamw scaled exp_avg_sq n={}", n), gv, v, 1e-5);
+    Tensor cast = Tensor::empty({n}, DType::kBF16, kGpu);
+    ops::cast(cast, gparam);
+    EXPECT_TRUE(same_bits(copy, cast)) << "adamw compute copy n=" << n;
   }
 }
 

@@ -371,6 +371,15 @@ void CudaBackend::cross_entropy_forward(const CrossEntropyArgs& args) {
   });
 }
 
+void CudaBackend::cross_entropy_forward_backward(const CrossEntropyArgs& args) {
+  dispatch(args.logits->dtype(), "cross_entropy_forward_backward", [&](auto tag) {
+    using T = decltype(tag);
+    cuda::cross_entropy_forward<T>(state_->ctx, ptr<T>(*args.logits), ptr<int32_t>(*args.targets),
+                                   ptr<float>(*args.losses), ptr<float>(*args.lse), args.targets->numel(),
+                                   args.logits->dim(-1), args.grad_scale, ptr<T>(*args.dlogits));
+  });
+}
+
 void CudaBackend::cross_entropy_backward(const CrossEntropyArgs& args) {
   dispatch(args.logits->dtype(), "cross_entropy_backward", [&](auto tag) {
     using T = decltype(tag);

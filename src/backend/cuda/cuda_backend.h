@@ -45,6 +45,7 @@ class CudaBackend : public Backend {
   void swiglu_backward(const SwiGluArgs& args) override;
   void cross_entropy_forward(const CrossEntropyArgs& args) override;
   void cross_entropy_backward(const CrossEntropyArgs& args) override;
+  void cross_entropy_forward_backward(const CrossEntropyArgs& args) override;
   void adamw_step(const AdamWArgs& args) override;
   void add_inplace(Tensor& y, const Tensor& x) override;
   void scale_inplace(Tensor& x, float s) override;

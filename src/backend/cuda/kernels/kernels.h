@@ -101,9 +101,10 @@ template <typename T>
 void swiglu_backward(const KernelContext& ctx, const T* gate, const T* up, const T* dout, T* dgate, T* dup, int64_t n);
 
 // logits, dlogits [N, V] (dlogits may be the same memory as logits); targets, losses, lse [N].
+// With dlogits (may be null), the forward also writes the backward's gradient for grad_scale in the same launch.
 template <typename T>
 void cross_entropy_forward(const KernelContext& ctx, const T* logits, const int32_t* targets, float* losses, float* lse,
-                           int64_t rows, int64_t vocab);
+                           int64_t rows, int64_t vocab, float grad_scale = 0.0f, T* dlogits = nullptr);
 template <typename T>
 void cross_entropy_backward(const KernelContext& ctx, const T* logits, const int32_t* targets, const float* lse,
                             float grad_scale, T* dlogits, int64_t rows, int64_t vocab);

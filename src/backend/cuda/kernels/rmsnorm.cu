@@ -4,7 +4,7 @@
 //   dweight += Σ_rows dy ⊙ x̂  (fp32 for either activation dtype)     deterministic, two passes
 // dweight without atomics, so the result depends only on the shape: pass 1 writes, for each chunk of rows and
 // each column, the chunk's rows summed in order in double into a partial; pass 2 adds a column's partials in
-// chunk order and adds the total to dweight once.
+// a fixed order (common.cuh's spirit: a tree fixed by the shape) and adds the total to dweight once.
 // Rows go through 16-byte accesses when the tensors allow (common.cuh: with_width). When a row fits one block
 // with every thread owning N columns, the backward is one fused kernel: a block walks a chunk of rows, writes
 // dx row by row and keeps its columns' dweight partials in registers (x and dy are read once). Otherwise dx
@@ -139,20 +139,30 @@ __global__ void rmsnorm_dweight_partial_kernel(const T* __restrict__ x, const fl
   partial[chunk * channels + c] = acc;
 }
 
-// dweight[c] += Σ_chunks partial[chunk, c], chunks in order.
+// dweight[c] += Σ_chunks partial[chunk, c] in a fixed order: a block of 32 × kReduceLanes threads takes 32
+// columns; lane y sums chunks y, y + kReduceLanes, ... in order, then lane 0 adds the lanes' sums in order.
+constexpr int kReduceLanes = 32;
 __global__ void rmsnorm_dweight_reduce_kernel(const double* __restrict__ partial, float* __restrict__ dweight,
                                               int64_t chunks, int64_t channels) {
-  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (c >= channels) return;
+  __shared__ double lane_sums[kReduceLanes][kWarpSize + 1];
+  const int64_t c = blockIdx.x * static_cast<int64_t>(kWarpSize) + threadIdx.x;
   double acc = 0.0;
-  for (int64_t chunk = 0; chunk < chunks; ++chunk) acc += partial[chunk * channels + c];
-  dweight[c] += static_cast<float>(acc);
+  if (c < channels) {
+    for (int64_t chunk = threadIdx.y; chunk < chunks; chunk += kReduceLanes) acc += partial[chunk * channels + c];
+  }
+  lane_sums[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= channels) return;
+  double total = 0.0;
+  for (int lane = 0; lane < kReduceLanes; ++lane) total += lane_sums[lane][threadIdx.x];
+  dweight[c] += static_cast<float>(total);
 }
 
 void reduce_dweight(const KernelContext& ctx, const double* partial, float* dweight, int64_t chunks,
                     int64_t channels) {
-  const unsigned column_blocks = static_cast<unsigned>((channels + kColumnThreads - 1) / kColumnThreads);
-  rmsnorm_dweight_reduce_kernel<<<column_blocks, kColumnThreads, 0, ctx.stream>>>(partial, dweight, chunks, channels);
+  const unsigned column_blocks = static_cast<unsigned>((channels + kWarpSize - 1) / kWarpSize);
+  rmsnorm_dweight_reduce_kernel<<<column_blocks, dim3(kWarpSize, kReduceLanes), 0, ctx.stream>>>(partial, dweight,
+                                                                                                 chunks, channels);
   PRIMUS_CUDA_CHECK_LAUNCH();
 }
 
