@@ -66,6 +66,9 @@ struct TrainingArgs {
   std::string tensorboard_dir;         // TensorBoard event files; empty: none
   bool bf16 = false;                   // mixed precision (CUDA only)
   std::string device = "auto";         // auto | cpu | cuda
+  std::string recompute_granularity;   // "" (none) | full | selective
+  std::string recompute_method;        // uniform | block (resolved for full)
+  int64_t recompute_num_layers = 0;    // resolved for full
   int64_t sample_length = 0;           // tokens to generate at the end of training (0: none)
   std::string sample_prompt;
 };

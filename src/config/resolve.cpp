@@ -96,6 +96,22 @@ void check_module_keys(const ModuleKeys& keys, const Origin& module_origin) {
                  fmt::format("seq_length ({}) exceeds max_position_embeddings ({})", seq.value.i, describe(max_pos)));
   }
 
+  const ModuleKey& granularity = get(keys, "recompute_granularity");
+  for (const char* name : {"recompute_method", "recompute_num_layers"}) {
+    const ModuleKey& key = get(keys, name);
+    if (key.value.is_set && (!granularity.value.is_set || granularity.value.s != "full")) {
+      config_error(place(key, module_origin),
+                   fmt::format("{} applies only to recompute_granularity: full ({})", name, describe(granularity)));
+    }
+  }
+  const ModuleKey& recompute_layers = get(keys, "recompute_num_layers");
+  const ModuleKey& layers = get(keys, "num_layers");
+  if (recompute_layers.value.is_set && recompute_layers.value.i > layers.value.i) {
+    config_error(place(recompute_layers, module_origin),
+                 fmt::format("recompute_num_layers ({}) exceeds num_layers ({})", recompute_layers.value.i,
+                             describe(layers)));
+  }
+
   const ModuleKey& mock = get(keys, "mock_data");
   const ModuleKey& data = get(keys, "data_path");
   if (!mock.value.b && data.value.list.empty()) {
@@ -114,29 +130,41 @@ void resolve_module_keys(const ModuleKeys& keys, ExperimentConfig& config, std::
   TrainingArgs& t = config.train;
   t.data_parallel_size = kDataParallelSize;
   // Derived values: Megatron's rules for keys that were not given.
-  std::vector<std::pair<std::string, int64_t>> derived;
+  std::vector<std::pair<std::string, std::string>> derived;
   if (!get(keys, "group_query_attention").value.b) {
-    if (!get(keys, "num_query_groups").value.is_set) derived.emplace_back("num_query_groups", m.num_attention_heads);
+    if (!get(keys, "num_query_groups").value.is_set) {
+      derived.emplace_back("num_query_groups", std::to_string(m.num_attention_heads));
+    }
     m.num_query_groups = m.num_attention_heads;
   }
   if (!get(keys, "kv_channels").value.is_set) {
     m.kv_channels = m.hidden_size / m.num_attention_heads;
-    derived.emplace_back("kv_channels", m.kv_channels);
+    derived.emplace_back("kv_channels", std::to_string(m.kv_channels));
   }
   if (!get(keys, "vocab_size").value.is_set) m.vocab_size = 0;
   if (!get(keys, "lr_decay_iters").value.is_set) {
     t.lr_decay_iters = t.train_iters;
-    derived.emplace_back("lr_decay_iters", t.lr_decay_iters);
+    derived.emplace_back("lr_decay_iters", std::to_string(t.lr_decay_iters));
   }
   if (!get(keys, "global_batch_size").value.is_set) {
     t.global_batch_size = t.micro_batch_size * t.data_parallel_size;
-    derived.emplace_back("global_batch_size", t.global_batch_size);
+    derived.emplace_back("global_batch_size", std::to_string(t.global_batch_size));
+  }
+  if (t.recompute_granularity == "full") {
+    if (t.recompute_method.empty()) {
+      t.recompute_method = "uniform";
+      derived.emplace_back("recompute_method", t.recompute_method);
+    }
+    if (t.recompute_num_layers == 0) {
+      t.recompute_num_layers = t.recompute_method == "block" ? m.num_layers : 1;
+      derived.emplace_back("recompute_num_layers", std::to_string(t.recompute_num_layers));
+    }
   }
 
   for (const ModuleKey& key : keys) {
     auto d = std::find_if(derived.begin(), derived.end(), [&](const auto& p) { return p.first == key.spec->name; });
     if (d != derived.end()) {
-      entries.push_back({key.spec->name, std::to_string(d->second), "derived"});
+      entries.push_back({key.spec->name, d->second, "derived"});
     } else {
       entries.push_back({key.spec->name, format_value(*key.spec, key.value), key.origin.source()});
     }

@@ -483,6 +483,33 @@ std::vector<KeySpec> build_specs() {
        .help = "Mixed precision: bf16 weights copy, activations and matmuls, with fp32 master weights, optimizer "
                "state and gradient accumulation. Needs a CUDA device; the CPU engine computes in fp32.",
        .apply = train_field<&TrainingArgs::bf16>},
+      {.name = "recompute_granularity",
+       .type = kString,
+       .group = kTraining,
+       .presence = kOptional,
+       .choices = {"full", "selective"},
+       .help = "Activation recompute to save memory. full: recomputed layers keep only their input and run their "
+               "forward again in backward (recompute_method, recompute_num_layers); selective: every layer drops "
+               "its SwiGLU output (ffn_hidden_size values per token, the largest activation) and recomputes it in "
+               "backward, for a few percent of step time. Absent/null: keep everything.",
+       .apply = train_field<&TrainingArgs::recompute_granularity>},
+      {.name = "recompute_method",
+       .type = kString,
+       .group = kTraining,
+       .presence = kOptional,
+       .choices = {"uniform", "block"},
+       .help = "With recompute_granularity: full. uniform: all layers, in chunks of recompute_num_layers that keep "
+               "one input each; block: only the first recompute_num_layers layers, each keeping its input. "
+               "Derived: uniform.",
+       .apply = train_field<&TrainingArgs::recompute_method>},
+      {.name = "recompute_num_layers",
+       .type = kInt,
+       .group = kTraining,
+       .presence = kOptional,
+       .min = 1,
+       .help = "With recompute_granularity: full: layers per recompute chunk (uniform) or layers recomputed "
+               "(block). Derived: 1 (uniform) or num_layers (block).",
+       .apply = train_field<&TrainingArgs::recompute_num_layers>},
       {.name = "device",
        .type = kString,
        .group = kTraining,

@@ -77,10 +77,16 @@ Tensor SwiGluMlp::forward(const Tensor& x, MlpSaved& saved) {
   saved.up = linear(x, w_up);
   saved.act = Tensor::empty(saved.gate.shape(), x.dtype(), x.device());
   ops::swiglu_forward(saved.gate, saved.up, saved.act);
-  return linear(saved.act, w_down);
+  Tensor y = linear(saved.act, w_down);
+  if (recompute_act) saved.act = Tensor();
+  return y;
 }
 
 Tensor SwiGluMlp::backward(const Tensor& dy, MlpSaved& saved) {
+  if (!saved.act.defined()) {  // dropped after forward (recompute_act): the same kernel on the same inputs
+    saved.act = Tensor::empty(saved.gate.shape(), saved.gate.dtype(), saved.gate.device());
+    ops::swiglu_forward(saved.gate, saved.up, saved.act);
+  }
   Tensor dact;
   linear_grad(saved.act, w_down, dy, dw_down, dact);
   Tensor dgate = Tensor::empty(saved.gate.shape(), dy.dtype(), dy.device());

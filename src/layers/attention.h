@@ -42,7 +42,7 @@ struct MlpSaved {
   Tensor input;  // [N, C]
   Tensor gate;   // [N, F]
   Tensor up;     // [N, F]
-  Tensor act;    // [N, F] silu(gate) * up
+  Tensor act;    // [N, F] silu(gate) * up (dropped after forward when recompute_act)
 };
 
 // SwiGLU MLP: down(silu(gate(x)) * up(x)).
@@ -50,6 +50,7 @@ struct SwiGluMlp {
   Tensor w_gate, dw_gate;  // [F, C]
   Tensor w_up, dw_up;      // [F, C]
   Tensor w_down, dw_down;  // [C, F]
+  bool recompute_act = false;  // selective recompute: keep gate and up only, recompute the product in backward
 
   Tensor forward(const Tensor& x, MlpSaved& saved);       // x [N, C] -> [N, C]
   Tensor backward(const Tensor& dy, MlpSaved& saved);     // -> dx [N, C]

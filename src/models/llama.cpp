@@ -1,5 +1,6 @@
 #include "models/llama.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "ops/ops.h"
@@ -147,17 +148,72 @@ Tensor LlamaModel::forward_hidden(const Tensor& tokens) {
   const RopeTable rope = rope_for(T);
   tokens_ = tokens.reshape({B * T});
   Tensor x = embedding_.forward(tokens_);  // [N, C]
-  for (Block& b : blocks_) {
+  for (int64_t i = 0; i < args_.num_layers; ++i) {
+    Block& b = blocks_[i];
     b.attention.shape = AttentionShape{B, T, args_.num_attention_heads, args_.num_query_groups, args_.kv_channels};
-    Tensor h = b.input_norm.forward(x, b.input_norm_saved);
-    Tensor a = b.attention.forward(h, rope, b.attention_saved);
-    ops::add_inplace(a, x);  // a = x + attention(x): the block's mid residual
-    Tensor h2 = b.post_attention_norm.forward(a, b.post_norm_saved);
-    Tensor m = b.mlp.forward(h2, b.mlp_saved);
-    ops::add_inplace(m, a);
-    x = m;
+    const auto [first, end] = recompute_chunk(i);
+    if (first == end) {
+      x = block_forward(b, x, rope);
+      continue;
+    }
+    if (i == first) b.chunk_input = x;
+    x = block_forward(b, x, rope);
+    release_block(b);  // backward recomputes the chunk from chunk_input
   }
   return final_norm_.forward(x, final_norm_saved_);
+}
+
+Tensor LlamaModel::block_forward(Block& b, const Tensor& x, const RopeTable& rope) {
+  Tensor h = b.input_norm.forward(x, b.input_norm_saved);
+  Tensor a = b.attention.forward(h, rope, b.attention_saved);
+  ops::add_inplace(a, x);  // a = x + attention(x): the block's mid residual
+  Tensor h2 = b.post_attention_norm.forward(a, b.post_norm_saved);
+  Tensor m = b.mlp.forward(h2, b.mlp_saved);
+  ops::add_inplace(m, a);
+  return m;
+}
+
+Tensor LlamaModel::block_backward(Block& b, const Tensor& dx, const RopeTable& rope) {
+  // x_out = mid + mlp(norm(mid)); mid = x_in + attn(norm(x_in)): each residual passes dx through.
+  Tensor dmid = b.post_attention_norm.backward(b.mlp.backward(dx, b.mlp_saved), b.post_norm_saved);
+  ops::add_inplace(dmid, dx);
+  Tensor dx_in = b.input_norm.backward(b.attention.backward(dmid, rope, b.attention_saved), b.input_norm_saved);
+  ops::add_inplace(dx_in, dmid);
+  release_block(b);
+  return dx_in;
+}
+
+void LlamaModel::release_block(Block& b) {
+  b.input_norm_saved = RmsNormSaved();
+  b.attention_saved = AttentionSaved();
+  b.post_norm_saved = RmsNormSaved();
+  b.mlp_saved = MlpSaved();
+}
+
+std::pair<int64_t, int64_t> LlamaModel::recompute_chunk(int64_t i) const {
+  if (recompute_.granularity != RecomputeConfig::Granularity::kFull) return {i, i};
+  const int64_t n = recompute_.num_layers;
+  if (recompute_.block) return i < n ? std::pair{i, i + 1} : std::pair{i, i};
+  const int64_t first = i / n * n;
+  return {first, std::min(first + n, args_.num_layers)};
+}
+
+void LlamaModel::set_recompute(const RecomputeConfig& recompute) {
+  PRIMUS_CHECK(recompute.num_layers >= 1, "[model] recompute_num_layers {} must be >= 1", recompute.num_layers);
+  recompute_ = recompute;
+  for (Block& b : blocks_) b.mlp.recompute_act = recompute.granularity == RecomputeConfig::Granularity::kSelective;
+}
+
+RecomputeConfig RecomputeConfig::from(const TrainingArgs& t) {
+  RecomputeConfig r;
+  if (t.recompute_granularity == "full") {
+    r.granularity = Granularity::kFull;
+    r.block = t.recompute_method == "block";
+    r.num_layers = std::max<int64_t>(1, t.recompute_num_layers);
+  } else if (t.recompute_granularity == "selective") {
+    r.granularity = Granularity::kSelective;
+  }
+  return r;
 }
 
 void LlamaModel::forward(const Tensor& tokens, const Tensor& labels, float grad_scale, Tensor& loss_sum) {
@@ -184,14 +240,14 @@ LossSum LlamaModel::evaluate(const Tensor& tokens, const Tensor& labels) {
 void LlamaModel::backward() {
   const RopeTable rope = rope_for(blocks_.empty() ? 1 : blocks_[0].attention.shape.seq);
   Tensor dx = final_norm_.backward(lm_loss_.backward(lm_loss_saved_), final_norm_saved_);
-  for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) {
-    Block& b = *it;
-    // x_out = mid + mlp(norm(mid)); mid = x_in + attn(norm(x_in)): each residual passes dx through.
-    Tensor dmid = b.post_attention_norm.backward(b.mlp.backward(dx, b.mlp_saved), b.post_norm_saved);
-    ops::add_inplace(dmid, dx);
-    Tensor dx_in = b.input_norm.backward(b.attention.backward(dmid, rope, b.attention_saved), b.input_norm_saved);
-    ops::add_inplace(dx_in, dmid);
-    dx = dx_in;
+  for (int64_t i = args_.num_layers - 1; i >= 0; --i) {
+    const auto [first, end] = recompute_chunk(i);
+    if (first != end && i == end - 1) {  // entering a recomputed chunk from its top: run its forward again
+      Tensor x = blocks_[first].chunk_input;
+      blocks_[first].chunk_input = Tensor();
+      for (int64_t j = first; j < end; ++j) x = block_forward(blocks_[j], x, rope);
+    }
+    dx = block_backward(blocks_[i], dx, rope);
   }
   embedding_.backward(tokens_, dx);
   release_activations();
@@ -199,10 +255,8 @@ void LlamaModel::backward() {
 
 void LlamaModel::release_activations() {
   for (Block& b : blocks_) {
-    b.input_norm_saved = RmsNormSaved();
-    b.attention_saved = AttentionSaved();
-    b.post_norm_saved = RmsNormSaved();
-    b.mlp_saved = MlpSaved();
+    release_block(b);
+    b.chunk_input = Tensor();
   }
   final_norm_saved_ = RmsNormSaved();
   lm_loss_saved_ = LmLossSaved();

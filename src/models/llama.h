@@ -17,6 +17,16 @@ struct LossSum {
   int64_t tokens = 0;        // counted tokens (labels >= 0)
 };
 
+// Activation recompute, Megatron's recompute_granularity / recompute_method / recompute_num_layers.
+struct RecomputeConfig {
+  enum class Granularity { kNone, kFull, kSelective };
+  Granularity granularity = Granularity::kNone;
+  bool block = false;      // full: only the first num_layers layers; else (uniform) every layer, in chunks
+  int64_t num_layers = 1;  // full: layers recomputed (block) or layers per chunk (uniform)
+
+  static RecomputeConfig from(const TrainingArgs& t);
+};
+
 class LlamaModel {
  public:
   // `args.vocab_size` must be resolved (> 0). Parameters are allocated but not initialised.
@@ -44,6 +54,11 @@ class LlamaModel {
   Tensor* compute_weights() { return compute_dtype_ == DType::kF32 ? nullptr : &compute_weights_; }
   DType compute_dtype() const { return compute_dtype_; }
 
+  // Applies to the next forward. Full: a recomputed layer keeps no activations, only the input of its chunk,
+  // and backward runs the chunk's forward again just before its backward. Selective: every MLP drops its
+  // SwiGLU output and recomputes it.
+  void set_recompute(const RecomputeConfig& recompute);
+
   // Training forward of one micro-batch: tokens, labels [B, T] i32 on the model's device, T <= max_seq_length.
   // The loss gradient (grad_scale × Σ token losses) is formed with the loss, chunk by chunk (LmLoss), so
   // grad_scale is given here: 1 / the tokens counted over the global batch (counted_tokens). Adds Σ token
@@ -68,14 +83,21 @@ class LlamaModel {
     AttentionSaved attention_saved;
     RmsNormSaved post_norm_saved;
     MlpSaved mlp_saved;
+    Tensor chunk_input;  // full recompute: the input of the chunk this block starts, else undefined
   };
 
   void bind_layers();
   Tensor forward_hidden(const Tensor& tokens);  // embedding, blocks, final norm: [B·T, C], activations saved
+  Tensor block_forward(Block& b, const Tensor& x, const RopeTable& rope);
+  Tensor block_backward(Block& b, const Tensor& dx, const RopeTable& rope);
+  void release_block(Block& b);
+  // The layers [first, end) recomputed together with layer i; first == end when layer i keeps its activations.
+  std::pair<int64_t, int64_t> recompute_chunk(int64_t i) const;
   void release_activations();
   RopeTable rope_for(int64_t seq) const;  // the first `seq` rows of rope_
 
   ModelArgs args_;
+  RecomputeConfig recompute_;
   int64_t max_seq_length_;
   Device device_;
   DType compute_dtype_;

@@ -46,6 +46,7 @@ BenchmarkResult run_benchmark_train(const ExperimentConfig& config, const Benchm
   if (args.vocab_size == 0) args.vocab_size = padded_vocab_size(tokenizer->vocab_size(), args.make_vocab_size_divisible_by);
 
   LlamaModel model(args, t.seq_length, device, compute_dtype(t, device));
+  model.set_recompute(RecomputeConfig::from(t));
   model.params().initialize(static_cast<uint64_t>(t.seed));
   model.weights_changed();
   AdamW optimizer(model.params(), AdamWConfig{t.adam_beta1, t.adam_beta2, t.adam_eps, t.weight_decay});

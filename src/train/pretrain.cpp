@@ -163,6 +163,7 @@ int run_pretrain(const ExperimentConfig& config, const RunOptions& options) {
   const ModelArgs model_args = resolve_vocab(config.model, *tokenizer);
   DataSources data = make_data(t, *tokenizer);
   LlamaModel model(model_args, t.seq_length, device, compute_dtype(t, device));
+  model.set_recompute(RecomputeConfig::from(t));
   AdamW optimizer(model.params(), AdamWConfig{t.adam_beta1, t.adam_beta2, t.adam_eps, t.weight_decay});
   const LrSchedule schedule{t.lr, t.min_lr, t.lr_warmup_iters, t.lr_decay_iters, t.lr_decay_style};
 

@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+
+#include <fmt/format.h>
 
 #include "models/llama.h"
 #include "support/test_support.h"
@@ -77,6 +80,37 @@ TEST(ModelGrad, GradientAccumulationEqualsOneBigBatch) {
     testing::train_micro_batch(model, t, l, 1.0f / (4 * T));
   }
   EXPECT_LT(testing::relative_error(model.params().flat_grads(), whole), 1e-5);
+}
+
+// Recompute changes what is kept, never the numbers: every mode gives the same gradients bit for bit.
+TEST(ModelGrad, RecomputeGivesIdenticalGradients) {
+  ModelArgs args = testing::tiny_qwen3_args();
+  args.num_layers = 3;
+  const int64_t T = 6;
+  Rng rng(8);
+  Tensor tokens = testing::random_ids({2, T}, args.vocab_size, rng);
+  Tensor labels = testing::random_ids({2, T}, args.vocab_size, rng);
+  auto gradients = [&](const RecomputeConfig& recompute) {
+    LlamaModel model(args, T);
+    model.params().initialize(9);
+    model.set_recompute(recompute);
+    model.params().zero_grads();
+    const LossSum s = testing::train_micro_batch(model, tokens, labels);
+    Tensor grads = Tensor::empty({model.params().numel()}, DType::kF32);
+    grads.copy_from(model.params().flat_grads());
+    return std::pair{s.loss_sum, grads};
+  };
+  using G = RecomputeConfig::Granularity;
+  const auto [loss, grads] = gradients(RecomputeConfig{});
+  const RecomputeConfig modes[] = {{G::kFull, false, 1}, {G::kFull, false, 2}, {G::kFull, false, 3},
+                                   {G::kFull, true, 1},  {G::kFull, true, 3},  {G::kSelective, false, 1}};
+  for (const RecomputeConfig& mode : modes) {
+    const auto [mode_loss, mode_grads] = gradients(mode);
+    const std::string what = fmt::format("granularity {} block {} layers {}", static_cast<int>(mode.granularity),
+                                         mode.block, mode.num_layers);
+    EXPECT_EQ(mode_loss, loss) << what;
+    EXPECT_EQ(std::memcmp(mode_grads.data(), grads.data(), grads.nbytes()), 0) << what;
+  }
 }
 
 }  // namespace

@@ -168,6 +168,31 @@ TEST_F(ConfigErrorsTest, WrongTypes) {
   EXPECT_CONTAINS(error_with("      seed: 99999999999999999999\n"), "does not fit in a 64-bit integer");
 }
 
+TEST_F(ConfigErrorsTest, RecomputeKeys) {
+  EXPECT_CONTAINS(error_with("      recompute_method: block\n"),
+                  "exp.yaml:11: modules.pre_trainer.overrides.recompute_method: recompute_method applies only to "
+                  "recompute_granularity: full (recompute_granularity = null from the default)");
+  EXPECT_CONTAINS(error_with("      recompute_granularity: selective\n      recompute_num_layers: 1\n"),
+                  "recompute_num_layers applies only to recompute_granularity: full (recompute_granularity = "
+                  "selective from ");
+  EXPECT_CONTAINS(error_with("      recompute_granularity: full\n      recompute_num_layers: 99\n"),
+                  "exp.yaml:12: modules.pre_trainer.overrides.recompute_num_layers: recompute_num_layers (99) exceeds "
+                  "num_layers");
+  EXPECT_CONTAINS(error_with("      recompute_granularity: partial\n"),
+                  "'partial' is not allowed; allowed: full | selective");
+  const TrainingArgs full =
+      load_experiment_config(write("full.yaml", std::string(kBase) + "      recompute_granularity: full\n"), {})
+          .config.train;
+  EXPECT_EQ(full.recompute_method, "uniform");
+  EXPECT_EQ(full.recompute_num_layers, 1);
+  const TrainingArgs block = load_experiment_config(write("block.yaml", std::string(kBase) +
+                                                                          "      recompute_granularity: full\n"
+                                                                          "      recompute_method: block\n"),
+                                                    {})
+                                 .config.train;
+  EXPECT_EQ(block.recompute_num_layers, load_experiment_config(write("n.yaml", kBase), {}).config.model.num_layers);
+}
+
 TEST_F(ConfigErrorsTest, RangesAndChoices) {
   std::string text = kBase;
   text.replace(text.find("train_iters: 10"), 15, "train_iters: 0");
