@@ -39,8 +39,9 @@ std::string why_no_gpu() {
 
 // Loss and flat fp32 gradients of one micro-batch, computed on `device` in `dtype`.
 std::pair<double, Tensor> loss_and_grads(const ModelArgs& args, Device device, DType dtype, const Tensor& tokens,
-                                         const Tensor& labels) {
+                                         const Tensor& labels, const RecomputeConfig& recompute = {}) {
   LlamaModel model(args, tokens.dim(1), device, dtype);
+  model.set_recompute(recompute);
   model.params().initialize(31);
   model.weights_changed();
   model.params().zero_grads();
@@ -72,6 +73,28 @@ TEST(ModelGpu, Fp32LossAndGradientsMatchTheCpuEngine) {
 TEST(ModelGpu, Bf16LossAndGradientsTrackTheCpuEngine) {
   SKIP_WITHOUT_GPU();
   check_against_cpu(DType::kBF16, 1e-2, 5e-2);
+}
+
+// Recompute on the GPU runs the same kernels on the same inputs again: the loss and gradients match the run
+// that kept everything (cuDNN's attention backward may accumulate in a different order, hence not bitwise).
+TEST(ModelGpu, RecomputeMatchesKeepingActivations) {
+  SKIP_WITHOUT_GPU();
+  ModelArgs args = testing::tiny_qwen3_args();
+  args.num_layers = 3;
+  args.num_attention_heads = 4;
+  args.num_query_groups = 2;
+  args.kv_channels = 16;
+  Rng rng(6);
+  Tensor tokens = testing::random_ids({2, 64}, args.vocab_size, rng);
+  Tensor labels = testing::random_ids({2, 64}, args.vocab_size, rng);
+  const auto [loss, grads] = loss_and_grads(args, kGpu, DType::kBF16, tokens, labels);
+  using G = RecomputeConfig::Granularity;
+  for (const RecomputeConfig& mode : {RecomputeConfig{G::kFull, false, 2}, RecomputeConfig{G::kFull, true, 1},
+                                      RecomputeConfig{G::kSelective, false, 1}}) {
+    const auto [mode_loss, mode_grads] = loss_and_grads(args, kGpu, DType::kBF16, tokens, labels, mode);
+    EXPECT_EQ(mode_loss, loss) << static_cast<int>(mode.granularity);
+    EXPECT_LE(testing::relative_error(mode_grads, grads), 1e-5) << static_cast<int>(mode.granularity);
+  }
 }
 
 ExperimentConfig text_run(const std::string& workspace, const std::string& device, bool bf16) {
