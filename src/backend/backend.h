@@ -70,14 +70,13 @@ struct AttentionArgs {
   Tensor* dv = nullptr;         // [B, T, Hkv, D] (backward)
 };
 
-// SwiGLU: out = silu(gate) * up.
+// SwiGLU over a packed input: each row of gate_up is the gate (F values) then the up projection (F values),
+// as one GEMM against the adjacent gate_proj and up_proj weights produces it. out = silu(gate) * up.
 struct SwiGluArgs {
-  const Tensor* gate = nullptr;  // [N, F]
-  const Tensor* up = nullptr;    // [N, F]
-  Tensor* out = nullptr;         // [N, F]  (forward)
-  const Tensor* dout = nullptr;  // [N, F]  (backward)
-  Tensor* dgate = nullptr;       // [N, F]  (backward)
-  Tensor* dup = nullptr;         // [N, F]  (backward)
+  const Tensor* gate_up = nullptr;  // [N, 2F]
+  Tensor* out = nullptr;            // [N, F]   (forward)
+  const Tensor* dout = nullptr;     // [N, F]   (backward)
+  Tensor* dgate_up = nullptr;       // [N, 2F]  (backward; may alias gate_up)
 };
 
 // Softmax cross-entropy per row. Rows whose target is negative are ignored (loss 0, gradient 0).

@@ -12,16 +12,12 @@ Tensor linear(const Tensor& x, const Tensor& w) {
   return y;
 }
 
-// dw += dyᵀ · x, and dy · w goes into dx_sum: assigned when dx_sum is undefined, added otherwise
-// (a layer input that feeds several projections sums their gradients).
+// dw += dyᵀ · x, and dy · w goes into dx_sum: assigned when dx_sum is undefined, accumulated by the GEMM
+// otherwise (a layer input that feeds several projections sums their gradients).
 void linear_grad(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor& dw, Tensor& dx_sum) {
-  Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
-  ops::linear_backward(x, w, dy, dx, dw);
-  if (dx_sum.defined()) {
-    ops::add_inplace(dx_sum, dx);
-  } else {
-    dx_sum = dx;
-  }
+  const bool accumulate = dx_sum.defined();
+  if (!accumulate) dx_sum = Tensor::empty(x.shape(), x.dtype(), x.device());
+  ops::linear_backward(x, w, dy, dx_sum, dw, accumulate);
 }
 
 }  // namespace
@@ -73,10 +69,9 @@ Tensor Attention::backward(const Tensor& dy, const RopeTable& rope, AttentionSav
 
 Tensor SwiGluMlp::forward(const Tensor& x, MlpSaved& saved) {
   saved.input = x;
-  saved.gate = linear(x, w_gate);
-  saved.up = linear(x, w_up);
-  saved.act = Tensor::empty(saved.gate.shape(), x.dtype(), x.device());
-  ops::swiglu_forward(saved.gate, saved.up, saved.act);
+  saved.gate_up = linear(x, w_gate_up);
+  saved.act = Tensor::empty({x.dim(0), w_down.dim(1)}, x.dtype(), x.device());
+  ops::swiglu_forward(saved.gate_up, saved.act);
   Tensor y = linear(saved.act, w_down);
   if (recompute_act) saved.act = Tensor();
   return y;
@@ -84,17 +79,15 @@ Tensor SwiGluMlp::forward(const Tensor& x, MlpSaved& saved) {
 
 Tensor SwiGluMlp::backward(const Tensor& dy, MlpSaved& saved) {
   if (!saved.act.defined()) {  // dropped after forward (recompute_act): the same kernel on the same inputs
-    saved.act = Tensor::empty(saved.gate.shape(), saved.gate.dtype(), saved.gate.device());
-    ops::swiglu_forward(saved.gate, saved.up, saved.act);
+    saved.act = Tensor::empty({saved.gate_up.dim(0), w_down.dim(1)}, saved.gate_up.dtype(), saved.gate_up.device());
+    ops::swiglu_forward(saved.gate_up, saved.act);
   }
   Tensor dact;
   linear_grad(saved.act, w_down, dy, dw_down, dact);
-  Tensor dgate = Tensor::empty(saved.gate.shape(), dy.dtype(), dy.device());
-  Tensor dup = Tensor::empty(saved.up.shape(), dy.dtype(), dy.device());
-  ops::swiglu_backward(saved.gate, saved.up, dact, dgate, dup);
+  Tensor dgate_up = saved.gate_up;  // the gradient overwrites the pre-activations, which are not needed after
+  ops::swiglu_backward(saved.gate_up, dact, dgate_up);
   Tensor dx;
-  linear_grad(saved.input, w_gate, dgate, dw_gate, dx);
-  linear_grad(saved.input, w_up, dup, dw_up, dx);
+  linear_grad(saved.input, w_gate_up, dgate_up, dw_gate_up, dx);
   saved = MlpSaved();
   return dx;
 }

@@ -39,17 +39,16 @@ struct Attention {
 };
 
 struct MlpSaved {
-  Tensor input;  // [N, C]
-  Tensor gate;   // [N, F]
-  Tensor up;     // [N, F]
-  Tensor act;    // [N, F] silu(gate) * up (dropped after forward when recompute_act)
+  Tensor input;    // [N, C]
+  Tensor gate_up;  // [N, 2F] per row the gate then the up projection
+  Tensor act;      // [N, F] silu(gate) * up (dropped after forward when recompute_act)
 };
 
-// SwiGLU MLP: down(silu(gate(x)) * up(x)).
+// SwiGLU MLP: down(silu(gate(x)) * up(x)). gate_proj and up_proj are adjacent in the flat parameter and
+// gradient buffers, so one [2F, C] view of both makes the two projections one GEMM (and one each backward).
 struct SwiGluMlp {
-  Tensor w_gate, dw_gate;  // [F, C]
-  Tensor w_up, dw_up;      // [F, C]
-  Tensor w_down, dw_down;  // [C, F]
+  Tensor w_gate_up, dw_gate_up;  // [2F, C]: gate_proj.weight then up_proj.weight
+  Tensor w_down, dw_down;        // [C, F]
   bool recompute_act = false;  // selective recompute: keep gate and up only, recompute the product in backward
 
   Tensor forward(const Tensor& x, MlpSaved& saved);       // x [N, C] -> [N, C]

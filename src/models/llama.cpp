@@ -90,6 +90,18 @@ void LlamaModel::bind_layers() {
     return compute_weights_.slice_elements(params_.offset(i), params_.specs()[i].shape);
   };
   auto g = [&](const std::string& name) { return params_.grad(name); };
+  // Two [rows, C] tensors adjacent in the flat buffers (param_specs keeps them so) as one [rows_a + rows_b, C].
+  auto joined = [&](const Tensor& flat, const std::string& a, const std::string& b) {
+    const size_t ia = params_.index_of(a), ib = params_.index_of(b);
+    const Shape& sa = params_.specs()[ia].shape;
+    const Shape& sb = params_.specs()[ib].shape;
+    PRIMUS_CHECK(params_.offset(ib) == params_.offset(ia) + shape_numel(sa) && sa[1] == sb[1],
+                 "[model] {} and {} must be adjacent for one GEMM", a, b);
+    return flat.slice_elements(params_.offset(ia), {sa[0] + sb[0], sa[1]});
+  };
+  const Tensor& compute_flat = compute_dtype_ == DType::kF32 ? params_.flat_params() : compute_weights_;
+  auto p2 = [&](const std::string& a, const std::string& b) { return joined(compute_flat, a, b); };
+  auto g2 = [&](const std::string& a, const std::string& b) { return joined(params_.flat_grads(), a, b); };
   embedding_ = Embedding{p("model.embed_tokens.weight"), g("model.embed_tokens.weight")};
   blocks_.resize(args_.num_layers);
   for (int64_t i = 0; i < args_.num_layers; ++i) {
@@ -113,10 +125,8 @@ void LlamaModel::bind_layers() {
       at.k_norm = RmsNorm{p(pre + "self_attn.k_norm.weight"), g(pre + "self_attn.k_norm.weight"), eps};
     }
     SwiGluMlp& m = b.mlp;
-    m.w_gate = p(pre + "mlp.gate_proj.weight");
-    m.dw_gate = g(pre + "mlp.gate_proj.weight");
-    m.w_up = p(pre + "mlp.up_proj.weight");
-    m.dw_up = g(pre + "mlp.up_proj.weight");
+    m.w_gate_up = p2(pre + "mlp.gate_proj.weight", pre + "mlp.up_proj.weight");
+    m.dw_gate_up = g2(pre + "mlp.gate_proj.weight", pre + "mlp.up_proj.weight");
     m.w_down = p(pre + "mlp.down_proj.weight");
     m.dw_down = g(pre + "mlp.down_proj.weight");
   }

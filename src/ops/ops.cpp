@@ -146,7 +146,7 @@ void linear_forward(const Tensor& x, const Tensor& w, Tensor& y) {
   dispatch_gemm(device, x2, w, y2, false, true, 0.0f);
 }
 
-void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor& dx, Tensor& dw) {
+void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor& dx, Tensor& dw, bool accumulate_dx) {
   const char* op = "linear_backward";
   const DType act = act_dtype(x);
   const Device device = check_args(op, {{"x", &x, act}, {"w", &w, act}, {"dy", &dy, act}});
@@ -160,7 +160,7 @@ void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor&
     check_args(op, {{"x", &x, act}, {"dx", &dx, act}});
     OP_CHECK_PAIR(dx.shape() == x.shape(), x, dx);
     Tensor dx2 = rows_view(dx);
-    dispatch_gemm(device, dy2, w, dx2, false, false, 0.0f);
+    dispatch_gemm(device, dy2, w, dx2, false, false, accumulate_dx ? 1.0f : 0.0f);
   }
   if (dw.defined()) {
     check_args(op, {{"w", &w, act}, {"dw", &dw}});
@@ -347,34 +347,43 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
   backend(device).attention_backward(args);
 }
 
-void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& out) {
+namespace {
+
+// gate_up [..., 2F] against a [..., F] tensor: the same rows, half the width.
+bool packed_pair(const Tensor& gate_up, const Tensor& half) {
+  if (gate_up.ndim() < 1 || half.ndim() != gate_up.ndim() || gate_up.dim(-1) != 2 * half.dim(-1)) return false;
+  for (int i = 0; i + 1 < gate_up.ndim(); ++i) {
+    if (gate_up.dim(i) != half.dim(i)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+void swiglu_forward(const Tensor& gate_up, Tensor& out) {
   const char* op = "swiglu_forward";
-  const DType act = act_dtype(gate);
-  const Device device = check_args(op, {{"gate", &gate, act}, {"up", &up, act}, {"out", &out, act}});
-  OP_CHECK_PAIR(up.shape() == gate.shape(), gate, up);
-  OP_CHECK_PAIR(out.shape() == gate.shape(), gate, out);
+  const DType act = act_dtype(gate_up);
+  const Device device = check_args(op, {{"gate_up", &gate_up, act}, {"out", &out, act}});
+  OP_CHECK(packed_pair(gate_up, out), "gate_up {} must be out {} with the last dimension doubled (gate | up)",
+           gate_up.describe(), out.describe());
   SwiGluArgs args;
-  args.gate = &gate;
-  args.up = &up;
+  args.gate_up = &gate_up;
   args.out = &out;
   backend(device).swiglu_forward(args);
 }
 
-void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dout, Tensor& dgate, Tensor& dup) {
+void swiglu_backward(const Tensor& gate_up, const Tensor& dout, Tensor& dgate_up) {
   const char* op = "swiglu_backward";
-  const DType act = act_dtype(gate);
-  const Device device = check_args(
-      op, {{"gate", &gate, act}, {"up", &up, act}, {"dout", &dout, act}, {"dgate", &dgate, act}, {"dup", &dup, act}});
-  OP_CHECK_PAIR(up.shape() == gate.shape(), gate, up);
-  OP_CHECK_PAIR(dout.shape() == gate.shape(), gate, dout);
-  OP_CHECK_PAIR(dgate.shape() == gate.shape(), gate, dgate);
-  OP_CHECK_PAIR(dup.shape() == gate.shape(), gate, dup);
+  const DType act = act_dtype(gate_up);
+  const Device device =
+      check_args(op, {{"gate_up", &gate_up, act}, {"dout", &dout, act}, {"dgate_up", &dgate_up, act}});
+  OP_CHECK(packed_pair(gate_up, dout), "gate_up {} must be dout {} with the last dimension doubled (gate | up)",
+           gate_up.describe(), dout.describe());
+  OP_CHECK_PAIR(dgate_up.shape() == gate_up.shape(), gate_up, dgate_up);
   SwiGluArgs args;
-  args.gate = &gate;
-  args.up = &up;
+  args.gate_up = &gate_up;
   args.dout = &dout;
-  args.dgate = &dgate;
-  args.dup = &dup;
+  args.dgate_up = &dgate_up;
   backend(device).swiglu_backward(args);
 }
 

@@ -13,8 +13,10 @@ namespace primus::ops {
 
 // y[N,out] = x[N,in] · w[out,in]ᵀ  (PyTorch/HF Linear layout). y has x's dtype, or f32 from bf16 x and w.
 void linear_forward(const Tensor& x, const Tensor& w, Tensor& y);
-// dx[N,in] = dy · w (overwritten) ; dw[out,in] += dyᵀ · x (accumulated). Either output may be undefined (skipped).
-void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor& dx, Tensor& dw);
+// dx[N,in] = dy · w (overwritten, or added to with accumulate_dx: an input feeding several projections);
+// dw[out,in] += dyᵀ · x (accumulated). Either output may be undefined (skipped).
+void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor& dx, Tensor& dw,
+                     bool accumulate_dx = false);
 void gemm(const GemmArgs& args);
 
 void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out);
@@ -31,8 +33,9 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
 void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                         const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv);
 
-void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& out);
-void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dout, Tensor& dgate, Tensor& dup);
+// gate_up [..., 2F]: per row the gate then the up projection; out, dout [..., F]; dgate_up may be gate_up.
+void swiglu_forward(const Tensor& gate_up, Tensor& out);
+void swiglu_backward(const Tensor& gate_up, const Tensor& dout, Tensor& dgate_up);
 
 void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& losses, Tensor& lse);
 void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, float grad_scale,

@@ -61,7 +61,7 @@ Device select_device(const std::string& device_key) {
     return Device{DeviceType::kCuda, 0};
   }
   if (device_key == "cuda") throw UsageError(fmt::format("[config] device: cuda, but no CUDA device is usable: {}", why));
-  spdlog::info("device: auto -> cpu (no CUDA device: {})", why);
+  spdlog::info("device auto: no usable CUDA device ({}), so the CPU", why);
 #else
   if (device_key == "cuda") throw UsageError("[config] device: cuda, but this binary was built without CUDA");
 #endif

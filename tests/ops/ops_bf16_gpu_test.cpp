@@ -283,19 +283,18 @@ TEST_F(Bf16Ops, SwiGluAddAndCastMatchCpu) {
   for (int64_t rows : {1, 31, 33}) {
     for (int64_t width : {64, 1000}) {
       const std::string shape = fmt::format("N={} F={}", rows, width);
-      const Tensor gate = random_bf16_values({rows, width}, rng, 4.0f), up = random_bf16_values({rows, width}, rng);
+      const Tensor gate_up = random_bf16_values({rows, 2 * width}, rng, 4.0f);
       const Tensor dout = random_bf16_values({rows, width}, rng);
-      const Tensor ggate = bf16_gpu(gate), gup = bf16_gpu(up);
+      const Tensor ggate_up = bf16_gpu(gate_up);
       Tensor out = Tensor::empty({rows, width}, DType::kF32), gout = poisoned({rows, width}, DType::kBF16);
-      ops::swiglu_forward(gate, up, out);
-      ops::swiglu_forward(ggate, gup, gout);
+      ops::swiglu_forward(gate_up, out);
+      ops::swiglu_forward(ggate_up, gout);
       expect_close("swiglu out " + shape, gout, out, kRounded);
-      Tensor dgate = Tensor::empty({rows, width}, DType::kF32), dup = Tensor::empty({rows, width}, DType::kF32);
-      Tensor gdgate = poisoned({rows, width}, DType::kBF16), gdup = poisoned({rows, width}, DType::kBF16);
-      ops::swiglu_backward(gate, up, dout, dgate, dup);
-      ops::swiglu_backward(ggate, gup, bf16_gpu(dout), gdgate, gdup);
-      expect_close("swiglu dgate " + shape, gdgate, dgate, kRounded);
-      expect_close("swiglu dup " + shape, gdup, dup, kRounded);
+      Tensor grad = Tensor::empty({rows, 2 * width}, DType::kF32);
+      Tensor ggrad = poisoned({rows, 2 * width}, DType::kBF16);
+      ops::swiglu_backward(gate_up, dout, grad);
+      ops::swiglu_backward(ggate_up, bf16_gpu(dout), ggrad);
+      expect_close("swiglu dgate_up " + shape, ggrad, grad, kRounded);
     }
   }
   for (int64_t n : {1, 31, 33, 16385, 1000003}) {
@@ -550,11 +549,12 @@ TEST_F(Bf16Ops, ThroughputAtTrainingShapes) {
   Tensor nweight = ops::zeros({c}, DType::kF32, kGpu);
   bandwidth_line("rmsnorm backward [16384, 2048]", 6.0 * n * c,
                  median_ms([&] { ops::rmsnorm_backward(x, x, nw, rstd, dx, nweight); }));
-  const Tensor up = values({n, f});
-  Tensor act = poisoned({n, f}, DType::kBF16), dup = poisoned({n, f}, DType::kBF16);
-  bandwidth_line("swiglu forward [16384, 8192]", 6.0 * n * f, median_ms([&] { ops::swiglu_forward(dy, up, act); }));
-  bandwidth_line("swiglu backward [16384, 8192]", 10.0 * n * f,
-                 median_ms([&] { ops::swiglu_backward(dy, up, act, y, dup); }));
+  const Tensor gate_up = values({n, 2 * f});
+  Tensor act = poisoned({n, f}, DType::kBF16), dgate_up = poisoned({n, 2 * f}, DType::kBF16);
+  bandwidth_line("swiglu forward [16384, 2 x 8192]", 6.0 * n * f,
+                 median_ms([&] { ops::swiglu_forward(gate_up, act); }));
+  bandwidth_line("swiglu backward [16384, 2 x 8192]", 10.0 * n * f,
+                 median_ms([&] { ops::swiglu_backward(gate_up, act, dgate_up); }));
   Tensor residual = values({n, c});
   bandwidth_line("add_inplace [16384, 2048]", 6.0 * n * c, median_ms([&] { ops::add_inplace(residual, x); }));
   const int64_t params = int64_t{1} << 28;

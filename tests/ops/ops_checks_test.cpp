@@ -152,11 +152,10 @@ std::vector<Tensor> run_all_ops(uint64_t seed) {
   ops::attention_backward(q, k, v, out, lse, q, dq, dk, dv);
   outs.insert(outs.end(), {q, k, out, lse, dq, dk, dv});
   // swiglu
-  Tensor gate = random_tensor({31, 24}, rng), up = random_tensor({31, 24}, rng), act = poisoned({31, 24});
-  Tensor dgate = poisoned({31, 24}), dup = poisoned({31, 24});
-  ops::swiglu_forward(gate, up, act);
-  ops::swiglu_backward(gate, up, act, dgate, dup);
-  outs.insert(outs.end(), {act, dgate, dup});
+  Tensor gate_up = random_tensor({31, 48}, rng), act = poisoned({31, 24}), dgate_up = poisoned({31, 48});
+  ops::swiglu_forward(gate_up, act);
+  ops::swiglu_backward(gate_up, act, dgate_up);
+  outs.insert(outs.end(), {act, dgate_up});
   // cross-entropy, in place
   Tensor logits = random_tensor({33, 50}, rng), targets = random_ids({33}, 50, rng);
   targets.i32()[4] = -100;

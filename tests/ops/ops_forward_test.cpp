@@ -270,25 +270,27 @@ TEST(OpsForward, SwiGluForwardBackwardClosedForm) {
   for (int64_t rows : {1, 31, 33}) {
     SCOPED_TRACE(fmt::format("rows={}", rows));
     const int64_t f = 24;
-    Tensor gate = random_tensor({rows, f}, rng, 3.0f);
-    Tensor up = random_tensor({rows, f}, rng);
+    Tensor gate_up = random_tensor({rows, 2 * f}, rng, 3.0f);  // per row: gate, then up
     Tensor dout = random_tensor({rows, f}, rng);
     Tensor out = poisoned({rows, f});
-    Tensor dgate = poisoned({rows, f});
-    Tensor dup = poisoned({rows, f});
-    ops::swiglu_forward(gate, up, out);
-    ops::swiglu_backward(gate, up, dout, dgate, dup);
-    std::vector<double> want(rows * f), want_dg(rows * f), want_du(rows * f);
-    for (int64_t i = 0; i < rows * f; ++i) {
-      const double g = gate.f32()[i], u = up.f32()[i], d = dout.f32()[i];
-      const double sig = 1.0 / (1.0 + std::exp(-g));
-      want[i] = g * sig * u;
-      want_du[i] = d * g * sig;
-      want_dg[i] = d * u * (sig + g * sig * (1.0 - sig));
+    Tensor dgate_up = poisoned({rows, 2 * f});
+    ops::swiglu_forward(gate_up, out);
+    ops::swiglu_backward(gate_up, dout, dgate_up);
+    std::vector<double> want(rows * f), want_grad(rows * 2 * f);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t i = 0; i < f; ++i) {
+        const double g = gate_up.f32()[r * 2 * f + i], u = gate_up.f32()[r * 2 * f + f + i];
+        const double d = dout.f32()[r * f + i];
+        const double sig = 1.0 / (1.0 + std::exp(-g));
+        want[r * f + i] = g * sig * u;
+        want_grad[r * 2 * f + i] = d * u * (sig + g * sig * (1.0 - sig));
+        want_grad[r * 2 * f + f + i] = d * g * sig;
+      }
     }
     expect_near(out, want, 1e-6, "out");
-    expect_near(dgate, want_dg, 1e-6, "dgate");
-    expect_near(dup, want_du, 1e-6, "dup");
+    expect_near(dgate_up, want_grad, 1e-6, "dgate_up");
+    ops::swiglu_backward(gate_up, dout, gate_up);  // written over its input, as the MLP does
+    expect_near(gate_up, want_grad, 1e-6, "dgate_up in place");
   }
 }
 

@@ -348,17 +348,19 @@ void CudaBackend::attention_backward(const AttentionArgs& args) {
 }
 
 void CudaBackend::swiglu_forward(const SwiGluArgs& args) {
-  dispatch(args.gate->dtype(), "swiglu_forward", [&](auto tag) {
+  dispatch(args.gate_up->dtype(), "swiglu_forward", [&](auto tag) {
     using T = decltype(tag);
-    cuda::swiglu_forward<T>(state_->ctx, ptr<T>(*args.gate), ptr<T>(*args.up), ptr<T>(*args.out), args.gate->numel());
+    const int64_t f = args.out->dim(-1);
+    cuda::swiglu_forward<T>(state_->ctx, ptr<T>(*args.gate_up), ptr<T>(*args.out), args.out->numel() / f, f);
   });
 }
 
 void CudaBackend::swiglu_backward(const SwiGluArgs& args) {
-  dispatch(args.gate->dtype(), "swiglu_backward", [&](auto tag) {
+  dispatch(args.gate_up->dtype(), "swiglu_backward", [&](auto tag) {
     using T = decltype(tag);
-    cuda::swiglu_backward<T>(state_->ctx, ptr<T>(*args.gate), ptr<T>(*args.up), ptr<T>(*args.dout), ptr<T>(*args.dgate),
-                             ptr<T>(*args.dup), args.gate->numel());
+    const int64_t f = args.dout->dim(-1);
+    cuda::swiglu_backward<T>(state_->ctx, ptr<T>(*args.gate_up), ptr<T>(*args.dout), ptr<T>(*args.dgate_up),
+                             args.dout->numel() / f, f);
   });
 }
 

@@ -95,10 +95,11 @@ template <typename T>
 void attention_backward(const KernelContext& ctx, const AttentionShape& shape, const T* q, const T* k, const T* v,
                         const T* out, const float* lse, const T* dout, T* dq, T* dk, T* dv);
 
+// gate_up, dgate_up [rows, 2F] (per row: gate then up; dgate_up may be gate_up); out, dout [rows, F].
 template <typename T>
-void swiglu_forward(const KernelContext& ctx, const T* gate, const T* up, T* out, int64_t n);
+void swiglu_forward(const KernelContext& ctx, const T* gate_up, T* out, int64_t rows, int64_t f);
 template <typename T>
-void swiglu_backward(const KernelContext& ctx, const T* gate, const T* up, const T* dout, T* dgate, T* dup, int64_t n);
+void swiglu_backward(const KernelContext& ctx, const T* gate_up, const T* dout, T* dgate_up, int64_t rows, int64_t f);
 
 // logits, dlogits [N, V] (dlogits may be the same memory as logits); targets, losses, lse [N].
 // With dlogits (may be null), the forward also writes the backward's gradient for grad_scale in the same launch.
