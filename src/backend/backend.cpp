@@ -1,5 +1,7 @@
 #include "backend/backend.h"
 
+#include <chrono>
+
 namespace primus {
 
 void Backend::unimplemented(const char* op) const {
@@ -35,14 +37,33 @@ void Backend::zero(Tensor&) { unimplemented("zero"); }
 void Backend::synchronize() { unimplemented("synchronize"); }
 
 namespace {
+
+struct HostMark : DeviceMark {
+  std::chrono::steady_clock::time_point time = std::chrono::steady_clock::now();
+};
+
 Backend* g_backends[2] = {nullptr, nullptr};
+
+}  // namespace
+
+std::unique_ptr<DeviceMark> Backend::mark() { return std::make_unique<HostMark>(); }
+
+double Backend::elapsed_ms(const DeviceMark& from, const DeviceMark& to) {
+  const auto& a = dynamic_cast<const HostMark&>(from);
+  const auto& b = dynamic_cast<const HostMark&>(to);
+  return std::chrono::duration<double, std::milli>(b.time - a.time).count();
 }
+
+void Backend::range_push(const char*) {}
+void Backend::range_pop() {}
 
 Backend& backend_for(Device device) {
   Backend* backend = g_backends[static_cast<int>(device.type)];
   if (backend == nullptr) throw RuntimeError(fmt::format("no backend for device {} (not built or not started)", device.str()));
   return *backend;
 }
+
+Backend* started_backend(DeviceType type) { return g_backends[static_cast<int>(type)]; }
 
 void register_backend(DeviceType type, Backend* backend) { g_backends[static_cast<int>(type)] = backend; }
 

@@ -11,6 +11,7 @@
 // optimizer state always fp32. Each field names its dtype where it is not "act".
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include "core/tensor.h"
@@ -106,6 +107,13 @@ struct AdamWArgs {
   Tensor* compute_copy = nullptr; // [n] bf16, optional: receives the updated param rounded (the compute weights)
 };
 
+// A point in a device's queue of work, for timing (profiles, per-phase step times). The host backend runs ops
+// as they are called, so its marks are host clock readings; a GPU's are events on its stream.
+class DeviceMark {
+ public:
+  virtual ~DeviceMark() = default;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -152,6 +160,13 @@ class Backend {
   // Waits for all queued work of this backend; throws errors its kernels found in the data (bad ids).
   virtual void synchronize();
 
+  // Timing and profiling. mark() queues a timestamp without waiting; elapsed_ms waits until `to` is reached.
+  virtual std::unique_ptr<DeviceMark> mark();
+  virtual double elapsed_ms(const DeviceMark& from, const DeviceMark& to);
+  // Named ranges for external profilers (NVTX for Nsight Systems on CUDA); nothing on the host backend.
+  virtual void range_push(const char* name);
+  virtual void range_pop();
+
  protected:
   [[noreturn]] void unimplemented(const char* op) const;
 };
@@ -159,6 +174,8 @@ class Backend {
 // The backend that owns tensors on this device (src/ops registers and starts them on first use;
 // ops::to_device and ops::copy move tensors between devices).
 Backend& backend_for(Device device);
+// The started backend of a device type, or null (profiling scopes look for a GPU without starting one).
+Backend* started_backend(DeviceType type);
 void register_backend(DeviceType type, Backend* backend);
 
 }  // namespace primus

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "ops/ops.h"
+#include "ops/profile.h"
 
 namespace primus {
 
@@ -107,6 +108,7 @@ void LlamaModel::bind_layers() {
   for (int64_t i = 0; i < args_.num_layers; ++i) {
     const std::string pre = layer_prefix(i);
     Block& b = blocks_[i];
+    b.name = fmt::format("model.layers.{}", i);
     b.input_norm = RmsNorm{p(pre + "input_layernorm.weight"), g(pre + "input_layernorm.weight"), eps};
     b.post_attention_norm =
         RmsNorm{p(pre + "post_attention_layernorm.weight"), g(pre + "post_attention_layernorm.weight"), eps};
@@ -157,7 +159,11 @@ Tensor LlamaModel::forward_hidden(const Tensor& tokens) {
   }
   const RopeTable rope = rope_for(T);
   tokens_ = tokens.reshape({B * T});
-  Tensor x = embedding_.forward(tokens_);  // [N, C]
+  Tensor x;
+  {
+    const ops::ProfileScope scope("model.embed_tokens");
+    x = embedding_.forward(tokens_);  // [N, C]
+  }
   for (int64_t i = 0; i < args_.num_layers; ++i) {
     Block& b = blocks_[i];
     b.attention.shape = AttentionShape{B, T, args_.num_attention_heads, args_.num_query_groups, args_.kv_channels};
@@ -170,13 +176,20 @@ Tensor LlamaModel::forward_hidden(const Tensor& tokens) {
     x = block_forward(b, x, rope);
     release_block(b);  // backward recomputes the chunk from chunk_input
   }
+  const ops::ProfileScope scope("model.norm");
   return final_norm_.forward(x, final_norm_saved_);
 }
 
 Tensor LlamaModel::block_forward(Block& b, const Tensor& x, const RopeTable& rope) {
-  Tensor h = b.input_norm.forward(x, b.input_norm_saved);
-  Tensor a = b.attention.forward(h, rope, b.attention_saved);
-  ops::add_inplace(a, x);  // a = x + attention(x): the block's mid residual
+  const ops::ProfileScope block(b.name);
+  Tensor a;
+  {
+    const ops::ProfileScope scope(b.name + ".self_attn");
+    Tensor h = b.input_norm.forward(x, b.input_norm_saved);
+    a = b.attention.forward(h, rope, b.attention_saved);
+    ops::add_inplace(a, x);  // a = x + attention(x): the block's mid residual
+  }
+  const ops::ProfileScope scope(b.name + ".mlp");
   Tensor h2 = b.post_attention_norm.forward(a, b.post_norm_saved);
   Tensor m = b.mlp.forward(h2, b.mlp_saved);
   ops::add_inplace(m, a);
@@ -185,8 +198,14 @@ Tensor LlamaModel::block_forward(Block& b, const Tensor& x, const RopeTable& rop
 
 Tensor LlamaModel::block_backward(Block& b, const Tensor& dx, const RopeTable& rope) {
   // x_out = mid + mlp(norm(mid)); mid = x_in + attn(norm(x_in)): each residual passes dx through.
-  Tensor dmid = b.post_attention_norm.backward(b.mlp.backward(dx, b.mlp_saved), b.post_norm_saved);
-  ops::add_inplace(dmid, dx);
+  const ops::ProfileScope block(b.name + " (backward)");
+  Tensor dmid;
+  {
+    const ops::ProfileScope scope(b.name + ".mlp (backward)");
+    dmid = b.post_attention_norm.backward(b.mlp.backward(dx, b.mlp_saved), b.post_norm_saved);
+    ops::add_inplace(dmid, dx);
+  }
+  const ops::ProfileScope scope(b.name + ".self_attn (backward)");
   Tensor dx_in = b.input_norm.backward(b.attention.backward(dmid, rope, b.attention_saved), b.input_norm_saved);
   ops::add_inplace(dx_in, dmid);
   release_block(b);
@@ -230,6 +249,7 @@ void LlamaModel::forward(const Tensor& tokens, const Tensor& labels, float grad_
   PRIMUS_CHECK(labels.shape() == tokens.shape(), "[model] labels {} must match tokens {}", labels.describe(),
                tokens.describe());
   const Tensor hidden = forward_hidden(tokens);
+  const ops::ProfileScope scope("lm_head (loss and its gradient)");
   const Tensor losses =
       lm_loss_.forward_with_grad(hidden, labels.reshape({labels.numel()}), grad_scale, lm_loss_saved_);
   ops::sum_into(loss_sum, losses);  // ignored targets have loss 0
@@ -249,17 +269,25 @@ LossSum LlamaModel::evaluate(const Tensor& tokens, const Tensor& labels) {
 
 void LlamaModel::backward() {
   const RopeTable rope = rope_for(blocks_.empty() ? 1 : blocks_[0].attention.shape.seq);
-  Tensor dx = final_norm_.backward(lm_loss_.backward(lm_loss_saved_), final_norm_saved_);
+  Tensor dx;
+  {
+    const ops::ProfileScope scope("model.norm (backward)");
+    dx = final_norm_.backward(lm_loss_.backward(lm_loss_saved_), final_norm_saved_);
+  }
   for (int64_t i = args_.num_layers - 1; i >= 0; --i) {
     const auto [first, end] = recompute_chunk(i);
     if (first != end && i == end - 1) {  // entering a recomputed chunk from its top: run its forward again
+      const ops::ProfileScope scope("recompute");
       Tensor x = blocks_[first].chunk_input;
       blocks_[first].chunk_input = Tensor();
       for (int64_t j = first; j < end; ++j) x = block_forward(blocks_[j], x, rope);
     }
     dx = block_backward(blocks_[i], dx, rope);
   }
-  embedding_.backward(tokens_, dx);
+  {
+    const ops::ProfileScope scope("model.embed_tokens (backward)");
+    embedding_.backward(tokens_, dx);
+  }
   release_activations();
 }
 

@@ -75,6 +75,7 @@ class LlamaModel {
 
  private:
   struct Block {
+    std::string name;  // "model.layers.{i}", for profiling scopes
     RmsNorm input_norm;
     Attention attention;
     RmsNorm post_attention_norm;

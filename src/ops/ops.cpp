@@ -15,6 +15,7 @@
 #if PRIMUS_WITH_CUDA
 #include "backend/cuda/cuda_backend.h"
 #endif
+#include "ops/profile.h"
 
 namespace primus::ops {
 
@@ -115,6 +116,7 @@ void dispatch_gemm(Device device, const Tensor& a, const Tensor& b, Tensor& c, b
 
 void gemm(const GemmArgs& args) {
   const char* op = "gemm";
+  const ProfileScope profile_scope(op);
   OP_CHECK(args.a != nullptr && args.b != nullptr && args.c != nullptr, "a, b and c must all be given");
   const Tensor& a = *args.a;
   const Tensor& b = *args.b;
@@ -135,6 +137,7 @@ void gemm(const GemmArgs& args) {
 
 void linear_forward(const Tensor& x, const Tensor& w, Tensor& y) {
   const char* op = "linear_forward";
+  const ProfileScope profile_scope(op);
   const DType act = act_dtype(x);
   const Device device = check_args(op, {{"x", &x, act}, {"w", &w, act}, {"y", &y, c_dtype(act, y)}});
   check_min_rank(op, "x", x, 2, "[..., in]");
@@ -148,6 +151,7 @@ void linear_forward(const Tensor& x, const Tensor& w, Tensor& y) {
 
 void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor& dx, Tensor& dw, bool accumulate_dx) {
   const char* op = "linear_backward";
+  const ProfileScope profile_scope(op);
   const DType act = act_dtype(x);
   const Device device = check_args(op, {{"x", &x, act}, {"w", &w, act}, {"dy", &dy, act}});
   check_min_rank(op, "x", x, 2, "[..., in]");
@@ -171,6 +175,7 @@ void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor&
 
 void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out) {
   const char* op = "embedding_forward";
+  const ProfileScope profile_scope(op);
   const DType act = act_dtype(table);
   const Device device = check_args(op, {{"ids", &ids, DType::kI32}, {"table", &table, act}, {"out", &out, act}});
   check_min_rank(op, "ids", ids, 1, "[N] or [B, T]");
@@ -188,6 +193,7 @@ void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out) {
 
 void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable) {
   const char* op = "embedding_backward";
+  const ProfileScope profile_scope(op);
   const Device device =
       check_args(op, {{"ids", &ids, DType::kI32}, {"dout", &dout, act_dtype(dout)}, {"dtable", &dtable}});
   check_min_rank(op, "ids", ids, 1, "[N] or [B, T]");
@@ -205,6 +211,7 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable) {
 
 void rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, Tensor& y, Tensor& rstd) {
   const char* op = "rmsnorm_forward";
+  const ProfileScope profile_scope(op);
   const DType act = act_dtype(x);
   const Device device = check_args(op, {{"x", &x, act}, {"weight", &weight, act}, {"y", &y, act}, {"rstd", &rstd}});
   check_min_rank(op, "x", x, 2, "[..., C]");
@@ -227,6 +234,7 @@ void rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, Tensor& y
 void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd, Tensor& dx,
                       Tensor& dweight) {
   const char* op = "rmsnorm_backward";
+  const ProfileScope profile_scope(op);
   const DType act = act_dtype(x);
   const Device device = check_args(op, {{"x", &x, act}, {"dy", &dy, act}, {"weight", &weight, act}, {"rstd", &rstd}});
   check_min_rank(op, "x", x, 2, "[..., C]");
@@ -269,6 +277,7 @@ void check_rope(const char* op, const Tensor& x, const Tensor& cos, const Tensor
 
 void rope_forward(Tensor& x, const Tensor& cos, const Tensor& sin) {
   const char* op = "rope_forward";
+  const ProfileScope profile_scope(op);
   const Device device = check_args(op, {{"x", &x, act_dtype(x)}, {"cos", &cos}, {"sin", &sin}});
   check_rope(op, x, cos, sin);
   RopeArgs args{&x, &cos, &sin};
@@ -277,6 +286,7 @@ void rope_forward(Tensor& x, const Tensor& cos, const Tensor& sin) {
 
 void rope_backward(Tensor& dx, const Tensor& cos, const Tensor& sin) {
   const char* op = "rope_backward";
+  const ProfileScope profile_scope(op);
   const Device device = check_args(op, {{"dx", &dx, act_dtype(dx)}, {"cos", &cos}, {"sin", &sin}});
   check_rope(op, dx, cos, sin);
   RopeArgs args{&dx, &cos, &sin};
@@ -302,6 +312,7 @@ void check_attention(const char* op, const Tensor& q, const Tensor& k, const Ten
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse) {
   const char* op = "attention_forward";
+  const ProfileScope profile_scope(op);
   const DType act = act_dtype(q);
   const Device device =
       check_args(op, {{"q", &q, act}, {"k", &k, act}, {"v", &v, act}, {"out", &out, act}, {"lse", &lse}});
@@ -318,6 +329,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
 void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                         const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv) {
   const char* op = "attention_backward";
+  const ProfileScope profile_scope(op);
   const DType act = act_dtype(q);
   const Device device = check_args(op, {{"q", &q, act},
                                         {"k", &k, act},
@@ -362,6 +374,7 @@ bool packed_pair(const Tensor& gate_up, const Tensor& half) {
 
 void swiglu_forward(const Tensor& gate_up, Tensor& out) {
   const char* op = "swiglu_forward";
+  const ProfileScope profile_scope(op);
   const DType act = act_dtype(gate_up);
   const Device device = check_args(op, {{"gate_up", &gate_up, act}, {"out", &out, act}});
   OP_CHECK(packed_pair(gate_up, out), "gate_up {} must be out {} with the last dimension doubled (gate | up)",
@@ -374,6 +387,7 @@ void swiglu_forward(const Tensor& gate_up, Tensor& out) {
 
 void swiglu_backward(const Tensor& gate_up, const Tensor& dout, Tensor& dgate_up) {
   const char* op = "swiglu_backward";
+  const ProfileScope profile_scope(op);
   const DType act = act_dtype(gate_up);
   const Device device =
       check_args(op, {{"gate_up", &gate_up, act}, {"dout", &dout, act}, {"dgate_up", &dgate_up, act}});
@@ -389,6 +403,7 @@ void swiglu_backward(const Tensor& gate_up, const Tensor& dout, Tensor& dgate_up
 
 void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& losses, Tensor& lse) {
   const char* op = "cross_entropy_forward";
+  const ProfileScope profile_scope(op);
   const Device device = check_args(
       op,
       {{"logits", &logits, act_dtype(logits)}, {"targets", &targets, DType::kI32}, {"losses", &losses}, {"lse", &lse}});
@@ -412,6 +427,7 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& 
 void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, float grad_scale,
                             Tensor& dlogits) {
   const char* op = "cross_entropy_backward";
+  const ProfileScope profile_scope(op);
   const DType act = act_dtype(logits);
   const Device device = check_args(
       op, {{"logits", &logits, act}, {"targets", &targets, DType::kI32}, {"lse", &lse}, {"dlogits", &dlogits, act}});
@@ -437,6 +453,7 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
 void cross_entropy_forward_backward(const Tensor& logits, const Tensor& targets, Tensor& losses, Tensor& lse,
                                     float grad_scale, Tensor& dlogits) {
   const char* op = "cross_entropy_forward_backward";
+  const ProfileScope profile_scope(op);
   const DType act = act_dtype(logits);
   const Device device = check_args(op, {{"logits", &logits, act},
                                         {"targets", &targets, DType::kI32},
@@ -467,6 +484,7 @@ void cross_entropy_forward_backward(const Tensor& logits, const Tensor& targets,
 
 void adamw_step(const AdamWArgs& args) {
   const char* op = "adamw_step";
+  const ProfileScope profile_scope(op);
   OP_CHECK(args.param != nullptr && args.grad != nullptr && args.exp_avg != nullptr && args.exp_avg_sq != nullptr,
            "param, grad, exp_avg and exp_avg_sq must all be given");
   const Tensor& param = *args.param;
@@ -496,6 +514,7 @@ void adamw_step(const AdamWArgs& args) {
 
 void add_inplace(Tensor& y, const Tensor& x) {
   const char* op = "add_inplace";
+  const ProfileScope profile_scope(op);
   const DType act = act_dtype(y);
   const Device device = check_args(op, {{"y", &y, act}, {"x", &x, act}});
   OP_CHECK_PAIR(x.shape() == y.shape(), y, x);
@@ -504,18 +523,21 @@ void add_inplace(Tensor& y, const Tensor& x) {
 
 void scale_inplace(Tensor& x, float s) {
   const char* op = "scale_inplace";
+  const ProfileScope profile_scope(op);
   const Device device = check_args(op, {{"x", &x}});
   backend(device).scale_inplace(x, s);
 }
 
 double sum_squares(const Tensor& x) {
   const char* op = "sum_squares";
+  const ProfileScope profile_scope(op);
   const Device device = check_args(op, {{"x", &x}});
   return backend(device).sum_squares(x);
 }
 
 void sum_into(Tensor& acc, const Tensor& x) {
   const char* op = "sum_into";
+  const ProfileScope profile_scope(op);
   const Device device = check_args(op, {{"acc", &acc}, {"x", &x}});
   OP_CHECK(acc.numel() == 1, "acc is {} but must hold one element", acc.describe());
   backend(device).sum_into(acc, x);
@@ -523,6 +545,7 @@ void sum_into(Tensor& acc, const Tensor& x) {
 
 void copy(Tensor& dst, const Tensor& src) {
   const char* op = "copy";
+  const ProfileScope profile_scope(op);
   OP_CHECK(dst.defined() && src.defined(), "dst is {} and src is {}", dst.describe(), src.describe());
   OP_CHECK_PAIR(dst.dtype() == src.dtype() && dst.numel() == src.numel(), dst, src);
   // A transfer between the host and a device is the device backend's work.
@@ -531,6 +554,7 @@ void copy(Tensor& dst, const Tensor& src) {
 
 void cast(Tensor& dst, const Tensor& src) {
   const char* op = "cast";
+  const ProfileScope profile_scope(op);
   OP_CHECK(dst.defined() && src.defined(), "dst is {} and src is {}", dst.describe(), src.describe());
   OP_CHECK(dst.dtype() == DType::kF32 || dst.dtype() == DType::kBF16, "dst is {} but must be f32 or bf16",
            dst.describe());
@@ -548,12 +572,14 @@ Tensor to_device(const Tensor& src, Device device) {
 
 void fill(Tensor& x, float value) {
   const char* op = "fill";
+  const ProfileScope profile_scope(op);
   const Device device = check_args(op, {{"x", &x}});
   backend(device).fill(x, value);
 }
 
 void zero(Tensor& x) {
   const char* op = "zero";
+  const ProfileScope profile_scope(op);
   OP_CHECK(x.defined(), "x is undefined");
   backend(x.device()).zero(x);
 }

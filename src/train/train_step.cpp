@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include "ops/ops.h"
+#include "ops/profile.h"
 #if PRIMUS_WITH_CUDA
 #include "backend/cuda/cuda_backend.h"
 #endif
@@ -14,26 +15,53 @@ int64_t micro_batches_per_step(const TrainingArgs& t) {
 }
 
 StepResult train_step(LlamaModel& model, AdamW& optimizer, const std::vector<Batch>& batches, const TrainingArgs& t,
-                      double lr) {
+                      double lr, StepTimes* times) {
   // The global batch's token count scales every micro-batch's gradient.
   int64_t counted = 0;
   for (const Batch& batch : batches) counted += LlamaModel::counted_tokens(batch.labels);
   PRIMUS_CHECK(counted > 0, "a global batch without any token to predict");
   const float grad_scale = static_cast<float>(1.0 / static_cast<double>(counted));
+  Backend& device = backend_for(model.device());
+  // Marks between phases, only when the caller wants the times: [start, after forward 1, after backward 1, ...].
+  std::vector<std::unique_ptr<DeviceMark>> marks;
+  auto mark = [&] {
+    if (times != nullptr) marks.push_back(device.mark());
+  };
+  mark();
   model.params().zero_grads();
   Tensor loss_sum = ops::zeros({1}, DType::kF32, model.device());  // summed on the device: no wait per micro-batch
   for (const Batch& batch : batches) {
-    model.forward(ops::to_device(batch.tokens, model.device()), ops::to_device(batch.labels, model.device()),
-                  grad_scale, loss_sum);
-    model.backward();
+    {
+      const ops::ProfileScope scope("forward");
+      model.forward(ops::to_device(batch.tokens, model.device()), ops::to_device(batch.labels, model.device()),
+                    grad_scale, loss_sum);
+    }
+    mark();
+    {
+      const ops::ProfileScope scope("backward");
+      model.backward();
+    }
+    mark();
   }
   StepResult result;
   result.tokens = counted;
-  const GradClip clip = clip_grad_norm(model.params(), t.clip_grad);
-  result.grad_norm = clip.norm;
-  // Read while the device is idle anyway (the norm above waited for it), before the optimizer is queued.
-  result.loss = static_cast<double>(ops::to_device(loss_sum, kCpuDevice).f32()[0]) / static_cast<double>(counted);
-  optimizer.step(model.params(), lr, clip.scale, model.compute_weights());
+  {
+    const ops::ProfileScope scope("optimizer");
+    const GradClip clip = clip_grad_norm(model.params(), t.clip_grad);
+    result.grad_norm = clip.norm;
+    // Read while the device is idle anyway (the norm above waited for it), before the optimizer is queued.
+    result.loss = static_cast<double>(ops::to_device(loss_sum, kCpuDevice).f32()[0]) / static_cast<double>(counted);
+    optimizer.step(model.params(), lr, clip.scale, model.compute_weights());
+  }
+  mark();
+  if (times != nullptr) {
+    *times = StepTimes();
+    for (size_t i = 0; i + 2 < marks.size(); i += 2) {
+      times->forward_ms += device.elapsed_ms(*marks[i], *marks[i + 1]);
+      times->backward_ms += device.elapsed_ms(*marks[i + 1], *marks[i + 2]);
+    }
+    times->optimizer_ms = device.elapsed_ms(*marks[marks.size() - 2], *marks.back());
+  }
   return result;
 }
 

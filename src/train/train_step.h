@@ -18,13 +18,23 @@ struct StepResult {
   int64_t tokens = 0;      // tokens with a label
 };
 
+// Device time of a step's phases, from marks queued between them (ops/profile.h's DeviceMark): summed over
+// the micro-batches for forward and backward; optimizer = gradient norm + AdamW. Reading them waits for the
+// step's work, so trainers ask only on steps they log.
+struct StepTimes {
+  double forward_ms = 0.0;
+  double backward_ms = 0.0;
+  double optimizer_ms = 0.0;
+};
+
 // Micro-batches per optimizer step: global_batch_size / (micro_batch_size × data-parallel size).
 int64_t micro_batches_per_step(const TrainingArgs& t);
 
 // One optimizer step over a global batch of host micro-batches: each is moved to the model's device, fp32
 // gradients of the global batch's mean token loss accumulate, then clipping and one AdamW step with `lr`.
+// With `times`, also measures the phases (one wait for the device at the end of the step).
 StepResult train_step(LlamaModel& model, AdamW& optimizer, const std::vector<Batch>& micro_batches,
-                      const TrainingArgs& t, double lr);
+                      const TrainingArgs& t, double lr, StepTimes* times = nullptr);
 
 // Mean token loss over eval_iters global batches read from the start of `source` (the same samples each time).
 double evaluate(LlamaModel& model, const SampleSource& source, const TrainingArgs& t);

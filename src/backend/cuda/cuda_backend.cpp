@@ -117,6 +117,36 @@ void CudaBackend::report_device_errors() {
   throw RuntimeError(device_error_message(error));
 }
 
+namespace {
+
+struct CudaMark : DeviceMark {
+  gpuEvent_t event = nullptr;
+  CudaMark() { PRIMUS_CUDA_CHECK(gpuEventCreate(&event)); }
+  ~CudaMark() override { gpuEventDestroy(event); }
+  CudaMark(const CudaMark&) = delete;
+  CudaMark& operator=(const CudaMark&) = delete;
+};
+
+}  // namespace
+
+std::unique_ptr<DeviceMark> CudaBackend::mark() {
+  auto m = std::make_unique<CudaMark>();
+  PRIMUS_CUDA_CHECK(gpuEventRecord(m->event, state_->stream));
+  return m;
+}
+
+double CudaBackend::elapsed_ms(const DeviceMark& from, const DeviceMark& to) {
+  const auto& a = dynamic_cast<const CudaMark&>(from);
+  const auto& b = dynamic_cast<const CudaMark&>(to);
+  PRIMUS_CUDA_CHECK(gpuEventSynchronize(b.event));
+  float ms = 0.0f;
+  PRIMUS_CUDA_CHECK(gpuEventElapsedTime(&ms, a.event, b.event));
+  return ms;
+}
+
+void CudaBackend::range_push(const char* name) { gpuRangePush(name); }
+void CudaBackend::range_pop() { gpuRangePop(); }
+
 void CudaBackend::synchronize() {
   PRIMUS_CUDA_CHECK(gpuStreamSynchronize(state_->stream));
   report_device_errors();

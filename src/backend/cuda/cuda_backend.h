@@ -55,6 +55,10 @@ class CudaBackend : public Backend {
   void cast(Tensor& dst, const Tensor& src) override;
   void fill(Tensor& x, float value) override;
   void zero(Tensor& x) override;
+  std::unique_ptr<DeviceMark> mark() override;
+  double elapsed_ms(const DeviceMark& from, const DeviceMark& to) override;
+  void range_push(const char* name) override;
+  void range_pop() override;
   void synchronize() override;
 
   CachingAllocator& allocator();

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cuda_runtime.h>
+#include <nvtx3/nvToolsExt.h>
 
 #include <cstdint>
 
@@ -26,6 +27,7 @@ inline constexpr gpuError_t gpuSuccess = cudaSuccess;
 #define gpuGetDeviceProperties cudaGetDeviceProperties
 #define gpuSetDevice cudaSetDevice
 #define gpuMalloc cudaMalloc
+#define gpuMemGetInfo cudaMemGetInfo
 #define gpuFree cudaFree
 #define gpuMemcpyAsync cudaMemcpyAsync
 #define gpuMemsetAsync cudaMemsetAsync
@@ -44,6 +46,9 @@ inline constexpr gpuError_t gpuSuccess = cudaSuccess;
 #define gpuFuncSetAttribute cudaFuncSetAttribute
 #define gpuFuncAttributeMaxDynamicSharedMemorySize cudaFuncAttributeMaxDynamicSharedMemorySize
 #define gpuErrorMemoryAllocation cudaErrorMemoryAllocation
+// Named ranges for the vendor's timeline profiler (NVTX for Nsight Systems; roctx on AMD).
+#define gpuRangePush nvtxRangePushA
+#define gpuRangePop nvtxRangePop
 
 namespace primus {
 
