@@ -64,6 +64,8 @@ struct TrainingArgs {
   std::string tokenizer_type = "ByteLevelTokenizer";
   std::string tokenizer_model;         // file or directory for every tokenizer but ByteLevelTokenizer
   std::string tensorboard_dir;         // TensorBoard event files; empty: none
+  std::string mlflow_tracking_dir;     // MLflow file store (mlruns/) to log the run into; empty: none
+  std::string mlflow_experiment_name;  // resolved: exp_name when not given
   bool bf16 = false;                   // mixed precision (CUDA only)
   std::string device = "auto";         // auto | cpu | cuda
   std::string recompute_granularity;   // "" (none) | full | selective

@@ -150,6 +150,10 @@ void resolve_module_keys(const ModuleKeys& keys, ExperimentConfig& config, std::
     t.global_batch_size = t.micro_batch_size * t.data_parallel_size;
     derived.emplace_back("global_batch_size", std::to_string(t.global_batch_size));
   }
+  if (t.mlflow_experiment_name.empty()) {
+    t.mlflow_experiment_name = config.exp_name;
+    derived.emplace_back("mlflow_experiment_name", t.mlflow_experiment_name);
+  }
   if (t.recompute_granularity == "full") {
     if (t.recompute_method.empty()) {
       t.recompute_method = "uniform";

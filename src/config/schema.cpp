@@ -476,6 +476,21 @@ std::vector<KeySpec> build_specs() {
        .help = "Write TensorBoard event files here (Megatron's tags: lm loss, learning-rate, grad-norm, "
                "lm loss validation, plus throughput); empty: off.",
        .apply = train_field<&TrainingArgs::tensorboard_dir>},
+      {.name = "mlflow_tracking_dir",
+       .type = kString,
+       .group = kTraining,
+       .default_yaml = "\"\"",
+       .help = "Log the run into this MLflow file store (an mlruns/ directory, created if missing; read it with "
+               "`mlflow ui --backend-store-uri file:DIR`): params from the effective config, metrics at every logged "
+               "step, status at the end. Written directly, no network. A resumed run continues the same MLflow run. "
+               "Empty: off.",
+       .apply = train_field<&TrainingArgs::mlflow_tracking_dir>},
+      {.name = "mlflow_experiment_name",
+       .type = kString,
+       .group = kTraining,
+       .presence = kOptional,
+       .help = "MLflow experiment of the run (found by name in mlflow_tracking_dir, else created). Derived: exp_name.",
+       .apply = train_field<&TrainingArgs::mlflow_experiment_name>},
       {.name = "bf16",
        .type = kBool,
        .group = kTraining,

@@ -22,6 +22,7 @@
 #include "data/text_corpus.h"
 #include "data/tokenizer.h"
 #include "observe/metrics_log.h"
+#include "observe/mlflow_store.h"
 #include "observe/tensorboard.h"
 #include "optim/lr_schedule.h"
 #include "train/sampling.h"
@@ -197,6 +198,15 @@ int run_pretrain(const ExperimentConfig& config, const RunOptions& options) {
     tensorboard = std::make_unique<TensorBoardWriter>(t.tensorboard_dir);
     spdlog::info("TensorBoard: {}", tensorboard->path());
   }
+  std::unique_ptr<MlflowRun> mlflow;  // destroyed unfinished by an exception: the MLflow run is marked FAILED
+  if (!t.mlflow_tracking_dir.empty()) {
+    mlflow = std::make_unique<MlflowRun>(MlflowRunOptions{
+        .tracking_dir = t.mlflow_tracking_dir, .experiment_name = t.mlflow_experiment_name, .run_name = config.exp_name,
+        .user = config.user_name, .resume_file = run_dir + "/mlflow_run.json", .keep_through_step = state.iteration,
+        .params = mlflow_config_params(config.effective_yaml),
+        .tags = {{"primus.run_dir", fs::absolute(run_dir).string()}}});
+    spdlog::info("MLflow: {} run {}", mlflow->reopened() ? "continuing" : "new", mlflow->run_path());
+  }
   auto save = [&]() {
     state.consumed_train_samples = loader.consumed_samples();
     state.optimizer_steps = optimizer.steps_taken();
@@ -248,6 +258,7 @@ int run_pretrain(const ExperimentConfig& config, const RunOptions& options) {
       }
       if (eval_loss) record["eval_loss"] = *eval_loss;
       metrics.write(record);
+      if (mlflow) mlflow->log_metrics(record);
       if (tensorboard) {
         // Megatron's tag names, so existing dashboards keep working.
         tensorboard->add_scalar("lm loss", loss, step);
@@ -271,6 +282,7 @@ int run_pretrain(const ExperimentConfig& config, const RunOptions& options) {
     if (stop_requested()) {
       spdlog::warn("signal {} received: saving a checkpoint at iteration {} and stopping", stop_signal(), step);
       save();
+      if (mlflow) mlflow->finish(MlflowRunStatus::kKilled);
       return 128 + stop_signal();
     }
   }
@@ -282,6 +294,7 @@ int run_pretrain(const ExperimentConfig& config, const RunOptions& options) {
   }
   spdlog::info("done: {} iterations in {:.1f} s; run directory {}", state.iteration, seconds_since(start), run_dir);
   (void)options;
+  if (mlflow) mlflow->finish(MlflowRunStatus::kFinished);
   return kExitOk;
 }
 
