@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -25,15 +26,37 @@ constexpr int kFormatVersion = 1;
 // The tensor itself when it lives on the host, else a host copy (one transfer for a whole flat buffer).
 Tensor on_host(const Tensor& t) { return t.device().is_cpu() ? t : ops::to_device(t, kCpuDevice); }
 
-void write_model_files(const std::string& dir, const LlamaModel& model) {
+// The weights as a safetensors writer over one host copy of the flat buffer (kept alive by the writer).
+SafetensorsWriter model_writer(const LlamaModel& model) {
   SafetensorsWriter writer;
   const ParamStore& params = model.params();
   const Tensor flat = on_host(params.flat_params());
   for (size_t i = 0; i < params.specs().size(); ++i) {
     writer.add(params.specs()[i].name, flat.slice_elements(params.offset(i), params.specs()[i].shape));
   }
-  writer.write(dir + "/model.safetensors");
-  write_file_atomic(dir + "/config.json", hf_config_from_model(model.args()).dump(2) + "\n");
+  return writer;
+}
+
+std::string hf_config_text(const LlamaModel& model) { return hf_config_from_model(model.args()).dump(2) + "\n"; }
+
+// Size and CRC32C of a file read in pieces (a checkpoint file can be larger than the host memory);
+// `on_bytes` hears of each piece.
+SafetensorsWriter::Written checksum_file(const std::string& path, const std::function<void(uint64_t)>& on_bytes) {
+  constexpr size_t kPieceBytes = size_t{16} << 20;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw RuntimeError(fmt::format("{}: cannot open for reading", path));
+  std::vector<char> piece(kPieceBytes);
+  SafetensorsWriter::Written sum;
+  while (in) {
+    in.read(piece.data(), static_cast<std::streamsize>(piece.size()));
+    const auto got = static_cast<uint64_t>(in.gcount());
+    if (got == 0) break;
+    sum.crc32c = crc32c(piece.data(), got, sum.crc32c);
+    sum.bytes += got;
+    if (on_bytes) on_bytes(got);
+  }
+  if (in.bad()) throw RuntimeError(fmt::format("{}: read error after {} bytes", path, sum.bytes));
+  return sum;
 }
 
 void copy_into(const Tensor& source, Tensor target, const std::string& name, const std::string& file) {
@@ -48,38 +71,63 @@ void copy_into(const Tensor& source, Tensor target, const std::string& name, con
 
 std::string checkpoint_dir_name(int64_t iteration) { return fmt::format("iter_{:07d}", iteration); }
 
-void save_checkpoint(const std::string& save_dir, const LlamaModel& model, const AdamW& optimizer,
-                     const TrainerState& state, const std::string& config_yaml) {
+int64_t save_checkpoint(const std::string& save_dir, const LlamaModel& model, const AdamW& optimizer,
+                        const TrainerState& state, const std::string& config_yaml,
+                        const CheckpointProgressFn& progress) {
   fs::create_directories(save_dir);
   const std::string final_dir = save_dir + "/" + checkpoint_dir_name(state.iteration);
   const std::string tmp_dir = fmt::format("{}.tmp.{}", final_dir, getpid());
   fs::remove_all(tmp_dir);
   fs::create_directories(tmp_dir);
 
-  write_model_files(tmp_dir, model);
-  SafetensorsWriter moments;
+  // A device model is copied to the host first, one flat buffer at a time (weights, two moments).
   const ParamStore& params = model.params();
+  const bool on_device = !params.flat_params().device().is_cpu();
+  const int64_t copy_total = on_device ? 3 * 4 * params.numel() : 0;
+  auto copied = [&](int64_t buffers) {
+    if (progress && on_device) progress({"copy", buffers * copy_total / 3, copy_total});
+  };
+  copied(0);
+  const SafetensorsWriter weights = model_writer(model);
+  copied(1);
+  SafetensorsWriter moments;
   const Tensor exp_avg = on_host(optimizer.exp_avg());
+  copied(2);
   const Tensor exp_avg_sq = on_host(optimizer.exp_avg_sq());
+  copied(3);
   for (size_t i = 0; i < params.specs().size(); ++i) {
     const ParamSpec& spec = params.specs()[i];
     moments.add("exp_avg." + spec.name, exp_avg.slice_elements(params.offset(i), spec.shape));
     moments.add("exp_avg_sq." + spec.name, exp_avg_sq.slice_elements(params.offset(i), spec.shape));
   }
-  moments.write(tmp_dir + "/optimizer.safetensors");
+  const int64_t total = static_cast<int64_t>(weights.file_bytes() + moments.file_bytes());
+  int64_t done = 0;
+  auto on_bytes = [&](uint64_t bytes) {
+    done += static_cast<int64_t>(bytes);
+    if (progress) progress({"save", done, total});
+  };
+  if (progress) progress({"save", 0, total});
+
+  json files = json::object();
+  auto record = [&](const char* name, SafetensorsWriter::Written written) {
+    files[name] = {{"bytes", written.bytes}, {"crc32c", written.crc32c}};
+  };
+  auto write_text = [&](const char* name, const std::string& text) {
+    write_file_atomic(tmp_dir + "/" + name, text);
+    record(name, {text.size(), crc32c(text)});
+  };
+  record("model.safetensors", weights.write(tmp_dir + "/model.safetensors", on_bytes));
+  write_text("config.json", hf_config_text(model));
+  record("optimizer.safetensors", moments.write(tmp_dir + "/optimizer.safetensors", on_bytes));
   json trainer = {{"format_version", kFormatVersion},
                   {"iteration", state.iteration},
                   {"consumed_train_samples", state.consumed_train_samples},
                   {"optimizer_steps", state.optimizer_steps},
                   {"seed", state.seed}};
-  write_file_atomic(tmp_dir + "/trainer_state.json", trainer.dump(2) + "\n");
-  write_file_atomic(tmp_dir + "/config.yaml", config_yaml);
+  write_text("trainer_state.json", trainer.dump(2) + "\n");
+  write_text("config.yaml", config_yaml);
 
-  json manifest = {{"format_version", kFormatVersion}, {"iteration", state.iteration}, {"files", json::object()}};
-  for (const char* name : {"model.safetensors", "config.json", "optimizer.safetensors", "trainer_state.json", "config.yaml"}) {
-    const std::string bytes = read_file(tmp_dir + "/" + name);
-    manifest["files"][name] = {{"bytes", bytes.size()}, {"crc32c", crc32c(bytes)}};
-  }
+  json manifest = {{"format_version", kFormatVersion}, {"iteration", state.iteration}, {"files", files}};
   write_file_atomic(tmp_dir + "/" + kManifest, manifest.dump(2) + "\n");
   fsync_directory(tmp_dir);
 
@@ -95,6 +143,7 @@ void save_checkpoint(const std::string& save_dir, const LlamaModel& model, const
   }
   fsync_directory(save_dir);
   write_file_atomic(save_dir + "/" + kTracker, std::to_string(state.iteration) + "\n");
+  return done;
 }
 
 std::optional<std::string> find_latest_checkpoint(const std::string& dir) {
@@ -117,7 +166,7 @@ std::optional<std::string> find_latest_checkpoint(const std::string& dir) {
   return checkpoint;
 }
 
-void verify_checkpoint(const std::string& checkpoint_dir) {
+void verify_checkpoint(const std::string& checkpoint_dir, const CheckpointProgressFn& progress) {
   const std::string manifest_path = checkpoint_dir + "/" + kManifest;
   if (!fs::exists(manifest_path)) {
     throw RuntimeError(fmt::format("{}: no {} — the checkpoint is incomplete and will not be loaded", checkpoint_dir, kManifest));
@@ -131,30 +180,47 @@ void verify_checkpoint(const std::string& checkpoint_dir) {
   if (!manifest.contains("files") || !manifest["files"].is_object() || manifest["files"].empty()) {
     throw RuntimeError(fmt::format("{}: manifest lists no files", manifest_path));
   }
+  // Presence and sizes first (cheap), then the CRCs, which read every byte.
+  int64_t total = 0;
   for (const auto& [name, entry] : manifest["files"].items()) {
     const std::string path = checkpoint_dir + "/" + name;
     if (!fs::exists(path)) throw RuntimeError(fmt::format("{}: missing (listed in the manifest)", path));
-    const std::string bytes = read_file(path);
+    const uint64_t size = fs::file_size(path);
     const uint64_t want_bytes = entry.value("bytes", uint64_t{0});
-    if (bytes.size() != want_bytes) {
+    if (size != want_bytes) {
       throw RuntimeError(fmt::format("{}: {} bytes, the manifest says {} — truncated or modified; not loading", path,
-                                     bytes.size(), want_bytes));
+                                     size, want_bytes));
     }
+    total += static_cast<int64_t>(size);
+  }
+  int64_t done = 0;
+  if (progress) progress({"verify", 0, total});
+  for (const auto& [name, entry] : manifest["files"].items()) {
+    const std::string path = checkpoint_dir + "/" + name;
+    const uint32_t crc = checksum_file(path, [&](uint64_t bytes) {
+                           done += static_cast<int64_t>(bytes);
+                           if (progress) progress({"verify", done, total});
+                         }).crc32c;
     const uint32_t want_crc = entry.value("crc32c", uint32_t{0});
-    if (crc32c(bytes) != want_crc) {
-      throw RuntimeError(fmt::format("{}: CRC32C {:#010x}, the manifest says {:#010x} — corrupt; not loading", path,
-                                     crc32c(bytes), want_crc));
+    if (crc != want_crc) {
+      throw RuntimeError(
+          fmt::format("{}: CRC32C {:#010x}, the manifest says {:#010x} — corrupt; not loading", path, crc, want_crc));
     }
   }
 }
 
-TrainerState load_checkpoint(const std::string& checkpoint_dir, LlamaModel& model, AdamW& optimizer) {
-  verify_checkpoint(checkpoint_dir);
+TrainerState load_checkpoint(const std::string& checkpoint_dir, LlamaModel& model, AdamW& optimizer,
+                             const CheckpointProgressFn& progress) {
+  verify_checkpoint(checkpoint_dir, progress);
   const std::string model_file = checkpoint_dir + "/model.safetensors";
   const std::string optim_file = checkpoint_dir + "/optimizer.safetensors";
   SafetensorsFile weights = SafetensorsFile::open(model_file);
   SafetensorsFile moments = SafetensorsFile::open(optim_file);
   ParamStore& params = model.params();
+  // Weights and both moments, 4 bytes an element each.
+  const int64_t total = 3 * 4 * params.numel();
+  int64_t done = 0;
+  if (progress) progress({"load", 0, total});
   for (size_t i = 0; i < params.specs().size(); ++i) {
     const ParamSpec& spec = params.specs()[i];
     copy_into(weights.read_f32(spec.name), params.param(i), spec.name, model_file);
@@ -162,6 +228,8 @@ TrainerState load_checkpoint(const std::string& checkpoint_dir, LlamaModel& mode
               "exp_avg." + spec.name, optim_file);
     copy_into(moments.read_f32("exp_avg_sq." + spec.name),
               optimizer.exp_avg_sq().slice_elements(params.offset(i), spec.shape), "exp_avg_sq." + spec.name, optim_file);
+    done += 3 * 4 * shape_numel(spec.shape);
+    if (progress) progress({"load", done, total});
   }
   const std::string state_file = checkpoint_dir + "/trainer_state.json";
   TrainerState state;
@@ -180,7 +248,8 @@ TrainerState load_checkpoint(const std::string& checkpoint_dir, LlamaModel& mode
 
 void export_hf_model(const std::string& dir, const LlamaModel& model) {
   fs::create_directories(dir);
-  write_model_files(dir, model);
+  model_writer(model).write(dir + "/model.safetensors");
+  write_file_atomic(dir + "/config.json", hf_config_text(model));
 }
 
 void load_hf_weights(const std::string& dir, LlamaModel& model) {

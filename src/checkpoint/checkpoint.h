@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -30,20 +31,35 @@ struct TrainerState {
 
 std::string checkpoint_dir_name(int64_t iteration);  // "iter_0000100"
 
-// Writes a complete checkpoint for `state.iteration` under `save_dir` and points the tracker at it.
-void save_checkpoint(const std::string& save_dir, const LlamaModel& model, const AdamW& optimizer,
-                     const TrainerState& state, const std::string& config_yaml);
+// Where a long checkpoint operation stands, reported on the calling thread: first with done_bytes 0, then
+// as bytes go by, last with done_bytes == total_bytes. Phases: "copy" (a device model's weights and moments
+// copied to the host, before a save; none on the CPU), "save" (the two safetensors files written), "verify"
+// (every file of the manifest read and checked), "load" (tensor bytes copied into the model and optimizer).
+// The trainer draws progress bars from it (train/checkpoint_progress.h).
+struct CheckpointProgress {
+  const char* phase = "";
+  int64_t done_bytes = 0;
+  int64_t total_bytes = 0;
+};
+using CheckpointProgressFn = std::function<void(const CheckpointProgress&)>;
+
+// Writes a complete checkpoint for `state.iteration` under `save_dir` and points the tracker at it. The
+// manifest's sizes and CRC32Cs are computed from the bytes as they are written. Returns the bytes written.
+int64_t save_checkpoint(const std::string& save_dir, const LlamaModel& model, const AdamW& optimizer,
+                        const TrainerState& state, const std::string& config_yaml,
+                        const CheckpointProgressFn& progress = {});
 
 // The directory named by `<dir>/latest_checkpointed_iteration.txt`, or nullopt when there is no tracker.
 // Throws RuntimeError when the tracker is unreadable or names a missing directory.
 std::optional<std::string> find_latest_checkpoint(const std::string& dir);
 
 // Checks the manifest (every file present, sizes and CRC32C match) and throws RuntimeError naming the first
-// bad file; nothing is loaded from a checkpoint that fails.
-void verify_checkpoint(const std::string& checkpoint_dir);
+// bad file; nothing is loaded from a checkpoint that fails. Files are read in pieces, never whole.
+void verify_checkpoint(const std::string& checkpoint_dir, const CheckpointProgressFn& progress = {});
 
 // Verifies, then loads weights, optimizer moments and trainer state. Shapes must match the model.
-TrainerState load_checkpoint(const std::string& checkpoint_dir, LlamaModel& model, AdamW& optimizer);
+TrainerState load_checkpoint(const std::string& checkpoint_dir, LlamaModel& model, AdamW& optimizer,
+                             const CheckpointProgressFn& progress = {});
 
 // Hugging Face model folder: model.safetensors (fp32) + config.json.
 void export_hf_model(const std::string& dir, const LlamaModel& model);

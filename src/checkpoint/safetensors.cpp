@@ -187,16 +187,37 @@ std::string SafetensorsWriter::header() const {
   return text;
 }
 
-void SafetensorsWriter::write(const std::string& path) const {
+uint64_t SafetensorsWriter::file_bytes() const {
+  uint64_t bytes = 8 + header().size();
+  for (const Item& item : items_) bytes += item.nbytes;
+  return bytes;
+}
+
+SafetensorsWriter::Written SafetensorsWriter::write(const std::string& path,
+                                                    const std::function<void(uint64_t)>& on_bytes) const {
+  constexpr uint64_t kPieceBytes = uint64_t{16} << 20;  // progress granularity of large tensors
   std::string head = header();
   uint64_t n = head.size();
   unsigned char prefix[8];
   for (int i = 0; i < 8; ++i) prefix[i] = static_cast<unsigned char>(n >> (8 * i));
   AtomicFileWriter out(path);
-  out.append(prefix, sizeof(prefix));
-  out.append(head);
-  for (const Item* item : ordered()) out.append(item->data, item->nbytes);
+  Written written;
+  auto put = [&](const void* data, uint64_t bytes) {
+    out.append(data, bytes);
+    written.crc32c = crc32c(data, bytes, written.crc32c);
+    written.bytes += bytes;
+    if (on_bytes) on_bytes(bytes);
+  };
+  put(prefix, sizeof(prefix));
+  put(head.data(), head.size());
+  for (const Item* item : ordered()) {
+    const auto* data = static_cast<const unsigned char*>(item->data);
+    for (uint64_t begin = 0; begin < item->nbytes; begin += kPieceBytes) {
+      put(data + begin, std::min(kPieceBytes, item->nbytes - begin));
+    }
+  }
   out.commit();
+  return written;
 }
 
 // ---------------------------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -41,9 +42,16 @@ class SafetensorsWriter {
 
   // The header bytes (without the 8-byte length prefix), padded; exposed for tests and size estimates.
   std::string header() const;
+  // Bytes write() produces: the 8-byte length, the header and every tensor.
+  uint64_t file_bytes() const;
   // Writes the file atomically (temporary + fsync + rename), streaming tensor data straight from the
-  // registered buffers.
-  void write(const std::string& path) const;
+  // registered buffers in pieces of at most 16 MiB; `on_bytes` (optional) hears of each piece written.
+  // Returns the file's size and CRC32C, computed from the bytes as they are written.
+  struct Written {
+    uint64_t bytes = 0;
+    uint32_t crc32c = 0;
+  };
+  Written write(const std::string& path, const std::function<void(uint64_t bytes)>& on_bytes = {}) const;
 
  private:
   struct Item {

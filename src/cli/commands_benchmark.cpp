@@ -23,7 +23,9 @@ void add_benchmark_commands(CLI::App& root, const LaunchOptions& launch, Action&
   train->footer(
       "Overrides: KEY=VALUE as for 'train pretrain' (e.g. micro_batch_size=8). data_path is ignored: the\n"
       "benchmark draws random tokens. FLOPs per token = 6 x matmul parameters (output layer included) +\n"
-      "12 x layers x seq x heads x head_dim; MFU is against 989 TFLOP/s (H100/H200 dense bf16).\n\n"
+      "12 x layers x seq x heads x head_dim; MFU is against 989 TFLOP/s (H100/H200 dense bf16). The memory\n"
+      "estimate is logged first; out of device memory exits 3 with it and what to try. Progress bars go to\n"
+      "stderr on a terminal (else a line every 5 s; PRIMUS_PROGRESS=0: none).\n\n"
       "Examples:\n  primus-cli -- benchmark train --config configs/examples/default_cpu.yaml --steps 5");
   train->final_callback([&launch, &action, train, config_path, options] {
     action = [&launch, train, config_path, options] {
@@ -33,6 +35,7 @@ void add_benchmark_commands(CLI::App& root, const LaunchOptions& launch, Action&
         print_dry_run(launch, *config_path, overrides, &loaded);
         return static_cast<int>(kExitOk);
       }
+      options->progress = ProgressOutput::standard_error();
       fmt::print("{}", format_benchmark(loaded.config, run_benchmark_train(loaded.config, *options)));
       std::fflush(stdout);
       return static_cast<int>(kExitOk);

@@ -11,6 +11,7 @@
 #include "data/indexed_dataset.h"
 #include "data/preprocess.h"
 #include "data/tokenizer.h"
+#include "observe/progress.h"
 
 namespace primus::cli {
 namespace {
@@ -20,7 +21,8 @@ constexpr const char* kPreprocessFooter =
 the same with .zst (Zstandard, streamed), any other file is one plain-text document; directories are read
 recursively in path order (hidden entries skipped). Blank lines are skipped.
 Writes {output-prefix}_{json-key}_document.bin and .idx (Megatron-LM's MMIDIDX format; uint16 tokens when
-the vocabulary has < 65500 ids, else int32). A progress line goes to stderr.
+the vocabulary has < 65500 ids, else int32). Progress goes to stderr: a bar with MB/s and ETA on a terminal,
+else a line every --log-interval seconds and a closing line (PRIMUS_PROGRESS=0: none).
 
 Examples:
   primus-cli -- data preprocess --input corpus.jsonl.zst --tokenizer-type ByteLevelTokenizer \
@@ -40,11 +42,24 @@ struct PreprocessArguments {
   PreprocessOptions options;
   std::string tokenizer_type;
   std::string tokenizer_model;
+  double progress_interval_s = 5.0;
 };
 
 int run_preprocess(const PreprocessArguments& arguments) {
   std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(arguments.tokenizer_type, arguments.tokenizer_model);
-  PreprocessResult result = preprocess_to_indexed(arguments.options, *tokenizer);
+  // Input bytes consumed (on disk), with documents as the second counter; the finished bar stays.
+  ProgressBar bar({.label = "preprocess",
+                   .unit = ProgressUnit::kBytes,
+                   .secondary_name = "docs",
+                   .line_interval_s = arguments.progress_interval_s},
+                  ProgressOutput::standard_error());
+  PreprocessOptions options = arguments.options;
+  options.on_progress = [&bar](const PreprocessProgress& progress) {
+    bar.set_total(progress.bytes_total);
+    bar.update(progress.bytes_done, progress.documents);
+    if (progress.final) bar.finish();
+  };
+  PreprocessResult result = preprocess_to_indexed(options, *tokenizer);
   fmt::print("wrote {}.bin and {}.idx: {} documents ({} empty), {} tokens ({}) from {:.1f} MB in {:.1f} s\n",
              result.prefix, result.prefix, result.documents, result.empty_documents, result.tokens,
              token_dtype_name(static_cast<uint8_t>(token_dtype_for_vocab(tokenizer->vocab_size()))),
@@ -183,7 +198,9 @@ void add_data_commands(CLI::App& root, const LaunchOptions& launch, Action& acti
                        "Append the tokenizer's end-of-document id to every non-empty document");
   preprocess->add_flag("--skip-bad-lines,--skip_bad_lines", pre->options.skip_bad_lines,
                        "Count and report malformed JSON lines instead of stopping at the first");
-  preprocess->add_option("--log-interval", pre->options.progress_interval_s, "Seconds between progress reports")
+  preprocess
+      ->add_option("--log-interval", pre->progress_interval_s,
+                   "Seconds between progress lines when stderr is not a terminal (a terminal gets a live bar)")
       ->capture_default_str();
   preprocess->footer(kPreprocessFooter);
   preprocess->final_callback([&launch, &action, pre] {

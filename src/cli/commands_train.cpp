@@ -57,6 +57,7 @@ int pretrain(const LaunchOptions& launch, const std::string& config_path, const 
                loaded.config.run_dir());
   RunOptions options;
   options.debug = launch.debug;
+  options.progress = ProgressOutput::standard_error();
   return run_pretrain(loaded.config, options);
 }
 

@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "cli/cli.h"
+#include "observe/progress.h"
 
 namespace primus::cli {
 namespace {
@@ -20,7 +21,8 @@ std::shared_ptr<spdlog::logger> g_file_logger;  // writes only to the --log-file
 void setup_logging(bool debug, const std::string& log_file) {
   auto console = std::make_shared<spdlog::sinks::stderr_color_sink_mt>();
   console->set_pattern("[%H:%M:%S] [%^%l%$] %v");
-  std::vector<spdlog::sink_ptr> sinks{console};
+  // The guard first: it erases a progress bar on the terminal before the console sink writes the line.
+  std::vector<spdlog::sink_ptr> sinks{make_progress_log_guard(), console};
   if (!log_file.empty()) {
     std::filesystem::path path(log_file);
     std::error_code error;
@@ -50,6 +52,7 @@ void setup_logging(bool debug, const std::string& log_file) {
 }
 
 void report_error(const std::string& message) {
+  clear_progress_line();
   std::fprintf(stderr, "primus-cli: error: %s\n", message.c_str());
   std::fflush(stderr);
   if (g_file_logger) g_file_logger->error("primus-cli: error: {}", message);

@@ -1,12 +1,15 @@
 // Errors and exit codes. Library code throws; only main() turns an Error into an exit code.
 //   UsageError   -> exit 2: bad arguments, config, or user input (files named by the user).
-//   RuntimeError -> exit 3: failures while running (corrupt checkpoint, I/O error, broken invariant).
+//   RuntimeError -> exit 3: failures while running (corrupt checkpoint, I/O error, broken invariant);
+//                   OutOfMemoryError is one, for a device allocation that did not fit.
 #pragma once
 
 #include <fmt/format.h>
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace primus {
 
@@ -36,6 +39,21 @@ class UsageError : public Error {
 class RuntimeError : public Error {
  public:
   explicit RuntimeError(const std::string& message) : Error(kExitRuntime, message) {}
+};
+
+// A device allocation that failed for lack of memory (the CUDA caching allocator, a runtime call). Exit code 3.
+// The trainer and `benchmark train` catch it and throw it again with their memory table and advice added.
+class OutOfMemoryError : public RuntimeError {
+ public:
+  // device: "cuda:0", or "cuda" when unknown; requested_bytes: 0 when unknown.
+  OutOfMemoryError(const std::string& message, std::string device, uint64_t requested_bytes)
+      : RuntimeError(message), device_(std::move(device)), requested_bytes_(requested_bytes) {}
+  const std::string& device() const { return device_; }
+  uint64_t requested_bytes() const { return requested_bytes_; }
+
+ private:
+  std::string device_;
+  uint64_t requested_bytes_;
 };
 
 [[noreturn]] void throw_check_failure(const char* expr, const char* file, int line, const std::string& message);

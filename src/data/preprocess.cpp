@@ -2,7 +2,6 @@
 #include "data/preprocess.h"
 
 #include <spdlog/spdlog.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -137,68 +136,7 @@ JobResult tokenize_job(const Job& job, const Tokenizer& tokenizer, const std::st
   return result;
 }
 
-std::string format_duration(double seconds) {
-  if (!(seconds >= 0.0) || seconds > 359999.0) return "--:--:--";
-  int64_t s = static_cast<int64_t>(seconds + 0.5);
-  return fmt::format("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60);
-}
-
-class Progress {
- public:
-  Progress(std::FILE* out, double interval_s)
-      : out_(out),
-        tty_(out != nullptr && ::isatty(::fileno(out)) == 1),
-        interval_s_(interval_s),
-        start_(std::chrono::steady_clock::now()),
-        last_(start_) {}
-
-  double elapsed_s() const { return seconds_since(start_); }
-
-  void update(ProgressSnapshot snapshot, bool final) {
-    if (out_ == nullptr) return;
-    if (!final && seconds_since(last_) < interval_s_) return;
-    last_ = std::chrono::steady_clock::now();
-    snapshot.elapsed_s = elapsed_s();
-    std::string line = format_progress(snapshot, tty_);
-    if (tty_) {
-      fmt::print(out_, "\r{}{}", line, final ? "\n" : "");
-    } else {
-      fmt::print(out_, "{}\n", line);
-    }
-    std::fflush(out_);
-  }
-
- private:
-  static double seconds_since(std::chrono::steady_clock::time_point t) {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-  }
-
-  std::FILE* out_;
-  bool tty_;
-  double interval_s_;
-  std::chrono::steady_clock::time_point start_;
-  std::chrono::steady_clock::time_point last_;
-};
-
 }  // namespace
-
-std::string format_progress(const ProgressSnapshot& snapshot, bool tty) {
-  double elapsed = std::max(snapshot.elapsed_s, 1e-9);
-  double fraction =
-      snapshot.bytes_total > 0
-          ? std::clamp(static_cast<double>(snapshot.bytes_done) / static_cast<double>(snapshot.bytes_total), 0.0, 1.0)
-          : 1.0;
-  double bytes_per_s = static_cast<double>(snapshot.bytes_done) / elapsed;
-  double eta = bytes_per_s > 0.0 ? static_cast<double>(snapshot.bytes_total - snapshot.bytes_done) / bytes_per_s : -1.0;
-  std::string stats =
-      fmt::format("{:5.1f}% | {} docs | {:.0f} docs/s | {:.1f} MB/s | ETA {}", 100.0 * fraction, snapshot.documents,
-                  static_cast<double>(snapshot.documents) / elapsed, bytes_per_s / 1e6, format_duration(eta));
-  if (!tty) return "preprocess: " + stats;
-  constexpr int kWidth = 30;
-  int filled = static_cast<int>(fraction * kWidth);
-  return fmt::format("[{}{}] {}", std::string(static_cast<size_t>(filled), '#'),
-                     std::string(static_cast<size_t>(kWidth - filled), '.'), stats);
-}
 
 PreprocessResult preprocess_to_indexed(const PreprocessOptions& options, const Tokenizer& tokenizer) {
   if (options.workers < 1) throw UsageError(fmt::format("--workers must be >= 1, got {}", options.workers));
@@ -214,7 +152,7 @@ PreprocessResult preprocess_to_indexed(const PreprocessOptions& options, const T
   for (const InputFile& file : files) bytes_total += static_cast<int64_t>(file.size_bytes);
 
   IndexedDatasetWriter writer(result.prefix, token_dtype_for_vocab(tokenizer.vocab_size()));
-  Progress progress(options.progress_out, options.progress_interval_s);
+  const auto start = std::chrono::steady_clock::now();
   std::deque<std::future<JobResult>> in_flight;
   const size_t max_in_flight = 2 * static_cast<size_t>(options.workers);
 
@@ -237,7 +175,7 @@ PreprocessResult preprocess_to_indexed(const PreprocessOptions& options, const T
       if (length == 0) ++result.empty_documents;
     }
     result.tokens += static_cast<int64_t>(done.tokens.size());
-    progress.update({result.documents, done.bytes_done, bytes_total, 0.0}, false);
+    if (options.on_progress) options.on_progress({result.documents, done.bytes_done, bytes_total, false});
   };
 
   {
@@ -282,8 +220,8 @@ PreprocessResult preprocess_to_indexed(const PreprocessOptions& options, const T
   }
   writer.finish();
   result.input_bytes = bytes_total;
-  result.seconds = progress.elapsed_s();
-  progress.update({result.documents, bytes_total, bytes_total, 0.0}, true);
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (options.on_progress) options.on_progress({result.documents, bytes_total, bytes_total, true});
   return result;
 }
 

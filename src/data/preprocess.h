@@ -8,13 +8,21 @@
 #pragma once
 
 #include <cstdint>
-#include <cstdio>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "data/tokenizer.h"
 
 namespace primus {
+
+// Where a run stands: documents written, input bytes consumed (on disk, so compressed for .zst) of the total.
+struct PreprocessProgress {
+  int64_t documents = 0;
+  int64_t bytes_done = 0;
+  int64_t bytes_total = 0;
+  bool final = false;
+};
 
 struct PreprocessOptions {
   std::vector<std::string> inputs;
@@ -25,10 +33,9 @@ struct PreprocessOptions {
   // Count malformed lines (bad JSON, missing or non-string json_key) instead of stopping at the first.
   bool skip_bad_lines = false;
   int64_t batch_bytes = int64_t{1} << 20;  // text per worker batch
-  // Progress: every `progress_interval_s` seconds to `progress_out` (null: none). On a terminal the line is
-  // redrawn in place (carriage return); otherwise each update is its own line.
-  std::FILE* progress_out = stderr;
-  double progress_interval_s = 5.0;
+  // Called on the calling thread after each batch is written and once at the end (final = true); the CLI
+  // draws a progress bar from it (observe/progress.h). Empty: no progress reports.
+  std::function<void(const PreprocessProgress&)> on_progress;
 };
 
 struct PreprocessResult {
@@ -45,14 +52,5 @@ struct PreprocessResult {
 // Throws UsageError for bad options, a missing input or (without skip_bad_lines) a malformed line, naming
 // file:line; RuntimeError for I/O failures. Output files appear only when the whole run succeeds.
 PreprocessResult preprocess_to_indexed(const PreprocessOptions& options, const Tokenizer& tokenizer);
-
-// One progress report. `tty` selects the carriage-return bar.
-struct ProgressSnapshot {
-  int64_t documents = 0;
-  int64_t bytes_done = 0;
-  int64_t bytes_total = 0;
-  double elapsed_s = 0.0;
-};
-std::string format_progress(const ProgressSnapshot& snapshot, bool tty);
 
 }  // namespace primus

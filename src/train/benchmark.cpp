@@ -11,6 +11,7 @@
 #include "data/loader.h"
 #include "data/tokenizer.h"
 #include "ops/ops.h"
+#include "train/memory_report.h"
 #include "train/train_step.h"
 
 namespace primus {
@@ -35,6 +36,43 @@ double seconds_since_process_start() {
   return uptime - start_ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
+// Warm-up and timed steps of a built model; each phase has its own progress bar.
+BenchmarkResult time_steps(LlamaModel& model, AdamW& optimizer, const TrainingArgs& t, Device device,
+                           const BenchmarkOptions& options) {
+  MockTokens tokens(model.args().vocab_size, t.seq_length, static_cast<uint64_t>(t.seed));
+  BatchLoader loader(tokens, t.micro_batch_size, t.seq_length);
+  BenchmarkResult result;
+  std::vector<double> step_ms;
+  int64_t step = 0;
+  auto run_phase = [&](const char* label, int64_t steps) {
+    ProgressBar bar({.label = label, .total = steps, .count_name = "steps", .keep = false}, options.progress);
+    for (int64_t k = 1; k <= steps; ++k) {
+      ++step;
+      const Clock::time_point t0 = Clock::now();
+      std::vector<Batch> batches;
+      for (int64_t i = 0; i < micro_batches_per_step(t); ++i) batches.push_back(loader.next());
+      const StepResult r = train_step(model, optimizer, batches, t, t.lr);
+      ops::synchronize(device);
+      const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+      if (step == 1) {
+        result.time_to_first_step_s = seconds_since_process_start();
+        result.first_loss = r.loss;
+      }
+      result.last_loss = r.loss;
+      if (step > options.warmup_steps) step_ms.push_back(ms);
+      bar.update(k);
+    }
+    bar.finish();
+  };
+  run_phase("benchmark warm-up", options.warmup_steps);
+  run_phase("benchmark timed", options.timed_steps);
+  std::sort(step_ms.begin(), step_ms.end());
+  result.step_ms = step_ms[step_ms.size() / 2];
+  result.step_ms_min = step_ms.front();
+  result.step_ms_max = step_ms.back();
+  return result;
+}
+
 }  // namespace
 
 BenchmarkResult run_benchmark_train(const ExperimentConfig& config, const BenchmarkOptions& options) {
@@ -44,38 +82,23 @@ BenchmarkResult run_benchmark_train(const ExperimentConfig& config, const Benchm
   std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(t.tokenizer_type, t.tokenizer_model);
   ModelArgs args = config.model;
   if (args.vocab_size == 0) args.vocab_size = padded_vocab_size(tokenizer->vocab_size(), args.make_vocab_size_divisible_by);
-
-  LlamaModel model(args, t.seq_length, device, compute_dtype(t, device));
-  model.set_recompute(RecomputeConfig::from(t));
-  model.params().initialize(static_cast<uint64_t>(t.seed));
-  model.weights_changed();
-  AdamW optimizer(model.params(), AdamWConfig{t.adam_beta1, t.adam_beta2, t.adam_eps, t.weight_decay});
-  MockTokens tokens(args.vocab_size, t.seq_length, static_cast<uint64_t>(t.seed));
-  BatchLoader loader(tokens, t.micro_batch_size, t.seq_length);
+  const MemoryPlan plan = plan_memory(args, t, device, compute_dtype(t, device));
+  log_memory_plan(plan);
 
   BenchmarkResult result;
-  result.device = device.str();
-  result.parameters = model.params().numel();
-  result.tokens_per_step = t.global_batch_size * t.seq_length;
-  std::vector<double> step_ms;
-  for (int64_t step = 1; step <= options.warmup_steps + options.timed_steps; ++step) {
-    const Clock::time_point t0 = Clock::now();
-    std::vector<Batch> batches;
-    for (int64_t i = 0; i < micro_batches_per_step(t); ++i) batches.push_back(loader.next());
-    const StepResult r = train_step(model, optimizer, batches, t, t.lr);
-    ops::synchronize(device);
-    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-    if (step == 1) {
-      result.time_to_first_step_s = seconds_since_process_start();
-      result.first_loss = r.loss;
-    }
-    result.last_loss = r.loss;
-    if (step > options.warmup_steps) step_ms.push_back(ms);
+  try {
+    LlamaModel model(args, t.seq_length, device, compute_dtype(t, device));
+    model.set_recompute(RecomputeConfig::from(t));
+    model.params().initialize(static_cast<uint64_t>(t.seed));
+    model.weights_changed();
+    AdamW optimizer(model.params(), AdamWConfig{t.adam_beta1, t.adam_beta2, t.adam_eps, t.weight_decay});
+    result = time_steps(model, optimizer, t, device, options);
+    result.parameters = model.params().numel();
+  } catch (const OutOfMemoryError& error) {
+    throw OutOfMemoryError(out_of_memory_message(error, plan), error.device(), error.requested_bytes());
   }
-  std::sort(step_ms.begin(), step_ms.end());
-  result.step_ms = step_ms[step_ms.size() / 2];
-  result.step_ms_min = step_ms.front();
-  result.step_ms_max = step_ms.back();
+  result.device = device.str();
+  result.tokens_per_step = t.global_batch_size * t.seq_length;
   result.tokens_per_s = static_cast<double>(result.tokens_per_step) / (result.step_ms / 1000.0);
   result.tflops_per_gpu = result.tokens_per_s * LlamaModel::flops_per_token(args, t.seq_length) / 1e12;
   if (!device.is_cpu()) {

@@ -5,12 +5,14 @@
 #include <string>
 
 #include "config/experiment.h"
+#include "observe/progress.h"
 
 namespace primus {
 
 struct BenchmarkOptions {
   int64_t warmup_steps = 3;
   int64_t timed_steps = 10;
+  ProgressOutput progress;  // bars for the warm-up and the timed steps; none by default
 };
 
 struct BenchmarkResult {
@@ -30,7 +32,8 @@ struct BenchmarkResult {
 };
 
 // Builds the configured model with random weights on the configured device, runs warm-up and timed steps
-// on mock tokens (whatever data_path says), with the config's batch shape, optimizer and clipping.
+// on mock tokens (whatever data_path says), with the config's batch shape, optimizer and clipping. Logs the
+// memory table first; a device out of memory ends in OutOfMemoryError carrying it and what to try.
 BenchmarkResult run_benchmark_train(const ExperimentConfig& config, const BenchmarkOptions& options);
 
 // A table for people and one JSON line for scripts.

@@ -26,6 +26,8 @@
 #include "observe/tensorboard.h"
 #include "optim/lr_schedule.h"
 #include "train/sampling.h"
+#include "train/checkpoint_progress.h"
+#include "train/memory_report.h"
 #include "train/signals.h"
 #include "train/train_step.h"
 
@@ -143,9 +145,8 @@ class RunLogSink {
   std::shared_ptr<spdlog::sinks::basic_file_sink_mt> sink_;
 };
 
-}  // namespace
-
-int run_pretrain(const ExperimentConfig& config, const RunOptions& options) {
+// The run itself; `plan` is set as soon as the memory table is known, for run_pretrain's out-of-memory message.
+int run_training(const ExperimentConfig& config, const RunOptions& options, std::optional<MemoryPlan>& plan) {
   const Clock::time_point start = Clock::now();
   const TrainingArgs& t = config.train;
   const std::string run_dir = config.run_dir();
@@ -163,6 +164,8 @@ int run_pretrain(const ExperimentConfig& config, const RunOptions& options) {
   std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(t.tokenizer_type, t.tokenizer_model);
   const ModelArgs model_args = resolve_vocab(config.model, *tokenizer);
   DataSources data = make_data(t, *tokenizer);
+  plan = plan_memory(model_args, t, device, compute_dtype(t, device));
+  log_memory_plan(*plan);
   LlamaModel model(model_args, t.seq_length, device, compute_dtype(t, device));
   model.set_recompute(RecomputeConfig::from(t));
   AdamW optimizer(model.params(), AdamWConfig{t.adam_beta1, t.adam_beta2, t.adam_eps, t.weight_decay});
@@ -172,8 +175,9 @@ int run_pretrain(const ExperimentConfig& config, const RunOptions& options) {
   const std::string load_dir = t.load.empty() ? save_dir : t.load;
   TrainerState state;
   state.seed = t.seed;
+  const CheckpointProgressFn checkpoint_bars = checkpoint_progress_bars(options.progress);
   if (std::optional<std::string> latest = find_latest_checkpoint(load_dir)) {
-    state = load_checkpoint(*latest, model, optimizer);
+    state = load_checkpoint(*latest, model, optimizer, checkpoint_bars);
     if (state.seed != t.seed) {
       throw UsageError(fmt::format("[config] seed is {} but checkpoint {} was trained with seed {}", t.seed, *latest, state.seed));
     }
@@ -210,14 +214,30 @@ int run_pretrain(const ExperimentConfig& config, const RunOptions& options) {
   auto save = [&]() {
     state.consumed_train_samples = loader.consumed_samples();
     state.optimizer_steps = optimizer.steps_taken();
-    save_checkpoint(save_dir, model, optimizer, state, config.effective_yaml);
-    spdlog::info("saved checkpoint {}/{}", save_dir, checkpoint_dir_name(state.iteration));
+    const Clock::time_point save_start = Clock::now();
+    const int64_t bytes = save_checkpoint(save_dir, model, optimizer, state, config.effective_yaml, checkpoint_bars);
+    const double save_s = seconds_since(save_start);
+    spdlog::info("saved checkpoint {}/{} ({:.1f} MB in {:.1f} s, {:.0f} MB/s)", save_dir,
+                 checkpoint_dir_name(state.iteration), static_cast<double>(bytes) / 1e6, save_s,
+                 static_cast<double>(bytes) / 1e6 / std::max(save_s, 1e-9));
   };
 
   install_stop_handlers();
   const double flops_per_token = LlamaModel::flops_per_token(model_args, t.seq_length);
   double window_loss = 0.0, window_s = 0.0;
   int64_t window_steps = 0, window_tokens = 0;
+  // Between log lines, on a terminal only (elsewhere the log lines are the progress): step of train_iters,
+  // steps/s and ETA. Log lines erase it first (observe/progress.h).
+  std::optional<ProgressBar> step_bar;
+  if (t.log_interval > 1) {
+    step_bar.emplace(ProgressSpec{.label = "train",
+                                  .total = t.train_iters,
+                                  .start = state.iteration,
+                                  .count_name = "steps",
+                                  .line_interval_s = -1.0,
+                                  .keep = false},
+                     options.progress);
+  }
   while (state.iteration < t.train_iters) {
     const int64_t step = state.iteration + 1;
     const double lr = schedule.at(step);
@@ -279,6 +299,7 @@ int run_pretrain(const ExperimentConfig& config, const RunOptions& options) {
       window_steps = window_tokens = 0;
     }
     if (t.save_interval > 0 && step % t.save_interval == 0 && step != t.train_iters) save();
+    if (step_bar) step_bar->update(step);
     if (stop_requested()) {
       spdlog::warn("signal {} received: saving a checkpoint at iteration {} and stopping", stop_signal(), step);
       save();
@@ -286,6 +307,7 @@ int run_pretrain(const ExperimentConfig& config, const RunOptions& options) {
       return 128 + stop_signal();
     }
   }
+  if (step_bar) step_bar->finish();
   save();
   if (t.sample_length > 0) {
     const std::string text = generate_sample(model, *tokenizer, t.sample_prompt, t.sample_length, t.seq_length,
@@ -293,9 +315,20 @@ int run_pretrain(const ExperimentConfig& config, const RunOptions& options) {
     spdlog::info("sample after {} iterations:\n{}{}", state.iteration, t.sample_prompt, text);
   }
   spdlog::info("done: {} iterations in {:.1f} s; run directory {}", state.iteration, seconds_since(start), run_dir);
-  (void)options;
   if (mlflow) mlflow->finish(MlflowRunStatus::kFinished);
   return kExitOk;
+}
+
+}  // namespace
+
+int run_pretrain(const ExperimentConfig& config, const RunOptions& options) {
+  std::optional<MemoryPlan> plan;
+  try {
+    return run_training(config, options, plan);
+  } catch (const OutOfMemoryError& error) {
+    if (!plan) throw;
+    throw OutOfMemoryError(out_of_memory_message(error, *plan), error.device(), error.requested_bytes());
+  }
 }
 
 }  // namespace primus

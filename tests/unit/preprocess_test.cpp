@@ -58,7 +58,6 @@ PreprocessOptions quiet_options(std::vector<std::string> inputs, std::string pre
   PreprocessOptions options;
   options.inputs = std::move(inputs);
   options.output_prefix = std::move(prefix);
-  options.progress_out = nullptr;
   return options;
 }
 
@@ -211,27 +210,31 @@ TEST(Preprocess, InputStreamSplitsLinesAcrossChunks) {
   EXPECT_EQ(stream.consumed_bytes(), file.size_bytes);
 }
 
-TEST(Preprocess, ProgressReportsRatesAndEta) {
-  ProgressSnapshot snapshot{1000, 50'000'000, 200'000'000, 10.0};
-  EXPECT_EQ(format_progress(snapshot, false), "preprocess:  25.0% | 1000 docs | 100 docs/s | 5.0 MB/s | ETA 0:00:30");
-  std::string bar = format_progress(snapshot, true);
-  EXPECT_EQ(bar.substr(0, 32), "[#######.......................]");
-  EXPECT_NE(bar.find("ETA 0:00:30"), std::string::npos);
-  EXPECT_NE(format_progress({0, 0, 100, 1.0}, false).find("ETA --:--:--"), std::string::npos);
-
+// Progress reports: bytes consumed never go back, documents add up, and the last report is final and complete.
+// (The bar drawn from them is tested in progress_test.cpp.)
+TEST(Preprocess, ReportsProgressAfterEachBatchAndAtTheEnd) {
   std::string dir = testing::temp_dir("pre-progress");
-  write_file_atomic(dir + "/a.txt", "some text");
-  std::FILE* log = std::tmpfile();
-  PreprocessOptions options = quiet_options({dir + "/a.txt"}, dir + "/o");
-  options.progress_out = log;  // not a terminal: plain lines
-  options.progress_interval_s = 0.0;
-  preprocess_to_indexed(options, ByteLevelTokenizer());
-  std::rewind(log);
-  char buffer[4096] = {};
-  std::string written(buffer, std::fread(buffer, 1, sizeof(buffer), log));
-  std::fclose(log);
-  EXPECT_EQ(written.find('\r'), std::string::npos);
-  EXPECT_NE(written.find("preprocess: 100.0% | 1 docs |"), std::string::npos) << written;
+  std::string text;
+  for (int i = 0; i < 200; ++i) text += nlohmann::json({{"text", "document " + std::to_string(i)}}).dump() + "\n";
+  write_file_atomic(dir + "/a.jsonl", text);
+  PreprocessOptions options = quiet_options({dir + "/a.jsonl"}, dir + "/o");
+  options.batch_bytes = 256;  // many batches
+  options.workers = 3;
+  std::vector<PreprocessProgress> reports;
+  options.on_progress = [&](const PreprocessProgress& p) { reports.push_back(p); };
+  PreprocessResult result = preprocess_to_indexed(options, ByteLevelTokenizer());
+  ASSERT_GT(reports.size(), 5u);
+  for (size_t i = 0; i < reports.size(); ++i) {
+    EXPECT_EQ(reports[i].bytes_total, static_cast<int64_t>(text.size()));
+    EXPECT_EQ(reports[i].final, i + 1 == reports.size());
+    if (i > 0) {
+      EXPECT_GE(reports[i].bytes_done, reports[i - 1].bytes_done);
+      EXPECT_GE(reports[i].documents, reports[i - 1].documents);
+    }
+  }
+  EXPECT_EQ(reports.back().bytes_done, static_cast<int64_t>(text.size()));
+  EXPECT_EQ(reports.back().documents, 200);
+  EXPECT_EQ(result.documents, 200);
 }
 
 // The command line: preprocess, inspect, and the exit codes for bad lines (2) and corrupt files (3).

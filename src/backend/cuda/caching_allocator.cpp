@@ -46,11 +46,15 @@ void* CachingAllocator::allocate(size_t bytes) {
     }
     if (status != gpuSuccess) {
       (void)gpuGetLastError();
-      throw RuntimeError(fmt::format(
-          "[cuda] out of device memory on {}: {} bytes requested ({:.3f} GiB held by tensors, {:.3f} GiB reserved, "
-          "peak {:.3f} GiB): {}",
-          device_.str(), bytes, gib(stats_.allocated_bytes), gib(stats_.reserved_bytes),
-          gib(stats_.peak_allocated_bytes), gpuGetErrorString(status)));
+      const bool out_of_memory = status == gpuErrorMemoryAllocation;
+      const std::string message = fmt::format(
+          "[cuda] {} on {}: {} bytes ({:.3f} GiB) requested; {:.3f} GiB held by tensors, {:.3f} GiB reserved, peak "
+          "{:.3f} GiB: {}",
+          out_of_memory ? "out of device memory" : "device allocation failed", device_.str(), bytes, gib(bytes),
+          gib(stats_.allocated_bytes), gib(stats_.reserved_bytes), gib(stats_.peak_allocated_bytes),
+          gpuGetErrorString(status));
+      if (out_of_memory) throw OutOfMemoryError(message, device_.str(), bytes);
+      throw RuntimeError(message);
     }
     ++stats_.driver_allocations;
     stats_.reserved_bytes += block;

@@ -5,8 +5,9 @@
 // request of the same class reuses it at once. That is safe without events because every kernel and copy of
 // the CUDA backend runs on one stream: work that uses the new owner is queued after all work of the old
 // one. (A second stream will need an event recorded on free.) When the driver runs out of memory, the cache
-// is returned to it and the request retried once. Freed memory never goes back to the driver otherwise, so
-// steady-state training steps make no cudaMalloc calls.
+// is returned to it and the request retried once; a second failure throws OutOfMemoryError (core/error.h)
+// with the request size. Freed memory never goes back to the driver otherwise, so steady-state training
+// steps make no cudaMalloc calls.
 #pragma once
 
 #include <cstddef>

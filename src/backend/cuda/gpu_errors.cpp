@@ -7,8 +7,11 @@
 namespace primus {
 
 void throw_gpu_error(gpuError_t error, const char* statement, const char* file, int line) {
-  throw RuntimeError(fmt::format("[cuda] {} failed at {}:{}: {} ({})", statement, file, line, gpuGetErrorString(error),
-                                 gpuGetErrorName(error)));
+  const std::string message = fmt::format("[cuda] {} failed at {}:{}: {} ({})", statement, file, line,
+                                          gpuGetErrorString(error), gpuGetErrorName(error));
+  // Out of memory outside the caching allocator (a library workspace): the size is not known here.
+  if (error == gpuErrorMemoryAllocation) throw OutOfMemoryError(message, "cuda", 0);
+  throw RuntimeError(message);
 }
 
 void throw_cublas_error(int status, const char* statement, const char* file, int line) {

@@ -1,0 +1,241 @@
+// The memory estimate and its table (formula in memory_report.h), and the out-of-memory explanation.
+#include "train/memory_report.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "layers/basic_layers.h"
+#if PRIMUS_WITH_CUDA
+#include "backend/cuda/device_memory.h"
+#endif
+
+namespace primus {
+
+namespace {
+
+constexpr double kKiB = 1024.0;
+constexpr double kMiB = 1024.0 * 1024.0;
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+// The layers [first, end) recomputed together with layer i, first == end when layer i keeps its activations:
+// the chunking LlamaModel::forward applies for the same RecomputeConfig.
+std::pair<int64_t, int64_t> recompute_chunk(const RecomputeConfig& r, int64_t i, int64_t layers) {
+  if (r.granularity != RecomputeConfig::Granularity::kFull) return {i, i};
+  const int64_t n = std::max<int64_t>(1, r.num_layers);
+  if (r.block) return i < n ? std::pair{i, i + 1} : std::pair{i, i};
+  const int64_t first = i / n * n;
+  return {first, std::min(first + n, layers)};
+}
+
+// Rows of one logits chunk, as LmLoss sizes it: as many as fit max_bytes, a multiple of 64 when there is room.
+int64_t logits_chunk_rows(int64_t max_bytes, int64_t rows, int64_t vocab, int64_t element_bytes) {
+  int64_t chunk = max_bytes / std::max<int64_t>(1, vocab * element_bytes);
+  if (chunk >= 64) chunk = chunk / 64 * 64;
+  return std::clamp<int64_t>(chunk, 1, std::max<int64_t>(rows, 1));
+}
+
+std::string describe_recompute(const RecomputeConfig& r) {
+  switch (r.granularity) {
+    case RecomputeConfig::Granularity::kNone:
+      return "none";
+    case RecomputeConfig::Granularity::kSelective:
+      return "selective";
+    case RecomputeConfig::Granularity::kFull:
+      break;
+  }
+  if (r.block) return fmt::format("full (block, the first {} layers)", r.num_layers);
+  return fmt::format("full (uniform, {} layer{} a chunk)", r.num_layers, r.num_layers == 1 ? "" : "s");
+}
+
+int64_t parameter_count(const ModelArgs& args) {
+  int64_t total = 0;
+  for (const ParamSpec& spec : LlamaModel::param_specs(args)) total += shape_numel(spec.shape);
+  return total;
+}
+
+}  // namespace
+
+std::string format_memory_bytes(int64_t bytes) {
+  const double b = static_cast<double>(bytes);
+  if (b >= kGiB) return fmt::format("{:.2f} GiB", b / kGiB);
+  if (b >= kMiB) return fmt::format("{:.2f} MiB", b / kMiB);
+  return fmt::format("{:.1f} KiB", b / kKiB);
+}
+
+ActivationEstimate estimate_activations(const ModelArgs& m, int64_t micro_batch_size, int64_t seq_length,
+                                        DType activation_dtype, const RecomputeConfig& recompute) {
+  const int64_t N = micro_batch_size * seq_length;
+  const int64_t a = static_cast<int64_t>(dtype_size(activation_dtype));
+  constexpr int64_t f32 = 4;
+  const int64_t C = m.hidden_size, F = m.ffn_hidden_size, D = m.kv_channels;
+  const int64_t Hq = m.num_attention_heads, Hkv = m.num_query_groups, L = m.num_layers;
+  const bool selective = recompute.granularity == RecomputeConfig::Granularity::kSelective;
+
+  ActivationEstimate e;
+  e.tokens = N;
+  e.layer_bytes = N * a * (4 * C + 2 * Hq * D + 2 * Hkv * D + 2 * F + (selective ? 0 : F)) + f32 * N * (2 + Hq);
+  if (m.qk_layernorm) e.layer_bytes += N * a * (Hq + Hkv) * D + f32 * N * (Hq + Hkv);
+  const int64_t row_block = N * C * a;  // one [N, C] activation: a chunk's input, a norm input, dhidden
+  const int64_t final_norm = row_block + f32 * N;
+
+  // Forward: each layer keeps all it saved, or (recomputed) only its chunk's input; a recomputed layer still
+  // holds everything while its forward runs.
+  int64_t kept = 0, peak = 0;
+  std::vector<int64_t> kept_by_layer(static_cast<size_t>(L));
+  for (int64_t i = 0; i < L; ++i) {
+    const auto [first, end] = recompute_chunk(recompute, i, L);
+    const bool recomputed = first != end;
+    if (recomputed) peak = std::max(peak, kept + e.layer_bytes);
+    kept_by_layer[static_cast<size_t>(i)] = !recomputed ? e.layer_bytes : (i == first ? row_block : 0);
+    kept += kept_by_layer[static_cast<size_t>(i)];
+  }
+  e.saved_bytes = kept + final_norm + row_block;  // + the loss gradient dhidden
+
+  // The loss: final norm output, losses and lse, one logits chunk, on top of everything saved.
+  const LmLoss loss_layer;
+  e.logits_chunk_bytes = logits_chunk_rows(loss_layer.max_logits_bytes, N, m.vocab_size, a) * m.vocab_size * a;
+  peak = std::max(peak, e.saved_bytes + row_block + e.logits_chunk_bytes + 2 * f32 * N);
+
+  // Backward, top down: dhidden is used up at once, the final norm's saved tensors stay to the end; entering a
+  // recomputed chunk from its top replaces the chunk's input by its layers whole.
+  int64_t live = kept + final_norm;
+  for (int64_t i = L - 1; i >= 0; --i) {
+    const auto [first, end] = recompute_chunk(recompute, i, L);
+    if (first != end && i == end - 1) {
+      live += (end - first) * e.layer_bytes - row_block;
+      peak = std::max(peak, live);
+      for (int64_t j = first; j < end; ++j) kept_by_layer[static_cast<size_t>(j)] = e.layer_bytes;
+    }
+    live -= kept_by_layer[static_cast<size_t>(i)];
+  }
+  e.peak_bytes = peak;
+  return e;
+}
+
+MemoryPlan plan_memory(const ModelArgs& args, const TrainingArgs& t, Device device, DType compute_dtype) {
+  MemoryPlan plan;
+  plan.model = args;
+  plan.train = t;
+  plan.device = device.str();
+  plan.parameters = parameter_count(args);
+  plan.micro_batch_size = t.micro_batch_size;
+  plan.seq_length = t.seq_length;
+  plan.activation_dtype = compute_dtype;
+  const RecomputeConfig recompute = RecomputeConfig::from(t);
+  plan.recompute = describe_recompute(recompute);
+  plan.param_bytes = 4 * plan.parameters;
+  plan.compute_copy_bytes =
+      compute_dtype == DType::kF32 ? 0 : static_cast<int64_t>(dtype_size(compute_dtype)) * plan.parameters;
+  plan.grad_bytes = 4 * plan.parameters;
+  plan.optimizer_bytes = 2 * 4 * plan.parameters;
+  plan.activations = estimate_activations(args, t.micro_batch_size, t.seq_length, compute_dtype, recompute);
+#if PRIMUS_WITH_CUDA
+  if (device.type == DeviceType::kCuda) {
+    const GpuMemoryInfo info = cuda_memory_info(device.index);
+    plan.device_total_bytes = info.total_bytes;
+    plan.device_free_bytes = info.free_bytes;
+  }
+#endif
+  return plan;
+}
+
+std::vector<std::string> format_memory_table(const MemoryPlan& p) {
+  auto row = [](const std::string& what, int64_t bytes, const std::string& note = "") {
+    return fmt::format("  {:<36}{:>12}{}", what, format_memory_bytes(bytes), note.empty() ? "" : "  " + note);
+  };
+  const char* act = dtype_name(p.activation_dtype);
+  std::vector<std::string> lines;
+  lines.push_back(
+      fmt::format("memory per device, estimated ({}: {} parameters; micro-batch {} x {} tokens, {} "
+                  "activations, recompute {}):",
+                  p.device, p.parameters, p.micro_batch_size, p.seq_length, act, p.recompute));
+  lines.push_back(row("parameters (fp32 master)", p.param_bytes));
+  if (p.compute_copy_bytes > 0) lines.push_back(row(fmt::format("compute copy ({})", act), p.compute_copy_bytes));
+  lines.push_back(row("gradients (fp32)", p.grad_bytes));
+  lines.push_back(row("optimizer state (AdamW, fp32)", p.optimizer_bytes));
+  lines.push_back(
+      row("activations per micro-batch (peak)", p.activations.peak_bytes,
+          fmt::format("(kept for backward {}, logits chunk {})", format_memory_bytes(p.activations.saved_bytes),
+                      format_memory_bytes(p.activations.logits_chunk_bytes))));
+  lines.push_back(row("total", p.total_bytes()));
+  if (p.device_total_bytes > 0) {
+    lines.push_back(row("device memory", p.device_total_bytes,
+                        fmt::format("({} free at start)", format_memory_bytes(p.device_free_bytes))));
+  }
+  return lines;
+}
+
+void log_memory_plan(const MemoryPlan& plan) {
+  for (const std::string& line : format_memory_table(plan)) spdlog::info("{}", line);
+  if (plan.device_total_bytes > 0 && plan.total_bytes() > plan.device_total_bytes) {
+    spdlog::warn(
+        "memory: the estimate ({}) exceeds {}'s {}; expect out-of-memory (smaller micro_batch_size, "
+        "recompute_granularity or seq_length)",
+        format_memory_bytes(plan.total_bytes()), plan.device, format_memory_bytes(plan.device_total_bytes));
+  }
+}
+
+std::string out_of_memory_message(const OutOfMemoryError& error, const MemoryPlan& plan) {
+  const ModelArgs& args = plan.model;
+  const TrainingArgs& t = plan.train;
+  const std::string device = error.device() == "cuda" ? plan.device : error.device();
+  std::string text =
+      error.requested_bytes() > 0
+          ? fmt::format("out of memory on {}: a request for {} ({} bytes) did not fit.\n", device,
+                        format_memory_bytes(static_cast<int64_t>(error.requested_bytes())), error.requested_bytes())
+          : fmt::format("out of memory on {}.\n", device);
+  text += fmt::format("  {}\n", error.what());
+  for (const std::string& line : format_memory_table(plan)) text += line + "\n";
+  if (plan.device_total_bytes > 0 && plan.static_bytes() >= plan.device_total_bytes) {
+    text += fmt::format(
+        "The parameters, gradients and optimizer state alone need {}, more than the device's {}: no batch or "
+        "recompute setting fits this model on one device.\n"
+        "What to try: a smaller model, or sharding parameters, gradients and optimizer state over several GPUs "
+        "(ZeRO/FSDP), once Primus has it",
+        format_memory_bytes(plan.static_bytes()), format_memory_bytes(plan.device_total_bytes));
+    return text;
+  }
+  auto activations = [&](int64_t micro_batch_size, const std::string& granularity) {
+    TrainingArgs changed = t;
+    changed.micro_batch_size = micro_batch_size;
+    changed.recompute_granularity = granularity;
+    if (granularity == "full" && t.recompute_granularity != "full") {
+      changed.recompute_method = "uniform";
+      changed.recompute_num_layers = 1;
+    }
+    return format_memory_bytes(estimate_activations(args, micro_batch_size, t.seq_length, plan.activation_dtype,
+                                                    RecomputeConfig::from(changed))
+                                   .peak_bytes);
+  };
+  text += "What to try:\n";
+  if (t.micro_batch_size > 1) {
+    const int64_t half = t.micro_batch_size / 2;
+    text += fmt::format(
+        "  - a smaller micro_batch_size (now {}; {} would need about {} of activations); global_batch_size stays, "
+        "with more accumulation steps\n",
+        t.micro_batch_size, half, activations(half, t.recompute_granularity));
+  }
+  if (t.recompute_granularity.empty()) {
+    text += fmt::format("  - recompute_granularity: selective (about {} of activations) or full (about {})\n",
+                        activations(t.micro_batch_size, "selective"), activations(t.micro_batch_size, "full"));
+  } else if (t.recompute_granularity == "selective") {
+    text += fmt::format("  - recompute_granularity: full (about {} of activations)\n",
+                        activations(t.micro_batch_size, "full"));
+  } else if (t.recompute_method != "uniform" || t.recompute_num_layers != 1) {
+    TrainingArgs every = t;
+    every.recompute_method = "uniform";
+    every.recompute_num_layers = 1;
+    text += fmt::format(
+        "  - recompute_method: uniform with recompute_num_layers: 1 (every layer, about {} of activations)\n",
+        format_memory_bytes(estimate_activations(args, t.micro_batch_size, t.seq_length, plan.activation_dtype,
+                                                 RecomputeConfig::from(every))
+                                .peak_bytes));
+  }
+  text += fmt::format("  - a shorter seq_length (now {}; activations scale with it)\n", t.seq_length);
+  text += "  - sharding parameters, gradients and optimizer state over several GPUs (ZeRO/FSDP), once Primus has it";
+  return text;
+}
+
+}  // namespace primus

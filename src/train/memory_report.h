@@ -1,0 +1,90 @@
+// The memory table logged at the start of `train pretrain` and `benchmark train`, and the out-of-memory
+// message that repeats it with what to try.
+//
+// Bytes per device, P parameters, N = micro_batch_size × seq_length tokens of one micro-batch, a = bytes of an
+// activation element (2 in bf16 mixed precision, else 4); rstd and lse are always fp32:
+//   parameters          4·P    fp32 master weights
+//   compute copy        2·P    bf16 copy of the weights (mixed precision only)
+//   gradients           4·P    fp32
+//   optimizer state     8·P    AdamW exp_avg and exp_avg_sq, fp32
+//   activations                what one micro-batch's forward keeps for its backward (models/llama.cpp,
+//                              layers/attention.h, layers/basic_layers.h):
+//     a layer     N·a·(4C + 2·Hq·D + 2·Hkv·D + 3F) + 4·N·(2 + Hq)
+//                 = the inputs of both RMSNorms, of attention and of the MLP [N, C] each; q and the attention
+//                   output [N, Hq·D]; k and v [N, Hkv·D]; gate|up [N, 2F]; the SwiGLU output [N, F]; two rstd
+//                   [N] and the attention lse [B, Hq, T]. q/k norm (Qwen3) adds the un-normed q and k and their
+//                   rstd: N·a·(Hq + Hkv)·D + 4·N·(Hq + Hkv).
+//     selective   drops the SwiGLU output: N·a·F less per layer.
+//     full        a recomputed layer keeps nothing but, for the first layer of each chunk, the chunk's input
+//                 [N, C] (uniform: chunks of recompute_num_layers layers; block: the first recompute_num_layers
+//                 layers, one chunk each); backward runs a chunk's forward again, holding its layers whole.
+//     output      the final norm's input [N, C] and rstd [N], and the loss gradient dhidden [N, C]; while the
+//                 loss runs also the final norm's output [N, C], losses and lse [N] fp32 and one logits chunk
+//                 of at most LmLoss::max_logits_bytes (1 GiB): rows × V × a.
+//     peak        the larger of: everything saved plus the output layer's transients at the loss; with full
+//                 recompute, the layers below a chunk plus the chunk's layers whole while backward recomputes
+//                 it (or forward builds it).
+// Not counted: the gradient temporaries of one layer's backward (a few [N, C] and [N, F] tensors), cuBLASLt
+// and cuDNN workspaces, the RoPE table, token ids, the CUDA context, and the caching allocator's rounding (up
+// to 25% of a request).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "config/experiment.h"
+#include "core/error.h"
+#include "models/llama.h"
+
+namespace primus {
+
+struct ActivationEstimate {
+  int64_t tokens = 0;              // N: tokens of one micro-batch
+  int64_t layer_bytes = 0;         // one layer keeping all it saves
+  int64_t saved_bytes = 0;         // held from the end of forward until backward: layers and output layer
+  int64_t logits_chunk_bytes = 0;  // the output layer's logits buffer
+  int64_t peak_bytes = 0;          // the most held at once (see above)
+};
+
+ActivationEstimate estimate_activations(const ModelArgs& args, int64_t micro_batch_size, int64_t seq_length,
+                                        DType activation_dtype, const RecomputeConfig& recompute);
+
+struct MemoryPlan {
+  ModelArgs model;  // what the plan is for (vocab_size resolved)
+  TrainingArgs train;
+  std::string device;  // "cuda:0", "cpu"
+  int64_t parameters = 0;
+  int64_t micro_batch_size = 0;
+  int64_t seq_length = 0;
+  DType activation_dtype = DType::kF32;
+  std::string recompute;  // "none", "selective", "full (uniform, 1 layer a chunk)", ...
+  int64_t param_bytes = 0;
+  int64_t compute_copy_bytes = 0;
+  int64_t grad_bytes = 0;
+  int64_t optimizer_bytes = 0;
+  ActivationEstimate activations;
+  int64_t device_total_bytes = 0;  // CUDA: as the driver reports it; 0 on the CPU
+  int64_t device_free_bytes = 0;   // CUDA: free when the plan was made
+
+  int64_t static_bytes() const { return param_bytes + compute_copy_bytes + grad_bytes + optimizer_bytes; }
+  int64_t total_bytes() const { return static_bytes() + activations.peak_bytes; }
+};
+
+// `args.vocab_size` must be resolved. Queries the device's memory on CUDA (the backend must be started).
+MemoryPlan plan_memory(const ModelArgs& args, const TrainingArgs& t, Device device, DType compute_dtype);
+
+// The table, one line each, for logs and error messages.
+std::vector<std::string> format_memory_table(const MemoryPlan& plan);
+// Logs the table (info), and a warning when the estimate exceeds the device's memory.
+void log_memory_plan(const MemoryPlan& plan);
+
+// "out of memory on DEVICE: a request for X did not fit", the allocator's own line, the table, and what to try
+// (a smaller micro_batch_size, recompute, a shorter seq_length, sharding) with the activation estimates
+// those settings would give.
+std::string out_of_memory_message(const OutOfMemoryError& error, const MemoryPlan& plan);
+
+// 1.50 GiB / 12.00 MiB / 3.0 KiB
+std::string format_memory_bytes(int64_t bytes);
+
+}  // namespace primus

@@ -1,0 +1,277 @@
+// The memory table (train/memory_report.h): the activation estimate against a hand computation for a tiny
+// model, and against the bytes the CPU engine really holds (a counting allocator) after forward and at its
+// peak, with and without recompute; the table's rows; the out-of-memory message with its advice.
+#include "train/memory_report.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <mutex>
+
+#include "core/allocator.h"
+#include "support/test_support.h"
+#include "support/tiny_models.h"
+
+namespace primus {
+namespace {
+
+// Counts the bytes live through it (and their peak), passing every call on to the CPU allocator.
+class CountingAllocator : public Allocator {
+ public:
+  explicit CountingAllocator(Allocator& inner) : inner_(inner) {}
+  void* allocate(size_t bytes) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    live_ += static_cast<int64_t>(bytes);
+    peak_ = std::max(peak_, live_);
+    return inner_.allocate(bytes);
+  }
+  void deallocate(void* ptr, size_t bytes) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    live_ -= static_cast<int64_t>(bytes);
+    inner_.deallocate(ptr, bytes);
+  }
+  Device device() const override { return kCpuDevice; }
+  int64_t live() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return live_;
+  }
+  int64_t peak() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return peak_;
+  }
+  void reset_peak() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    peak_ = live_;
+  }
+
+ private:
+  Allocator& inner_;
+  std::mutex mutex_;
+  int64_t live_ = 0;
+  int64_t peak_ = 0;
+};
+
+// Routes CPU allocations through a CountingAllocator for its lifetime.
+class CountCpuAllocations {
+ public:
+  CountCpuAllocations() : cpu_(allocator_for(kCpuDevice)), counting_(cpu_) {
+    register_allocator(DeviceType::kCpu, &counting_);
+  }
+  ~CountCpuAllocations() { register_allocator(DeviceType::kCpu, &cpu_); }
+  CountingAllocator& counter() { return counting_; }
+
+ private:
+  Allocator& cpu_;
+  CountingAllocator counting_;
+};
+
+struct Measured {
+  int64_t saved = 0;  // held after forward
+  int64_t peak = 0;   // most held during forward and backward
+};
+
+// One training micro-batch of the tiny model on the CPU, counting the bytes allocated beyond the model.
+Measured measure(const ModelArgs& args, int64_t B, int64_t T, const RecomputeConfig& recompute) {
+  CountCpuAllocations counting;
+  CountingAllocator& count = counting.counter();
+  Measured m;
+  {
+    LlamaModel model(args, T);
+    model.set_recompute(recompute);
+    model.params().initialize(1);
+    Rng rng(3);
+    const Tensor tokens = testing::random_ids({B, T}, args.vocab_size, rng);
+    const Tensor labels = testing::random_ids({B, T}, args.vocab_size, rng);
+    Tensor loss_sum = Tensor::zeros({1}, DType::kF32);
+    const int64_t before = count.live();
+    count.reset_peak();
+    model.forward(tokens, labels, 1.0f / static_cast<float>(B * T), loss_sum);
+    m.saved = count.live() - before;
+    model.backward();
+    m.peak = count.peak() - before;
+    EXPECT_EQ(count.live(), before) << "backward frees every activation";
+  }
+  return m;
+}
+
+RecomputeConfig recompute(RecomputeConfig::Granularity granularity, bool block = false, int64_t layers = 1) {
+  RecomputeConfig r;
+  r.granularity = granularity;
+  r.block = block;
+  r.num_layers = layers;
+  return r;
+}
+
+using G = RecomputeConfig::Granularity;
+
+// Tiny Llama (2 layers, C 32, F 48, 4 q heads and 2 kv heads of 8, V 50), micro-batch 2 x 8 = 16 tokens, fp32.
+TEST(MemoryEstimate, MatchesAHandComputationForATinyModel) {
+  const ModelArgs args = testing::tiny_llama_args();
+  // A layer: 16 tokens x 4 bytes x (4·32 [norm inputs, attention and MLP inputs] + 2·4·8 [q, out] + 2·2·8 [k, v]
+  // + 3·48 [gate|up, SwiGLU output]) + 4 bytes x 16 x (2 + 4) [two rstd, lse] = 64 x 368 + 384 = 23,936.
+  ActivationEstimate none = estimate_activations(args, 2, 8, DType::kF32, recompute(G::kNone));
+  EXPECT_EQ(none.tokens, 16);
+  EXPECT_EQ(none.layer_bytes, 23936);
+  // Saved: 2 layers + final norm input (16·32·4 = 2048) and rstd (64) + dhidden (2048) = 52,032.
+  EXPECT_EQ(none.saved_bytes, 52032);
+  // Logits chunk: the whole [16, 50] fits 1 GiB: 3,200 bytes. Peak at the loss: + final norm output 2048
+  // + logits 3200 + losses and lse 128 = 57,408.
+  EXPECT_EQ(none.logits_chunk_bytes, 3200);
+  EXPECT_EQ(none.peak_bytes, 57408);
+
+  // Selective: no SwiGLU output, 16·4·48 = 3,072 less per layer.
+  ActivationEstimate selective = estimate_activations(args, 2, 8, DType::kF32, recompute(G::kSelective));
+  EXPECT_EQ(selective.layer_bytes, 20864);
+  EXPECT_EQ(selective.saved_bytes, 52032 - 2 * 3072);
+
+  // Full, one layer a chunk: each layer keeps its input (2048): saved 4096 + 4160 = 8,256. The peak is in
+  // backward: layer 0's input 2048, layer 1 whole 23936, final norm 2112 = 28,096.
+  ActivationEstimate full = estimate_activations(args, 2, 8, DType::kF32, recompute(G::kFull));
+  EXPECT_EQ(full.saved_bytes, 8256);
+  EXPECT_EQ(full.peak_bytes, 28096);
+
+  // bf16 activations: 2 bytes an element, rstd and lse stay fp32.
+  ActivationEstimate bf16 = estimate_activations(args, 2, 8, DType::kBF16, recompute(G::kNone));
+  EXPECT_EQ(bf16.layer_bytes, 32 * 368 + 384);
+}
+
+// The estimate against what the CPU engine holds: after forward exactly what forward keeps; at the peak at
+// least the estimate, and above it only by the gradient temporaries of one layer's backward.
+TEST(MemoryEstimate, MatchesTheBytesTheEngineHolds) {
+  struct Case {
+    const char* name;
+    ModelArgs args;
+    RecomputeConfig recompute;
+  };
+  ModelArgs four = testing::tiny_llama_args();
+  four.num_layers = 4;
+  const std::vector<Case> cases = {
+      {"llama none", testing::tiny_llama_args(), recompute(G::kNone)},
+      {"llama selective", testing::tiny_llama_args(), recompute(G::kSelective)},
+      {"llama full uniform 1", testing::tiny_llama_args(), recompute(G::kFull)},
+      {"4 layers full uniform 3", four, recompute(G::kFull, false, 3)},
+      {"4 layers full block 2", four, recompute(G::kFull, true, 2)},
+      {"qwen3 (q/k norm) none", testing::tiny_qwen3_args(), recompute(G::kNone)},
+      {"qwen3 full uniform 2", testing::tiny_qwen3_args(), recompute(G::kFull, false, 2)},
+  };
+  for (const Case& c : cases) {
+    const int64_t B = 3, T = 16;
+    const ActivationEstimate e = estimate_activations(c.args, B, T, DType::kF32, c.recompute);
+    const Measured m = measure(c.args, B, T, c.recompute);
+    EXPECT_EQ(e.saved_bytes, m.saved) << c.name;
+    EXPECT_GE(m.peak, e.peak_bytes) << c.name;
+    // One layer's backward temporaries: a few [N, C] and [N, 2F] gradients.
+    const int64_t N = B * T;
+    const int64_t slack = 4 * N * (4 * c.args.hidden_size + 3 * c.args.ffn_hidden_size);
+    EXPECT_LE(m.peak, e.peak_bytes + slack) << c.name << ": measured peak " << m.peak << ", estimate " << e.peak_bytes;
+  }
+}
+
+TEST(MemoryPlan, TableRowsForFp32AndMixedPrecision) {
+  ModelArgs args = testing::tiny_llama_args();
+  TrainingArgs t;
+  t.micro_batch_size = 2;
+  t.seq_length = 8;
+  const MemoryPlan plan = plan_memory(args, t, kCpuDevice, DType::kF32);
+  EXPECT_EQ(plan.parameters, 18720);  // embedding 1600, 2 x 7744 per layer, final norm 32, lm_head 1600
+  EXPECT_EQ(plan.param_bytes, 74880);
+  EXPECT_EQ(plan.compute_copy_bytes, 0);
+  EXPECT_EQ(plan.grad_bytes, 74880);
+  EXPECT_EQ(plan.optimizer_bytes, 149760);
+  EXPECT_EQ(plan.activations.peak_bytes, 57408);
+  EXPECT_EQ(plan.total_bytes(), 74880 + 74880 + 149760 + 57408);
+  EXPECT_EQ(plan.device_total_bytes, 0);
+  const std::vector<std::string> lines = format_memory_table(plan);
+  ASSERT_EQ(lines.size(), 6u);
+  EXPECT_EQ(lines[0],
+            "memory per device, estimated (cpu: 18720 parameters; micro-batch 2 x 8 tokens, f32 activations, "
+            "recompute none):");
+  EXPECT_EQ(lines[1], "  parameters (fp32 master)                73.1 KiB");
+  EXPECT_EQ(lines[4],
+            "  activations per micro-batch (peak)      56.1 KiB  (kept for backward 50.8 KiB, logits chunk 3.1 KiB)");
+  EXPECT_EQ(lines[5], "  total                                  348.6 KiB");
+
+  t.recompute_granularity = "full";
+  t.recompute_method = "block";
+  t.recompute_num_layers = 1;
+  const MemoryPlan mixed = plan_memory(args, t, kCpuDevice, DType::kBF16);
+  EXPECT_EQ(mixed.compute_copy_bytes, 2 * 18720);
+  EXPECT_EQ(mixed.recompute, "full (block, the first 1 layers)");
+  const std::vector<std::string> mixed_lines = format_memory_table(mixed);
+  ASSERT_EQ(mixed_lines.size(), 7u);
+  EXPECT_EQ(mixed_lines[2], "  compute copy (bf16)                     36.6 KiB");
+  EXPECT_NE(mixed_lines[0].find("bf16 activations, recompute full (block, the first 1 layers)"), std::string::npos);
+  EXPECT_EQ(format_memory_bytes(3 * (int64_t{1} << 30) / 2), "1.50 GiB");
+  EXPECT_EQ(format_memory_bytes(12 * (int64_t{1} << 20)), "12.00 MiB");
+}
+
+// A Llama 3.2 1B shape at 4 x 4096 tokens in bf16, on a device of 80 GiB.
+MemoryPlan one_b_plan(int64_t micro_batch_size, const std::string& granularity) {
+  ModelArgs args;
+  args.num_layers = 16;
+  args.hidden_size = 2048;
+  args.ffn_hidden_size = 8192;
+  args.num_attention_heads = 32;
+  args.num_query_groups = 8;
+  args.kv_channels = 64;
+  args.vocab_size = 128256;
+  TrainingArgs t;
+  t.micro_batch_size = micro_batch_size;
+  t.global_batch_size = 8;
+  t.seq_length = 4096;
+  t.recompute_granularity = granularity;
+  if (granularity == "full") {
+    t.recompute_method = "uniform";
+    t.recompute_num_layers = 1;
+  }
+  MemoryPlan plan = plan_memory(args, t, Device{DeviceType::kCuda, 0}, DType::kBF16);
+  plan.device_total_bytes = int64_t{80} << 30;
+  plan.device_free_bytes = int64_t{79} << 30;
+  return plan;
+}
+
+TEST(MemoryPlan, OutOfMemoryMessageHasTheRequestTheTableAndWhatToTry) {
+  const MemoryPlan plan = one_b_plan(4, "");
+  // 1.24 B parameters: 18 bytes each (fp32 master, bf16 copy, fp32 gradient, two fp32 moments) ≈ 20.7 GiB;
+  // activations ≈ 19.7 GiB per micro-batch (1.16 GiB a layer + a 1 GiB logits chunk).
+  EXPECT_NEAR(static_cast<double>(plan.static_bytes()) / (1 << 30), 20.7, 0.1);
+  EXPECT_NEAR(static_cast<double>(plan.activations.peak_bytes) / (1 << 30), 19.7, 0.1);
+  const OutOfMemoryError error("[cuda] out of device memory on cuda:0: 3221225472 bytes (3.000 GiB) requested; ...",
+                               "cuda:0", uint64_t{3} << 30);
+  const std::string message = out_of_memory_message(error, plan);
+  for (const char* part : {
+           "out of memory on cuda:0: a request for 3.00 GiB (3221225472 bytes) did not fit.\n",
+           "  [cuda] out of device memory on cuda:0: 3221225472 bytes",
+           "memory per device, estimated (cuda:0: 1235814400 parameters; micro-batch 4 x 4096 tokens, bf16",
+           "  optimizer state (AdamW, fp32)",
+           "  device memory                          80.00 GiB  (79.00 GiB free at start)",
+           "What to try:\n",
+           "  - a smaller micro_batch_size (now 4; 2 would need about 10.",
+           "  - recompute_granularity: selective (about 15.",
+           " or full (about 2.",
+           "  - a shorter seq_length (now 4096",
+           "ZeRO/FSDP",
+       }) {
+    EXPECT_NE(message.find(part), std::string::npos) << "missing: " << part << "\nin:\n" << message;
+  }
+  EXPECT_EQ(message.find("alone need"), std::string::npos);
+  EXPECT_EQ(error.exit_code(), kExitRuntime);
+
+  // Micro-batch 1 and full recompute already: neither is suggested again.
+  const std::string tight = out_of_memory_message(error, one_b_plan(1, "full"));
+  EXPECT_EQ(tight.find("micro_batch_size (now"), std::string::npos) << tight;
+  EXPECT_EQ(tight.find("recompute_granularity:"), std::string::npos) << tight;
+  EXPECT_NE(tight.find("seq_length (now 4096"), std::string::npos) << tight;
+
+  // A device too small for the weights and optimizer alone says so; an unknown request size is left out.
+  MemoryPlan small = one_b_plan(1, "");
+  small.device_total_bytes = int64_t{16} << 30;
+  const std::string hopeless = out_of_memory_message(OutOfMemoryError("[cuda] cudaMalloc failed", "cuda", 0), small);
+  EXPECT_NE(hopeless.find("out of memory on cuda:0.\n"), std::string::npos) << hopeless;
+  EXPECT_NE(hopeless.find("alone need 20.7"), std::string::npos) << hopeless;
+  EXPECT_NE(hopeless.find("What to try: a smaller model, or sharding"), std::string::npos) << hopeless;
+  EXPECT_EQ(hopeless.find("recompute_granularity:"), std::string::npos) << "no advice that cannot help";
+}
+
+}  // namespace
+}  // namespace primus
