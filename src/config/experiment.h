@@ -68,6 +68,10 @@ struct TrainingArgs {
   std::string mlflow_experiment_name;  // resolved: exp_name when not given
   bool bf16 = false;                   // mixed precision (CUDA only)
   std::string device = "auto";         // auto | cpu | cuda
+  bool profile = false;                // Chrome/Perfetto trace of [profile_step_start, profile_step_end)
+  int64_t profile_step_start = 10;
+  int64_t profile_step_end = 12;
+  std::vector<int64_t> profile_ranks = {0};
   std::string recompute_granularity;   // "" (none) | full | selective
   std::string recompute_method;        // uniform | block (resolved for full)
   int64_t recompute_num_layers = 0;    // resolved for full

@@ -96,6 +96,14 @@ void check_module_keys(const ModuleKeys& keys, const Origin& module_origin) {
                  fmt::format("seq_length ({}) exceeds max_position_embeddings ({})", seq.value.i, describe(max_pos)));
   }
 
+  const ModuleKey& profile_start = get(keys, "profile_step_start");
+  const ModuleKey& profile_end = get(keys, "profile_step_end");
+  if (profile_end.value.i <= profile_start.value.i) {
+    config_error(place(profile_end, module_origin),
+                 fmt::format("profile_step_end ({}) must exceed profile_step_start ({})", profile_end.value.i,
+                             describe(profile_start)));
+  }
+
   const ModuleKey& granularity = get(keys, "recompute_granularity");
   for (const char* name : {"recompute_method", "recompute_num_layers"}) {
     const ModuleKey& key = get(keys, name);

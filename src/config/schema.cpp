@@ -17,6 +17,10 @@ void assign(double& field, const TypedValue& v) { field = v.f; }
 void assign(bool& field, const TypedValue& v) { field = v.b; }
 void assign(std::string& field, const TypedValue& v) { field = v.s; }
 void assign(std::vector<std::string>& field, const TypedValue& v) { field = v.list; }
+void assign(std::vector<int64_t>& field, const TypedValue& v) {  // entries checked by check_ranks
+  field.clear();
+  for (const std::string& s : v.list) field.push_back(std::stoll(s));
+}
 
 template <auto kMember>
 void model_field(const TypedValue& v, ExperimentConfig& c) {
@@ -26,6 +30,16 @@ void model_field(const TypedValue& v, ExperimentConfig& c) {
 template <auto kMember>
 void train_field(const TypedValue& v, ExperimentConfig& c) {
   assign(c.train.*kMember, v);
+}
+
+// A list of ranks: non-negative integers.
+std::string check_ranks(const TypedValue& v) {
+  for (const std::string& s : v.list) {
+    if (s.empty() || s.size() > 9 || s.find_first_not_of("0123456789") != std::string::npos) {
+      return fmt::format("'{}' is not a rank (a non-negative integer)", s);
+    }
+  }
+  return "";
 }
 
 // "969,30,1": one to three non-negative weights with a positive sum.
@@ -498,6 +512,36 @@ std::vector<KeySpec> build_specs() {
        .help = "Mixed precision: bf16 weights copy, activations and matmuls, with fp32 master weights, optimizer "
                "state and gradient accumulation. Needs a CUDA device; the CPU engine computes in fp32.",
        .apply = train_field<&TrainingArgs::bf16>},
+      {.name = "profile",
+       .type = kBool,
+       .group = kTraining,
+       .default_yaml = "false",
+       .help = "Write a Chrome/Perfetto trace (run_dir/profile/trace_rank<R>.json) of iterations "
+               "[profile_step_start, profile_step_end): training phases, layers (Hugging Face module names) and ops, "
+               "as issued on the host and as run on the device. NVTX ranges with the same names are always on, for "
+               "Nsight Systems.",
+       .apply = train_field<&TrainingArgs::profile>},
+      {.name = "profile_step_start",
+       .type = kInt,
+       .group = kTraining,
+       .default_yaml = "10",
+       .min = 1,
+       .help = "First profiled iteration (1-based).",
+       .apply = train_field<&TrainingArgs::profile_step_start>},
+      {.name = "profile_step_end",
+       .type = kInt,
+       .group = kTraining,
+       .default_yaml = "12",
+       .min = 2,
+       .help = "Iteration at which profiling stops (not profiled); must exceed profile_step_start.",
+       .apply = train_field<&TrainingArgs::profile_step_end>},
+      {.name = "profile_ranks",
+       .type = kStringList,
+       .group = kTraining,
+       .default_yaml = "[0]",
+       .help = "Ranks that write a trace.",
+       .apply = train_field<&TrainingArgs::profile_ranks>,
+       .check = check_ranks},
       {.name = "recompute_granularity",
        .type = kString,
        .group = kTraining,

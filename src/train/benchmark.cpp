@@ -82,7 +82,8 @@ BenchmarkResult run_benchmark_train(const ExperimentConfig& config, const Benchm
   std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(t.tokenizer_type, t.tokenizer_model);
   ModelArgs args = config.model;
   if (args.vocab_size == 0) args.vocab_size = padded_vocab_size(tokenizer->vocab_size(), args.make_vocab_size_divisible_by);
-  const MemoryPlan plan = plan_memory(args, t, device, compute_dtype(t, device));
+  MemoryPlan plan = plan_memory(args, t, device, compute_dtype(t, device));
+  add_device_memory(plan, device);
   log_memory_plan(plan);
 
   BenchmarkResult result;

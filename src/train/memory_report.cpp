@@ -131,14 +131,20 @@ MemoryPlan plan_memory(const ModelArgs& args, const TrainingArgs& t, Device devi
   plan.grad_bytes = 4 * plan.parameters;
   plan.optimizer_bytes = 2 * 4 * plan.parameters;
   plan.activations = estimate_activations(args, t.micro_batch_size, t.seq_length, compute_dtype, recompute);
+  return plan;
+}
+
+void add_device_memory(MemoryPlan& plan, Device device) {
 #if PRIMUS_WITH_CUDA
   if (device.type == DeviceType::kCuda) {
     const GpuMemoryInfo info = cuda_memory_info(device.index);
     plan.device_total_bytes = info.total_bytes;
     plan.device_free_bytes = info.free_bytes;
   }
+#else
+  (void)plan;
+  (void)device;
 #endif
-  return plan;
 }
 
 std::vector<std::string> format_memory_table(const MemoryPlan& p) {

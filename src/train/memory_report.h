@@ -71,8 +71,10 @@ struct MemoryPlan {
   int64_t total_bytes() const { return static_bytes() + activations.peak_bytes; }
 };
 
-// `args.vocab_size` must be resolved. Queries the device's memory on CUDA (the backend must be started).
+// `args.vocab_size` must be resolved. A pure estimate: the device is only named (see add_device_memory).
 MemoryPlan plan_memory(const ModelArgs& args, const TrainingArgs& t, Device device, DType compute_dtype);
+// Fills the device's total and free memory on CUDA (the backend must be started); nothing on the CPU.
+void add_device_memory(MemoryPlan& plan, Device device);
 
 // The table, one line each, for logs and error messages.
 std::vector<std::string> format_memory_table(const MemoryPlan& plan);

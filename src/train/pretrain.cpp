@@ -24,11 +24,13 @@
 #include "observe/metrics_log.h"
 #include "observe/mlflow_store.h"
 #include "observe/tensorboard.h"
+#include "ops/profile.h"
 #include "optim/lr_schedule.h"
 #include "train/sampling.h"
 #include "train/checkpoint_progress.h"
 #include "train/memory_report.h"
 #include "train/signals.h"
+#include "train/step_monitor.h"
 #include "train/train_step.h"
 
 namespace primus {
@@ -37,6 +39,9 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 namespace {
+
+// This process's rank; 0 until data parallelism lands.
+constexpr int64_t kRank = 0;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
@@ -165,6 +170,7 @@ int run_training(const ExperimentConfig& config, const RunOptions& options, std:
   const ModelArgs model_args = resolve_vocab(config.model, *tokenizer);
   DataSources data = make_data(t, *tokenizer);
   plan = plan_memory(model_args, t, device, compute_dtype(t, device));
+  add_device_memory(*plan, device);
   log_memory_plan(*plan);
   LlamaModel model(model_args, t.seq_length, device, compute_dtype(t, device));
   model.set_recompute(RecomputeConfig::from(t));
@@ -222,6 +228,10 @@ int run_training(const ExperimentConfig& config, const RunOptions& options, std:
                  static_cast<double>(bytes) / 1e6 / std::max(save_s, 1e-9));
   };
 
+  // profile_ranks names ranks; this process is rank 0 until data parallelism lands.
+  const bool profile_this_rank =
+      t.profile && std::find(t.profile_ranks.begin(), t.profile_ranks.end(), kRank) != t.profile_ranks.end();
+  SlowStepMonitor slow_steps(kRank);
   install_stop_handlers();
   const double flops_per_token = LlamaModel::flops_per_token(model_args, t.seq_length);
   double window_loss = 0.0, window_s = 0.0;
@@ -241,9 +251,27 @@ int run_training(const ExperimentConfig& config, const RunOptions& options, std:
   while (state.iteration < t.train_iters) {
     const int64_t step = state.iteration + 1;
     const double lr = schedule.at(step);
+    const bool profiling = profile_this_rank && step >= t.profile_step_start && step < t.profile_step_end;
+    if (profiling && !ops::Trace::active()) ops::Trace::start(device);
+    const bool log_step = step % t.log_interval == 0 || step == t.train_iters;
     const Clock::time_point step_start = Clock::now();
-    const StepResult r = train_step(model, optimizer, loader.next_global_batch(micro_batches_per_step(t)), t, lr);
+    std::vector<Batch> batches;
+    {
+      const ops::ProfileScope scope("data");
+      batches = loader.next_global_batch(micro_batches_per_step(t));
+    }
+    const double data_ms = 1000.0 * seconds_since(step_start);
+    StepTimes times;
+    const StepResult r = train_step(model, optimizer, batches, t, lr, log_step ? &times : nullptr);
     const double step_s = seconds_since(step_start);
+    if (ops::Trace::active() && step + 1 >= t.profile_step_end) {
+      const std::string trace_path = fmt::format("{}/profile/trace_rank{}.json", run_dir, kRank);
+      std::filesystem::create_directories(run_dir + "/profile");
+      const int64_t scopes = ops::Trace::stop_and_write(trace_path);
+      spdlog::info("profile: iterations {}..{} ({} scopes) written to {} (open in https://ui.perfetto.dev)",
+                   t.profile_step_start, step, scopes, trace_path);
+    }
+    slow_steps.add(step, 1000.0 * step_s);
     if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) {
       throw RuntimeError(fmt::format("iteration {}: loss {} / grad norm {} is not finite; stopping without saving",
                                      step, r.loss, r.grad_norm));
@@ -259,7 +287,7 @@ int run_training(const ExperimentConfig& config, const RunOptions& options, std:
     if (data.valid && t.eval_interval > 0 && (step % t.eval_interval == 0 || step == t.train_iters)) {
       eval_loss = evaluate(model, *data.valid, t);
     }
-    if (step % t.log_interval == 0 || step == t.train_iters || eval_loss) {
+    if (log_step || eval_loss) {
       const double loss = window_loss / static_cast<double>(window_steps);
       const double tokens_per_s = static_cast<double>(window_tokens) / window_s;
       const double tflops = tokens_per_s * flops_per_token / 1e12;
@@ -277,6 +305,12 @@ int run_training(const ExperimentConfig& config, const RunOptions& options, std:
         record["mem_peak_gib"] = device_peak_memory_gib(device);
       }
       if (eval_loss) record["eval_loss"] = *eval_loss;
+      if (log_step) {  // the phases of this step (device time; data: host wait for the batch)
+        record["data_ms"] = data_ms;
+        record["forward_ms"] = times.forward_ms;
+        record["backward_ms"] = times.backward_ms;
+        record["optimizer_ms"] = times.optimizer_ms;
+      }
       metrics.write(record);
       if (mlflow) mlflow->log_metrics(record);
       if (tensorboard) {
@@ -287,7 +321,16 @@ int run_training(const ExperimentConfig& config, const RunOptions& options, std:
         tensorboard->add_scalar("tokens-per-sec", tokens_per_s, step);
         tensorboard->add_scalar("tflops-per-gpu", tflops, step);
         if (eval_loss) tensorboard->add_scalar("lm loss validation", *eval_loss, step);
-        if (!device.is_cpu()) tensorboard->add_scalar("mem-peak-gib", device_peak_memory_gib(device), step);
+        if (!device.is_cpu()) {
+          tensorboard->add_scalar("mfu", tflops / kPeakBf16Tflops, step);
+          tensorboard->add_scalar("mem-peak-gib", device_peak_memory_gib(device), step);
+        }
+        if (log_step) {
+          tensorboard->add_scalar("data-wait-ms", data_ms, step);
+          tensorboard->add_scalar("forward-time-ms", times.forward_ms, step);
+          tensorboard->add_scalar("backward-time-ms", times.backward_ms, step);
+          tensorboard->add_scalar("optimizer-time-ms", times.optimizer_ms, step);
+        }
         tensorboard->flush();
       }
       spdlog::info(" iteration {:>6}/{:<6} | loss {:.4f} |{} lr {:.3e} | grad norm {:.3f} | {:.1f} ms/step | {:.0f} tokens/s | {:.2f} TFLOP/s{}",

@@ -1,0 +1,101 @@
+// The GPU engine against PyTorch over a whole training run: the same initial weights (exported as a Hugging Face
+// folder) and the same real-text batch, 300 AdamW steps with clipping and weight decay, bf16 mixed precision
+// here against tools/torch_llama.py in float32. The loss curves must agree within 2% in every 20-step window.
+// Needs a GPU and a python with torch (PRIMUS_TEST_PYTHON, default python3 on the PATH); skipped without a GPU.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/safetensors.h"
+#include "core/file_io.h"
+#include "optim/adamw.h"
+#include "support/test_support.h"
+#include "support/tiny_models.h"
+#if PRIMUS_WITH_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
+
+namespace primus {
+namespace {
+
+constexpr int kSteps = 300, kWindow = 20;
+constexpr double kLr = 1e-3, kBeta1 = 0.9, kBeta2 = 0.95, kEps = 1e-8, kWeightDecay = 0.1, kClip = 1.0;
+
+std::string why_no_gpu() {
+#if PRIMUS_WITH_CUDA
+  std::string why;
+  return cuda_device_count(&why) > 0 ? "" : "no CUDA device: " + why;
+#else
+  return "built without CUDA";
+#endif
+}
+
+TEST(TorchParityGpu, Bf16TrainingTracksPyTorchFor300Steps) {
+  if (const std::string why = why_no_gpu(); !why.empty()) GTEST_SKIP() << why;
+  const char* python_env = std::getenv("PRIMUS_TEST_PYTHON");
+  const std::string python = python_env != nullptr ? python_env : "python3";
+  ModelArgs args = testing::tiny_llama_args();
+  args.hidden_size = 64;
+  args.ffn_hidden_size = 176;
+  args.num_attention_heads = 4;
+  args.num_query_groups = 2;
+  args.kv_channels = 16;  // cuDNN attention needs head_dim % 8 == 0
+  args.vocab_size = 256;  // bytes
+  args.max_position_embeddings = 128;
+  const int64_t B = 32, T = 128;  // 4,096 tokens: too many for this model to memorise in 300 steps
+  const Device gpu{DeviceType::kCuda, 0};
+
+  // A batch of real text: B windows of T + 1 bytes of tinyshakespeare.
+  const std::string text = read_file(testing::shakespeare_path());
+  ASSERT_GT(text.size(), static_cast<size_t>(B * 4099 + T + 1));
+  Tensor tokens = Tensor::empty({B, T}, DType::kI32), labels = Tensor::empty({B, T}, DType::kI32);
+  for (int64_t b = 0; b < B; ++b) {
+    const size_t start = static_cast<size_t>(b) * 4099;  // windows spread over the text
+    for (int64_t t = 0; t < T; ++t) {
+      tokens.i32()[b * T + t] = static_cast<unsigned char>(text[start + t]);
+      labels.i32()[b * T + t] = static_cast<unsigned char>(text[start + t + 1]);
+    }
+  }
+
+  LlamaModel model(args, T, gpu, DType::kBF16);
+  model.params().initialize(77);
+  model.weights_changed();
+  const std::string dir = testing::temp_dir("parity_gpu");
+  export_hf_model(dir + "/model", model);
+  SafetensorsWriter batch;
+  batch.add("input_ids", tokens);
+  batch.add("labels", labels);
+  batch.write(dir + "/batch.safetensors");
+  const std::string command = fmt::format(
+      "{} {}/tools/torch_llama.py --model-dir {}/model --batch {}/batch.safetensors --out {}/out.safetensors "
+      "--steps {} --lr {} --beta1 {} --beta2 {} --eps {} --weight-decay {} --clip-grad {} --dtype float32",
+      python, PRIMUS_SOURCE_DIR, dir, dir, dir, kSteps, kLr, kBeta1, kBeta2, kEps, kWeightDecay, kClip);
+  ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  const Tensor reference = SafetensorsFile::open(dir + "/out.safetensors").read_f32("losses");
+  ASSERT_EQ(reference.numel(), kSteps);
+
+  AdamW optimizer(model.params(), AdamWConfig{kBeta1, kBeta2, kEps, kWeightDecay});
+  std::vector<double> losses;
+  for (int step = 0; step < kSteps; ++step) {
+    model.params().zero_grads();
+    const LossSum s = testing::train_micro_batch(model, tokens, labels);
+    losses.push_back(s.loss_sum / static_cast<double>(s.tokens));
+    optimizer.step(model.params(), kLr, clip_grad_norm(model.params(), kClip).scale, model.compute_weights());
+  }
+  EXPECT_LT(losses.back(), 0.6 * losses.front()) << "the run must actually learn for the comparison to mean much";
+  EXPECT_GT(losses.back(), 0.5) << "a memorised batch would make the relative comparison meaningless";
+  for (int w = 0; w < kSteps / kWindow; ++w) {
+    double ours = 0.0, theirs = 0.0;
+    for (int i = w * kWindow; i < (w + 1) * kWindow; ++i) {
+      ours += losses[i];
+      theirs += reference.f32()[i];
+    }
+    EXPECT_NEAR(ours / theirs, 1.0, 0.02) << "steps " << w * kWindow << ".." << (w + 1) * kWindow - 1 << ": ours "
+                                          << ours / kWindow << ", PyTorch " << theirs / kWindow;
+  }
+}
+
+}  // namespace
+}  // namespace primus
