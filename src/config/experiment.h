@@ -64,6 +64,12 @@ struct TrainingArgs {
   std::string tokenizer_type = "ByteLevelTokenizer";
   std::string tokenizer_model;         // file or directory for every tokenizer but ByteLevelTokenizer
   std::string tensorboard_dir;         // TensorBoard event files; empty: none
+  // Which TensorBoard scalars beyond lm loss, grad-norm and lm loss validation (Megatron's switches and defaults).
+  bool log_learning_rate_to_tensorboard = true;
+  bool log_throughput = false;
+  bool log_timers_to_tensorboard = false;
+  bool log_memory_to_tensorboard = false;
+  bool log_validation_ppl_to_tensorboard = false;
   std::string mlflow_tracking_dir;     // MLflow file store (mlruns/) to log the run into; empty: none
   std::string mlflow_experiment_name;  // resolved: exp_name when not given
   bool bf16 = false;                   // mixed precision (CUDA only)

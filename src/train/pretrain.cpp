@@ -316,16 +316,21 @@ int run_training(const ExperimentConfig& config, const RunOptions& options, std:
       if (tensorboard) {
         // Megatron's tag names, so existing dashboards keep working.
         tensorboard->add_scalar("lm loss", loss, step);
-        tensorboard->add_scalar("learning-rate", lr, step);
         tensorboard->add_scalar("grad-norm", r.grad_norm, step);
-        tensorboard->add_scalar("tokens-per-sec", tokens_per_s, step);
-        tensorboard->add_scalar("tflops-per-gpu", tflops, step);
+        if (t.log_learning_rate_to_tensorboard) tensorboard->add_scalar("learning-rate", lr, step);
         if (eval_loss) tensorboard->add_scalar("lm loss validation", *eval_loss, step);
-        if (!device.is_cpu()) {
-          tensorboard->add_scalar("mfu", tflops / kPeakBf16Tflops, step);
+        if (eval_loss && t.log_validation_ppl_to_tensorboard) {
+          tensorboard->add_scalar("lm loss validation ppl", std::exp(std::min(*eval_loss, 20.0)), step);
+        }
+        if (t.log_throughput) {
+          tensorboard->add_scalar("tokens-per-sec", tokens_per_s, step);
+          tensorboard->add_scalar("tflops-per-gpu", tflops, step);
+          if (!device.is_cpu()) tensorboard->add_scalar("mfu", tflops / kPeakBf16Tflops, step);
+        }
+        if (t.log_memory_to_tensorboard && !device.is_cpu()) {
           tensorboard->add_scalar("mem-peak-gib", device_peak_memory_gib(device), step);
         }
-        if (log_step) {
+        if (t.log_timers_to_tensorboard && log_step) {
           tensorboard->add_scalar("data-wait-ms", data_ms, step);
           tensorboard->add_scalar("forward-time-ms", times.forward_ms, step);
           tensorboard->add_scalar("backward-time-ms", times.backward_ms, step);

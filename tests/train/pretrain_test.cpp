@@ -52,6 +52,35 @@ std::vector<nlohmann::json> read_metrics(const std::string& run_dir) {
   return records;
 }
 
+// All event files of a TensorBoard directory, concatenated: tags are stored as plain strings in the records.
+std::string event_bytes(const std::string& dir) {
+  std::string bytes;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) bytes += read_file(entry.path().string());
+  return bytes;
+}
+
+TEST(Pretrain, TensorBoardSwitchesChooseTheScalarsAsMegatronDoes) {
+  for (bool all : {false, true}) {
+    ExperimentConfig c = shakespeare_config(testing::temp_dir(all ? "tb_all" : "tb_default"), 4);
+    c.train.lr_warmup_iters = 1;
+    c.train.eval_interval = 2;
+    c.train.eval_iters = 1;
+    c.train.tensorboard_dir = c.run_dir() + "/tensorboard";
+    c.train.log_throughput = c.train.log_timers_to_tensorboard = c.train.log_validation_ppl_to_tensorboard = all;
+    c.train.log_learning_rate_to_tensorboard = !all;
+    ASSERT_EQ(run_pretrain(c, {}), 0);
+    const std::string bytes = event_bytes(c.train.tensorboard_dir);
+    for (const char* tag : {"lm loss", "grad-norm", "lm loss validation"}) {
+      EXPECT_NE(bytes.find(tag), std::string::npos) << tag;
+    }
+    EXPECT_EQ(bytes.find("learning-rate") != std::string::npos, !all);
+    for (const char* tag : {"tokens-per-sec", "tflops-per-gpu", "data-wait-ms", "forward-time-ms", "backward-time-ms",
+                            "optimizer-time-ms", "lm loss validation ppl"}) {
+      EXPECT_EQ(bytes.find(tag) != std::string::npos, all) << tag << (all ? " missing" : " written by default");
+    }
+  }
+}
+
 TEST(Pretrain, LossFallsFarBelowStartOnShakespeare) {
   ExperimentConfig c = shakespeare_config(testing::temp_dir("train"), 150);
   c.train.eval_interval = 50;
