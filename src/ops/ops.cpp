@@ -401,27 +401,60 @@ void swiglu_backward(const Tensor& gate_up, const Tensor& dout, Tensor& dgate_up
   backend(device).swiglu_backward(args);
 }
 
+namespace {
+
+// The shape checks the cross-entropy ops share (dtypes and devices are the caller's check_args) and the [N, V] /
+// [N] views the backend takes. losses and dlogits are optional; args() points into this object.
+struct CrossEntropyViews {
+  Tensor logits_rows, targets_rows, losses_rows, lse_rows, dlogits_rows;
+  float grad_scale = 1.0f;
+
+  // The parameters carry the ops' tensor names: OP_CHECK_PAIR's messages quote them.
+  CrossEntropyViews(const char* op, const Tensor& logits, const Tensor& targets, const Tensor* losses_or_null,
+                    const Tensor& lse, const Tensor* dlogits_or_null, float scale)
+      : grad_scale(scale) {
+    check_min_rank(op, "logits", logits, 2, "[..., V]");
+    OP_CHECK_PAIR(per_row(targets, logits), logits, targets);
+    if (losses_or_null != nullptr) {
+      const Tensor& losses = *losses_or_null;
+      OP_CHECK_PAIR(per_row(losses, logits), logits, losses);
+    }
+    OP_CHECK_PAIR(per_row(lse, logits), logits, lse);
+    if (dlogits_or_null != nullptr) {
+      const Tensor& dlogits = *dlogits_or_null;
+      OP_CHECK_PAIR(dlogits.shape() == logits.shape(), logits, dlogits);
+      OP_CHECK(std::isfinite(scale), "grad_scale is {} but must be finite", scale);
+    }
+    logits_rows = rows_view(logits);
+    const int64_t rows = logits_rows.dim(0);
+    targets_rows = targets.reshape({rows});
+    if (losses_or_null != nullptr) losses_rows = losses_or_null->reshape({rows});
+    lse_rows = lse.reshape({rows});
+    if (dlogits_or_null != nullptr) dlogits_rows = rows_view(*dlogits_or_null);
+  }
+
+  CrossEntropyArgs args() {
+    CrossEntropyArgs a;
+    a.logits = &logits_rows;
+    a.targets = &targets_rows;
+    a.losses = losses_rows.defined() ? &losses_rows : nullptr;
+    a.lse = &lse_rows;
+    a.grad_scale = grad_scale;
+    a.dlogits = dlogits_rows.defined() ? &dlogits_rows : nullptr;
+    return a;
+  }
+};
+
+}  // namespace
+
 void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& losses, Tensor& lse) {
   const char* op = "cross_entropy_forward";
   const ProfileScope profile_scope(op);
   const Device device = check_args(
       op,
       {{"logits", &logits, act_dtype(logits)}, {"targets", &targets, DType::kI32}, {"losses", &losses}, {"lse", &lse}});
-  check_min_rank(op, "logits", logits, 2, "[..., V]");
-  OP_CHECK_PAIR(per_row(targets, logits), logits, targets);
-  OP_CHECK_PAIR(per_row(losses, logits), logits, losses);
-  OP_CHECK_PAIR(per_row(lse, logits), logits, lse);
-  const Tensor logits2 = rows_view(logits);
-  const int64_t rows = logits2.dim(0);
-  const Tensor targets1 = targets.reshape({rows});
-  Tensor losses1 = losses.reshape({rows});
-  Tensor lse1 = lse.reshape({rows});
-  CrossEntropyArgs args;
-  args.logits = &logits2;
-  args.targets = &targets1;
-  args.losses = &losses1;
-  args.lse = &lse1;
-  backend(device).cross_entropy_forward(args);
+  CrossEntropyViews views(op, logits, targets, &losses, lse, nullptr, 1.0f);
+  backend(device).cross_entropy_forward(views.args());
 }
 
 void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, float grad_scale,
@@ -431,23 +464,8 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
   const DType act = act_dtype(logits);
   const Device device = check_args(
       op, {{"logits", &logits, act}, {"targets", &targets, DType::kI32}, {"lse", &lse}, {"dlogits", &dlogits, act}});
-  check_min_rank(op, "logits", logits, 2, "[..., V]");
-  OP_CHECK_PAIR(per_row(targets, logits), logits, targets);
-  OP_CHECK_PAIR(per_row(lse, logits), logits, lse);
-  OP_CHECK_PAIR(dlogits.shape() == logits.shape(), logits, dlogits);
-  OP_CHECK(std::isfinite(grad_scale), "grad_scale is {} but must be finite", grad_scale);
-  const Tensor logits2 = rows_view(logits);
-  const int64_t rows = logits2.dim(0);
-  const Tensor targets1 = targets.reshape({rows});
-  Tensor lse1 = lse.reshape({rows});
-  Tensor dlogits2 = rows_view(dlogits);
-  CrossEntropyArgs args;
-  args.logits = &logits2;
-  args.targets = &targets1;
-  args.lse = &lse1;
-  args.grad_scale = grad_scale;
-  args.dlogits = &dlogits2;
-  backend(device).cross_entropy_backward(args);
+  CrossEntropyViews views(op, logits, targets, nullptr, lse, &dlogits, grad_scale);
+  backend(device).cross_entropy_backward(views.args());
 }
 
 void cross_entropy_forward_backward(const Tensor& logits, const Tensor& targets, Tensor& losses, Tensor& lse,
@@ -460,26 +478,8 @@ void cross_entropy_forward_backward(const Tensor& logits, const Tensor& targets,
                                         {"losses", &losses},
                                         {"lse", &lse},
                                         {"dlogits", &dlogits, act}});
-  check_min_rank(op, "logits", logits, 2, "[..., V]");
-  OP_CHECK_PAIR(per_row(targets, logits), logits, targets);
-  OP_CHECK_PAIR(per_row(losses, logits), logits, losses);
-  OP_CHECK_PAIR(per_row(lse, logits), logits, lse);
-  OP_CHECK_PAIR(dlogits.shape() == logits.shape(), logits, dlogits);
-  OP_CHECK(std::isfinite(grad_scale), "grad_scale is {} but must be finite", grad_scale);
-  const Tensor logits2 = rows_view(logits);
-  const int64_t rows = logits2.dim(0);
-  const Tensor targets1 = targets.reshape({rows});
-  Tensor losses1 = losses.reshape({rows});
-  Tensor lse1 = lse.reshape({rows});
-  Tensor dlogits2 = rows_view(dlogits);
-  CrossEntropyArgs args;
-  args.logits = &logits2;
-  args.targets = &targets1;
-  args.losses = &losses1;
-  args.lse = &lse1;
-  args.grad_scale = grad_scale;
-  args.dlogits = &dlogits2;
-  backend(device).cross_entropy_forward_backward(args);
+  CrossEntropyViews views(op, logits, targets, &losses, lse, &dlogits, grad_scale);
+  backend(device).cross_entropy_forward_backward(views.args());
 }
 
 void adamw_step(const AdamWArgs& args) {

@@ -13,9 +13,6 @@
 #include "optim/adamw.h"
 #include "support/test_support.h"
 #include "support/tiny_models.h"
-#if PRIMUS_WITH_CUDA
-#include "backend/cuda/cuda_backend.h"
-#endif
 
 namespace primus {
 namespace {
@@ -23,17 +20,8 @@ namespace {
 constexpr int kSteps = 300, kWindow = 20;
 constexpr double kLr = 1e-3, kBeta1 = 0.9, kBeta2 = 0.95, kEps = 1e-8, kWeightDecay = 0.1, kClip = 1.0;
 
-std::string why_no_gpu() {
-#if PRIMUS_WITH_CUDA
-  std::string why;
-  return cuda_device_count(&why) > 0 ? "" : "no CUDA device: " + why;
-#else
-  return "built without CUDA";
-#endif
-}
-
 TEST(TorchParityGpu, Bf16TrainingTracksPyTorchFor300Steps) {
-  if (const std::string why = why_no_gpu(); !why.empty()) GTEST_SKIP() << why;
+  PRIMUS_SKIP_WITHOUT_GPU();
   const char* python_env = std::getenv("PRIMUS_TEST_PYTHON");
   const std::string python = python_env != nullptr ? python_env : "python3";
   ModelArgs args = testing::tiny_llama_args();

@@ -38,16 +38,6 @@
 namespace primus {
 namespace {
 
-std::string skip_reason() {
-#if PRIMUS_WITH_CUDA
-  std::string why;
-  if (cuda_device_count(&why) == 0) return "no CUDA device: " + why;
-  return "";
-#else
-  return "no CUDA device: this build has no CUDA backend (PRIMUS_CUDA=OFF or no CUDA compiler found)";
-#endif
-}
-
 #if PRIMUS_WITH_CUDA
 
 using primus::testing::random_tensor;
@@ -131,7 +121,7 @@ double max_abs(const std::string& what, const std::vector<float>& got, const Ten
 class CudnnAttentionTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const std::string why = skip_reason();
+    const std::string why = testing::why_no_gpu();
     if (!why.empty()) GTEST_SKIP() << why;
     PRIMUS_CUDA_CHECK(gpuSetDevice(0));
     PRIMUS_CUDA_CHECK(gpuStreamCreateWithFlags(&stream_, gpuStreamNonBlocking));
@@ -314,7 +304,7 @@ TEST_F(CudnnAttentionTest, ReportsThroughput) {
 
 #else
 
-TEST(CudnnAttentionTest, Skipped) { GTEST_SKIP() << skip_reason(); }
+TEST(CudnnAttentionTest, Skipped) { GTEST_SKIP() << testing::why_no_gpu(); }
 
 #endif
 

@@ -51,20 +51,10 @@ constexpr double kFp32 = 1e-5;
 constexpr double kGemmFp32 = 1e-4;
 constexpr double kAttention = 1e-2;
 
-std::string skip_reason() {
-#if PRIMUS_WITH_CUDA
-  std::string why;
-  if (cuda_device_count(&why) == 0) return "no CUDA device: " + why;
-  return "";
-#else
-  return "no CUDA device: this build has no CUDA backend (PRIMUS_CUDA=OFF or no CUDA compiler found)";
-#endif
-}
-
 class Bf16Ops : public ::testing::Test {
  protected:
   void SetUp() override {
-    const std::string why = skip_reason();
+    const std::string why = testing::why_no_gpu();
     if (!why.empty()) GTEST_SKIP() << why;
 #if PRIMUS_WITH_CUDA
     start_cuda_backend(0);

@@ -5,6 +5,10 @@
 #include <filesystem>
 #include <vector>
 
+#if PRIMUS_WITH_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
+
 namespace primus::testing {
 
 Tensor random_tensor(const Shape& shape, Rng& rng, float scale) {
@@ -66,6 +70,15 @@ std::string temp_dir(const std::string& label) {
   PRIMUS_CHECK(mkdtemp(buf.data()) != nullptr, "mkdtemp failed for {}", pattern);
   g_temp_dirs.dirs.emplace_back(buf.data());
   return buf.data();
+}
+
+std::string why_no_gpu() {
+#if PRIMUS_WITH_CUDA
+  std::string why;
+  return cuda_device_count(&why) > 0 ? "" : "no CUDA device: " + why;
+#else
+  return "no CUDA device: this build has no CUDA backend (PRIMUS_CUDA=OFF or no CUDA compiler found)";
+#endif
 }
 
 }  // namespace primus::testing

@@ -21,5 +21,13 @@ std::string shakespeare_path();
 std::string assets_dir();
 // A fresh empty directory under the system temp dir, removed at process exit.
 std::string temp_dir(const std::string& label);
+// Empty when a CUDA GPU is usable, else why not (GPU tests skip with it).
+std::string why_no_gpu();
 
 }  // namespace primus::testing
+
+// Skips the current test when no GPU is usable; GTEST_SKIP must run in the test body (or SetUp) itself.
+#define PRIMUS_SKIP_WITHOUT_GPU()                                                  \
+  if (const std::string primus_no_gpu = ::primus::testing::why_no_gpu(); !primus_no_gpu.empty()) { \
+    GTEST_SKIP() << primus_no_gpu;                                                   \
+  }

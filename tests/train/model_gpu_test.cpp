@@ -12,30 +12,11 @@
 #include "support/test_support.h"
 #include "support/tiny_models.h"
 #include "train/pretrain.h"
-#if PRIMUS_WITH_CUDA
-#include "backend/cuda/cuda_backend.h"
-#endif
 
 namespace primus {
 namespace {
 
 constexpr Device kGpu{DeviceType::kCuda, 0};
-
-// Empty when a GPU is usable, else why not.
-std::string why_no_gpu() {
-#if PRIMUS_WITH_CUDA
-  std::string why;
-  return cuda_device_count(&why) > 0 ? "" : "no CUDA device: " + why;
-#else
-  return "built without CUDA";
-#endif
-}
-
-// GTEST_SKIP must run in the test body itself to end the test.
-#define SKIP_WITHOUT_GPU()                                        \
-  if (const std::string why = why_no_gpu(); !why.empty()) { \
-    GTEST_SKIP() << why;                                          \
-  }
 
 // Loss and flat fp32 gradients of one micro-batch, computed on `device` in `dtype`.
 std::pair<double, Tensor> loss_and_grads(const ModelArgs& args, Device device, DType dtype, const Tensor& tokens,
@@ -64,21 +45,21 @@ void check_against_cpu(DType dtype, double loss_tolerance, double grad_tolerance
 }
 
 TEST(ModelGpu, Fp32LossAndGradientsMatchTheCpuEngine) {
-  SKIP_WITHOUT_GPU();
+  PRIMUS_SKIP_WITHOUT_GPU();
   check_against_cpu(DType::kF32, 1e-5, 1e-4);
 }
 
 // bf16 rounds activations and the weight copy to 8 bits of mantissa: ~0.4% per value, a few tenths of a
 // percent on the loss and about a percent on whole gradient tensors.
 TEST(ModelGpu, Bf16LossAndGradientsTrackTheCpuEngine) {
-  SKIP_WITHOUT_GPU();
+  PRIMUS_SKIP_WITHOUT_GPU();
   check_against_cpu(DType::kBF16, 1e-2, 5e-2);
 }
 
 // Recompute on the GPU runs the same kernels on the same inputs again: the loss and gradients match the run
 // that kept everything (cuDNN's attention backward may accumulate in a different order, hence not bitwise).
 TEST(ModelGpu, RecomputeMatchesKeepingActivations) {
-  SKIP_WITHOUT_GPU();
+  PRIMUS_SKIP_WITHOUT_GPU();
   ModelArgs args = testing::tiny_qwen3_args();
   args.num_layers = 3;
   args.num_attention_heads = 4;
@@ -136,7 +117,7 @@ std::vector<double> losses(const std::string& run_dir) {
 }
 
 TEST(ModelGpu, TrainingOnRealTextTracksTheCpuEngine) {
-  SKIP_WITHOUT_GPU();
+  PRIMUS_SKIP_WITHOUT_GPU();
   const std::string root = testing::temp_dir("gpu_vs_cpu");
   ExperimentConfig cpu = text_run(root, "cpu", false);
   ExperimentConfig gpu = text_run(root, "cuda", true);
