@@ -50,15 +50,20 @@ struct RmsNormArgs {
   Tensor* dweight = nullptr;       // [C]     (backward, accumulate) f32
 };
 
-// Rotary embedding in the Hugging Face "rotate half" layout: pair (i, i + D/2) rotates by angle[t, i].
-// Applied in place. backward applies the inverse rotation to the incoming gradient.
+// Rotary embedding in the Hugging Face "rotate half" layout: pair (i, i + D/2) rotates by angle[p, i], where the
+// table row p of token (b, t) is t, or positions[b, t] when given (packed documents whose positions restart at
+// each document, Megatron's reset_position_ids). Applied in place. backward applies the inverse rotation to the
+// incoming gradient.
 struct RopeArgs {
-  Tensor* x = nullptr;            // [B, T, H, D]
-  const Tensor* cos = nullptr;    // [T, D/2] f32
-  const Tensor* sin = nullptr;    // [T, D/2] f32
+  Tensor* x = nullptr;                // [B, T, H, D]
+  const Tensor* cos = nullptr;        // [T, D/2] f32, or [P, D/2] with positions
+  const Tensor* sin = nullptr;        // [T, D/2] f32, or [P, D/2] with positions
+  const Tensor* positions = nullptr;  // [B, T] i32, optional; every value in [0, P) (a backend reports others)
 };
 
-// Causal grouped-query attention, softmax scale 1/sqrt(D). Query head h reads kv head h / (Hq / Hkv).
+// Causal grouped-query attention, softmax scale 1/sqrt(D). Query head h reads kv head h / (Hq / Hkv). Query t
+// attends to keys j ≤ t, or with segment_start to keys segment_start[b, t] ≤ j ≤ t only (documents packed into
+// one sequence attend within themselves, Megatron's reset_attention_mask).
 struct AttentionArgs {
   const Tensor* q = nullptr;    // [B, T, Hq, D]
   const Tensor* k = nullptr;    // [B, T, Hkv, D]
@@ -69,6 +74,7 @@ struct AttentionArgs {
   Tensor* dq = nullptr;         // [B, T, Hq, D]  (backward)
   Tensor* dk = nullptr;         // [B, T, Hkv, D] (backward)
   Tensor* dv = nullptr;         // [B, T, Hkv, D] (backward)
+  const Tensor* segment_start = nullptr;  // [B, T] i32, optional; 0 ≤ segment_start[b, t] ≤ t (a backend reports others)
 };
 
 // SwiGLU over a packed input: each row of gate_up is the gate (F values) then the up projection (F values),

@@ -266,30 +266,43 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, c
 
 namespace {
 
-void check_rope(const char* op, const Tensor& x, const Tensor& cos, const Tensor& sin) {
+void check_rope(const char* op, const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& positions) {
   check_rank(op, "x", x, 4, "[B, T, H, D]");
   OP_CHECK(x.dim(3) > 0 && x.dim(3) % 2 == 0, "x is {} but the head size D must be even", x.describe());
-  OP_CHECK_PAIR((cos.shape() == Shape{x.dim(1), x.dim(3) / 2}), x, cos);
+  if (positions.defined()) {  // any table length P: the positions pick its rows (the backend checks their range)
+    OP_CHECK_PAIR((positions.shape() == Shape{x.dim(0), x.dim(1)}), x, positions);
+    OP_CHECK_PAIR(cos.ndim() == 2 && cos.dim(0) > 0 && cos.dim(1) == x.dim(3) / 2, x, cos);
+  } else {
+    OP_CHECK_PAIR((cos.shape() == Shape{x.dim(1), x.dim(3) / 2}), x, cos);
+  }
   OP_CHECK_PAIR(sin.shape() == cos.shape(), cos, sin);
+}
+
+// check_args for rope: x (act), the f32 tables and, when given, the i32 positions, all on one device.
+Device check_rope_args(const char* op, const char* x_name, const Tensor& x, const Tensor& cos, const Tensor& sin,
+                       const Tensor& positions) {
+  if (!positions.defined()) return check_args(op, {{x_name, &x, act_dtype(x)}, {"cos", &cos}, {"sin", &sin}});
+  return check_args(op,
+                    {{x_name, &x, act_dtype(x)}, {"cos", &cos}, {"sin", &sin}, {"positions", &positions, DType::kI32}});
 }
 
 }  // namespace
 
-void rope_forward(Tensor& x, const Tensor& cos, const Tensor& sin) {
+void rope_forward(Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& positions) {
   const char* op = "rope_forward";
   const ProfileScope profile_scope(op);
-  const Device device = check_args(op, {{"x", &x, act_dtype(x)}, {"cos", &cos}, {"sin", &sin}});
-  check_rope(op, x, cos, sin);
-  RopeArgs args{&x, &cos, &sin};
+  const Device device = check_rope_args(op, "x", x, cos, sin, positions);
+  check_rope(op, x, cos, sin, positions);
+  RopeArgs args{&x, &cos, &sin, positions.defined() ? &positions : nullptr};
   backend(device).rope_forward(args);
 }
 
-void rope_backward(Tensor& dx, const Tensor& cos, const Tensor& sin) {
+void rope_backward(Tensor& dx, const Tensor& cos, const Tensor& sin, const Tensor& positions) {
   const char* op = "rope_backward";
   const ProfileScope profile_scope(op);
-  const Device device = check_args(op, {{"dx", &dx, act_dtype(dx)}, {"cos", &cos}, {"sin", &sin}});
-  check_rope(op, dx, cos, sin);
-  RopeArgs args{&dx, &cos, &sin};
+  const Device device = check_rope_args(op, "dx", dx, cos, sin, positions);
+  check_rope(op, dx, cos, sin, positions);
+  RopeArgs args{&dx, &cos, &sin, positions.defined() ? &positions : nullptr};
   backend(device).rope_backward(args);
 }
 
@@ -308,9 +321,20 @@ void check_attention(const char* op, const Tensor& q, const Tensor& k, const Ten
   OP_CHECK_PAIR((lse.shape() == Shape{q.dim(0), q.dim(2), q.dim(1)}), q, lse);
 }
 
+// The optional segment starts: [B, T] i32 on q's device (the backend checks each lies in [0, t]).
+const Tensor* check_segment_start(const char* op, const Tensor& q, const Tensor& segment_start) {
+  if (!segment_start.defined()) return nullptr;
+  OP_CHECK(segment_start.dtype() == DType::kI32, "segment_start is {} but must be i32", segment_start.describe());
+  OP_CHECK(segment_start.device() == q.device(), "segment_start is {} but q is {}", segment_start.describe(),
+           q.describe());
+  OP_CHECK_PAIR((segment_start.shape() == Shape{q.dim(0), q.dim(1)}), q, segment_start);
+  return &segment_start;
+}
+
 }  // namespace
 
-void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse) {
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
+                       const Tensor& segment_start) {
   const char* op = "attention_forward";
   const ProfileScope profile_scope(op);
   const DType act = act_dtype(q);
@@ -323,11 +347,12 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
   args.v = &v;
   args.out = &out;
   args.lse = &lse;
+  args.segment_start = check_segment_start(op, q, segment_start);
   backend(device).attention_forward(args);
 }
 
 void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                        const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv) {
+                        const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& segment_start) {
   const char* op = "attention_backward";
   const ProfileScope profile_scope(op);
   const DType act = act_dtype(q);
@@ -356,6 +381,7 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
   args.dq = &dq;
   args.dk = &dk;
   args.dv = &dv;
+  args.segment_start = check_segment_start(op, q, segment_start);
   backend(device).attention_backward(args);
 }
 

@@ -26,12 +26,17 @@ void rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, Tensor& y
 void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd, Tensor& dx,
                       Tensor& dweight);
 
-void rope_forward(Tensor& x, const Tensor& cos, const Tensor& sin);
-void rope_backward(Tensor& dx, const Tensor& cos, const Tensor& sin);
+// x, dx [B, T, H, D] in place. Token (b, t) rotates by row t of cos, sin [T, D/2], or with positions [B, T] i32
+// by row positions[b, t] of cos, sin [P, D/2] (packed documents, reset_position_ids); each position in [0, P).
+void rope_forward(Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& positions = Tensor());
+void rope_backward(Tensor& dx, const Tensor& cos, const Tensor& sin, const Tensor& positions = Tensor());
 
-void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse);
+// Causal attention (backend.h). segment_start [B, T] i32, optional: query t attends to keys j in
+// [segment_start[b, t], t] only (packed documents, reset_attention_mask); pass the same to forward and backward.
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
+                       const Tensor& segment_start = Tensor());
 void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                        const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv);
+                        const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& segment_start = Tensor());
 
 // gate_up [..., 2F]: per row the gate then the up projection; out, dout [..., F]; dgate_up may be gate_up.
 void swiglu_forward(const Tensor& gate_up, Tensor& out);

@@ -4,7 +4,9 @@
 // ||analytic − numeric|| / ||numeric|| must stay below kTolerance. Shapes are tiny so every element is probed.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <functional>
 #include <string>
 #include <vector>
@@ -179,6 +181,53 @@ TEST(OpsGrad, AttentionWithGroupedAndPlainHeads) {
     expect_grad(dk, numeric_grad(k, loss), "dk");
     expect_grad(dv, numeric_grad(v, loss), "dv");
   }
+}
+
+TEST(OpsGrad, RopeAtPerTokenPositions) {
+  // Packed documents: positions restart (0 1 2 0 1 / 0 1 2 3 4), so one table row serves several tokens.
+  Rng rng(409);
+  const int64_t seq = 5, half = 2;
+  Tensor x = random_tensor({2, seq, 2, 2 * half}, rng), r = random_tensor(x.shape(), rng);
+  Tensor cos = Tensor::empty({seq, half}, DType::kF32), sin = Tensor::empty({seq, half}, DType::kF32);
+  for (int64_t i = 0; i < seq * half; ++i) {
+    cos.f32()[i] = static_cast<float>(std::cos(0.9 * i + 0.1));
+    sin.f32()[i] = static_cast<float>(std::sin(0.9 * i + 0.1));
+  }
+  Tensor positions = Tensor::empty({2, seq}, DType::kI32);
+  const int32_t restart[] = {0, 1, 2, 0, 1, 0, 1, 2, 3, 4};
+  std::copy(std::begin(restart), std::end(restart), positions.i32());
+  Tensor y = empty_like(x);
+  auto loss = [&] {
+    y.copy_from(x);
+    ops::rope_forward(y, cos, sin, positions);
+    return dot(y, r);
+  };
+  Tensor dx = empty_like(r);
+  dx.copy_from(r);
+  ops::rope_backward(dx, cos, sin, positions);
+  expect_grad(dx, numeric_grad(x, loss), "dx");
+}
+
+TEST(OpsGrad, AttentionConfinedToSegments) {
+  // Row 0: documents [0, 2) [2, 5) [5, 6); row 1: [0, 1) [1, 6). Keys of other documents get no gradient.
+  Rng rng(410);
+  const int64_t batch = 2, seq = 6, hq = 4, hkv = 2, d = 4;
+  Tensor starts = Tensor::empty({batch, seq}, DType::kI32);
+  const int32_t layout[] = {0, 0, 2, 2, 2, 5, 0, 1, 1, 1, 1, 1};
+  std::copy(std::begin(layout), std::end(layout), starts.i32());
+  Tensor q = random_tensor({batch, seq, hq, d}, rng), k = random_tensor({batch, seq, hkv, d}, rng);
+  Tensor v = random_tensor({batch, seq, hkv, d}, rng), r = random_tensor(q.shape(), rng);
+  Tensor out = empty_like(q), lse = Tensor::empty({batch, hq, seq}, DType::kF32);
+  auto loss = [&] {
+    ops::attention_forward(q, k, v, out, lse, starts);
+    return dot(out, r);
+  };
+  loss();
+  Tensor dq = empty_like(q), dk = empty_like(k), dv = empty_like(v);
+  ops::attention_backward(q, k, v, out, lse, r, dq, dk, dv, starts);
+  expect_grad(dq, numeric_grad(q, loss), "dq");
+  expect_grad(dk, numeric_grad(k, loss), "dk");
+  expect_grad(dv, numeric_grad(v, loss), "dv");
 }
 
 TEST(OpsGrad, SwiGlu) {

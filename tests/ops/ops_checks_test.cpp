@@ -253,5 +253,39 @@ TEST(OpsChecks, DtypeAndValueErrors) {
   expect_error([&] { ops::adamw_step(args); }, {"[op adamw_step]", "param is [4] f32 cpu but grad is [5]"});
 }
 
+TEST(OpsChecks, PackedDocumentInputsAreChecked) {
+  Rng rng(309);
+  Tensor x = random_tensor({2, 4, 3, 8}, rng), cos = random_tensor({6, 4}, rng);
+  Tensor positions = Tensor::zeros({2, 4}, DType::kI32);
+  positions.i32()[5] = 6;  // one past the table
+  expect_error([&] { ops::rope_forward(x, cos, cos, positions); },
+               {"[op rope_forward]", "position 6 at token 5 is outside the rope table [0, 6)"});
+  positions.i32()[5] = -1;
+  expect_error([&] { ops::rope_backward(x, cos, cos, positions); }, {"[op rope_backward]", "position -1 at token 5"});
+  Tensor short_positions = Tensor::zeros({2, 3}, DType::kI32);
+  expect_error([&] { ops::rope_forward(x, cos, cos, short_positions); },
+               {"[op rope_forward]", "positions is [2, 3] i32 cpu"});
+  Tensor float_positions = Tensor::zeros({2, 4}, DType::kF32);
+  expect_error([&] { ops::rope_forward(x, cos, cos, float_positions); },
+               {"[op rope_forward]", "positions is [2, 4] f32 cpu but must be i32"});
+
+  Tensor q = random_tensor({2, 4, 2, 8}, rng), k = random_tensor({2, 4, 1, 8}, rng), v = random_tensor({2, 4, 1, 8}, rng);
+  Tensor out = poisoned(q.shape()), lse = poisoned({2, 2, 4});
+  Tensor starts = Tensor::zeros({2, 4}, DType::kI32);
+  starts.i32()[6] = 3;  // token (1, 2) cannot start its segment after itself
+  expect_error([&] { ops::attention_forward(q, k, v, out, lse, starts); },
+               {"[op attention_forward]", "segment start 3 of token 6 (position 2) is outside [0, 2]"});
+  Tensor dq = poisoned(q.shape()), dk = poisoned(k.shape()), dv = poisoned(v.shape());
+  starts.i32()[6] = -2;
+  expect_error([&] { ops::attention_backward(q, k, v, out, lse, out, dq, dk, dv, starts); },
+               {"[op attention_backward]", "segment start -2 of token 6"});
+  Tensor wide = Tensor::zeros({2, 5}, DType::kI32);
+  expect_error([&] { ops::attention_forward(q, k, v, out, lse, wide); },
+               {"[op attention_forward]", "segment_start is [2, 5] i32 cpu"});
+  Tensor float_starts = Tensor::zeros({2, 4}, DType::kF32);
+  expect_error([&] { ops::attention_forward(q, k, v, out, lse, float_starts); },
+               {"[op attention_forward]", "segment_start is [2, 4] f32 cpu but must be i32"});
+}
+
 }  // namespace
 }  // namespace primus

@@ -263,6 +263,52 @@ TEST(OpsForward, RopeRotatesHalvesAndBackwardInverts) {
   }
 }
 
+TEST(OpsForward, RopeAtPerTokenPositions) {
+  // Packed documents (reset_position_ids): token (b, t) rotates by table row positions[b, t] of a table with any
+  // number of rows P. Positions here are random in [0, P), P > T, so rows beyond T are read too.
+  Rng rng(112);
+  for (int64_t head_dim : {8, 16}) {
+    for (int64_t seq : {1, 17}) {
+      SCOPED_TRACE(fmt::format("D={} T={}", head_dim, seq));
+      const int64_t batch = 2, heads = 3, half = head_dim / 2, rows = seq + 5;
+      const Tensor cos = random_tensor({rows, half}, rng), sin = random_tensor({rows, half}, rng);
+      const Tensor positions = random_ids({batch, seq}, rows, rng);
+      Tensor x = random_tensor({batch, seq, heads, head_dim}, rng);
+      const Tensor x0 = copy_of(x);
+      std::vector<double> want(x.numel()), want_back(x.numel());
+      for (int64_t v = 0; v < batch * seq * heads; ++v) {
+        const int64_t p = positions.i32()[v / heads];
+        for (int64_t i = 0; i < half; ++i) {
+          const double a = x0.f32()[v * head_dim + i], b = x0.f32()[v * head_dim + half + i];
+          const double c = cos.f32()[p * half + i], s = sin.f32()[p * half + i];
+          want[v * head_dim + i] = a * c - b * s;
+          want[v * head_dim + half + i] = b * c + a * s;
+          want_back[v * head_dim + i] = a * c + b * s;
+          want_back[v * head_dim + half + i] = b * c - a * s;
+        }
+      }
+      ops::rope_forward(x, cos, sin, positions);
+      expect_near(x, want, 1e-6, "rotated");
+      x.copy_from(x0);
+      ops::rope_backward(x, cos, sin, positions);
+      expect_near(x, want_back, 1e-6, "transposed rotation");
+    }
+  }
+}
+
+TEST(OpsForward, RopePositionsCountingUpEqualPlainRope) {
+  Rng rng(113);
+  const int64_t batch = 2, seq = 9, heads = 2, half = 4;
+  const Tensor cos = random_tensor({seq, half}, rng), sin = random_tensor({seq, half}, rng);
+  Tensor positions = Tensor::empty({batch, seq}, DType::kI32);
+  for (int64_t i = 0; i < batch * seq; ++i) positions.i32()[i] = static_cast<int32_t>(i % seq);
+  Tensor x = random_tensor({batch, seq, heads, 2 * half}, rng);
+  Tensor y = copy_of(x);
+  ops::rope_forward(x, cos, sin);
+  ops::rope_forward(y, cos, sin, positions);
+  EXPECT_EQ(std::memcmp(x.data(), y.data(), x.nbytes()), 0);
+}
+
 // ---- swiglu ---------------------------------------------------------------------------------------------------
 
 TEST(OpsForward, SwiGluForwardBackwardClosedForm) {

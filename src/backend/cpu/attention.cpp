@@ -1,12 +1,12 @@
 // Causal grouped-query attention on the CPU. For batch b, query head h (reading kv head h / (Hq/Hkv)) and
-// query position t:
-//   s[j] = (q[t] · k[j]) / sqrt(D)  for j ≤ t          p = softmax(s)       out[t] = Σ_j p[j] v[j]
+// query position t, over the keys j in [s0, t] with s0 = 0, or s0 = segment_start[b, t] for packed documents:
+//   s[j] = (q[t] · k[j]) / sqrt(D)  for s0 ≤ j ≤ t     p = softmax(s)       out[t] = Σ_j p[j] v[j]
 //   lse[t] = log Σ_j exp(s[j])
 // Backward recomputes p[j] = exp(s[j] − lse[t]) row by row (no [T, T] matrix is kept) and uses
 //   dp[j] = dout[t] · v[j],  Δ = dout[t] · out[t],  ds[j] = p[j] (dp[j] − Δ)
 //   dq[t] = Σ_j ds[j] k[j] / sqrt(D),  dk[j] += ds[j] q[t] / sqrt(D),  dv[j] += p[j] dout[t]
 // Keys and values of one head are first copied transposed to [D, T] scratch so the score loops run over key
-// positions (vectorisable). Every fp32 contraction sums over its index in order (0..D−1 or 0..t), so register
+// positions (vectorisable). Every fp32 contraction sums over its index in order (0..D−1 or s0..t), so register
 // blocking changes no bits; softmax sums and Δ accumulate in double. Forward splits (b, h) among threads;
 // backward splits (b, kv head) and walks that head's query group in order, so dk and dv (overwritten) are
 // summed without races in a fixed order.
@@ -30,6 +30,20 @@ struct Dims {
 
 Dims dims_of(const AttentionArgs& args) {
   return Dims{args.q->dim(0), args.q->dim(1), args.q->dim(2), args.k->dim(2), args.q->dim(3)};
+}
+
+// The first key of each query row: segment_start[b, t] (checked to lie in [0, t]) or 0 for every row. [B·T]
+std::vector<int64_t> first_keys(const AttentionArgs& args, const Dims& d, const char* op) {
+  std::vector<int64_t> first(static_cast<size_t>(d.batch * d.seq), 0);
+  if (args.segment_start == nullptr) return first;
+  const int32_t* start = args.segment_start->i32();  // [B, T]
+  for (int64_t i = 0; i < d.batch * d.seq; ++i) {
+    const int64_t t = i % d.seq;
+    PRIMUS_CHECK(start[i] >= 0 && start[i] <= t, "[op {}] segment start {} of token {} (position {}) is outside [0, {}]",
+                 op, start[i], i, t, t);
+    first[static_cast<size_t>(i)] = start[i];
+  }
+  return first;
 }
 
 // dst [D, T] = src[b, :, h, :]ᵀ for a [B, T, Hkv, D] tensor.
@@ -91,6 +105,7 @@ void CpuBackend::attention_forward(const AttentionArgs& args) {
   const float* v = args.v->f32();  // [B, T, Hkv, D]
   float* out = args.out->f32();    // [B, T, Hq, D]
   float* lse = args.lse->f32();    // [B, Hq, T]
+  const std::vector<int64_t> first = first_keys(args, d, "attention_forward");  // [B·T]
   const int64_t work = d.batch * d.q_heads;
 #pragma omp parallel
   {
@@ -107,8 +122,9 @@ void CpuBackend::attention_forward(const AttentionArgs& args) {
         cached = b * d.kv_heads + kvh;
       }
       for (int64_t t = 0; t < d.seq; ++t) {
-        const int64_t count = t + 1;
-        row_scores(q + d.q_row(b, t, h), kt.data(), d.head_dim, d.seq, count, scale, p.data());
+        const int64_t s0 = first[b * d.seq + t];  // p[r] belongs to key s0 + r
+        const int64_t count = t + 1 - s0;
+        row_scores(q + d.q_row(b, t, h), kt.data() + s0, d.head_dim, d.seq, count, scale, p.data());
         const float max = *std::max_element(p.begin(), p.begin() + count);
         double sum = 0.0;
         for (int64_t j = 0; j < count; ++j) {
@@ -117,7 +133,7 @@ void CpuBackend::attention_forward(const AttentionArgs& args) {
         }
         const float inv = static_cast<float>(1.0 / sum);
         for (int64_t j = 0; j < count; ++j) p[j] *= inv;
-        weighted_rows(p.data(), count, v + d.kv_row(b, 0, kvh), d.kv_heads * d.head_dim, d.head_dim,
+        weighted_rows(p.data(), count, v + d.kv_row(b, s0, kvh), d.kv_heads * d.head_dim, d.head_dim,
                       out + d.q_row(b, t, h));
         lse[(b * d.q_heads + h) * d.seq + t] = static_cast<float>(max + std::log(sum));
       }
@@ -137,6 +153,7 @@ void CpuBackend::attention_backward(const AttentionArgs& args) {
   float* dq = args.dq->f32();            // [B, T, Hq, D]
   float* dk = args.dk->f32();            // [B, T, Hkv, D]
   float* dv = args.dv->f32();            // [B, T, Hkv, D]
+  const std::vector<int64_t> first = first_keys(args, d, "attention_backward");  // [B·T]
   const int64_t work = d.batch * d.kv_heads;
   const size_t head_size = static_cast<size_t>(d.head_dim * d.seq);
 #pragma omp parallel
@@ -157,26 +174,27 @@ void CpuBackend::attention_backward(const AttentionArgs& args) {
       std::fill(dv_acc.begin(), dv_acc.end(), 0.0f);
       for (int64_t h = kvh * d.group(); h < (kvh + 1) * d.group(); ++h) {
         for (int64_t t = 0; t < d.seq; ++t) {
-          const int64_t count = t + 1;
+          const int64_t s0 = first[b * d.seq + t];  // p[r] and ds[r] belong to key s0 + r
+          const int64_t count = t + 1 - s0;
           const float* qt = q + d.q_row(b, t, h);
           const float* dot = dout + d.q_row(b, t, h);
           const float* ot = out + d.q_row(b, t, h);
           const float row_lse = lse[(b * d.q_heads + h) * d.seq + t];
-          row_scores(qt, kt.data(), d.head_dim, d.seq, count, scale, p.data());
+          row_scores(qt, kt.data() + s0, d.head_dim, d.seq, count, scale, p.data());
           for (int64_t j = 0; j < count; ++j) p[j] = std::exp(p[j] - row_lse);
-          row_scores(dot, vt.data(), d.head_dim, d.seq, count, 1.0f, ds.data());
+          row_scores(dot, vt.data() + s0, d.head_dim, d.seq, count, 1.0f, ds.data());
           double delta = 0.0;  // Σ_j p[j] dp[j], computed as dout[t] · out[t]
           for (int64_t i = 0; i < d.head_dim; ++i) delta += static_cast<double>(dot[i]) * ot[i];
           const float delta_f = static_cast<float>(delta);
           for (int64_t j = 0; j < count; ++j) ds[j] = p[j] * (ds[j] - delta_f);
           float* dqt = dq + d.q_row(b, t, h);
-          weighted_rows(ds.data(), count, k + d.kv_row(b, 0, kvh), d.kv_heads * d.head_dim, d.head_dim, dqt);
+          weighted_rows(ds.data(), count, k + d.kv_row(b, s0, kvh), d.kv_heads * d.head_dim, d.head_dim, dqt);
           for (int64_t i = 0; i < d.head_dim; ++i) dqt[i] *= scale;
           for (int64_t j = 0; j < count; ++j) {
             const float dsj = ds[j] * scale;
             const float pj = p[j];
-            float* dkj = dk_acc.data() + j * d.head_dim;
-            float* dvj = dv_acc.data() + j * d.head_dim;
+            float* dkj = dk_acc.data() + (s0 + j) * d.head_dim;
+            float* dvj = dv_acc.data() + (s0 + j) * d.head_dim;
             for (int64_t i = 0; i < d.head_dim; ++i) {
               dkj[i] += dsj * qt[i];
               dvj[i] += pj * dot[i];

@@ -76,6 +76,12 @@ std::string device_error_message(const cuda::DeviceError& e) {
     case cuda::kCrossEntropyBackwardTarget:
       w = {"cross_entropy_backward", "target", "row", "the vocabulary"};
       break;
+    case cuda::kRopePosition:
+      w = {"rope", "position", "token", "the rope table"};
+      break;
+    case cuda::kAttentionSegmentStart:
+      w = {"attention", "segment start", "token", "its causal range"};
+      break;
     default:
       break;
   }
@@ -275,23 +281,24 @@ void CudaBackend::rmsnorm_backward(const RmsNormArgs& args) {
   });
 }
 
-void CudaBackend::rope_forward(const RopeArgs& args) {
+namespace {
+
+// Launches the rope kernel for args; sign +1 forward, −1 backward.
+void launch_rope(const cuda::KernelContext& ctx, const RopeArgs& args, float sign, const char* op) {
   const Tensor& x = *args.x;  // [B, T, H, D]
-  dispatch(x.dtype(), "rope_forward", [&](auto tag) {
+  const cuda::RopeShape shape{x.dim(0), x.dim(1), x.dim(2), x.dim(3), args.cos->dim(0)};
+  dispatch(x.dtype(), op, [&](auto tag) {
     using T = decltype(tag);
-    cuda::rope<T>(state_->ctx, ptr<T>(x), ptr<float>(*args.cos), ptr<float>(*args.sin), x.dim(0), x.dim(1), x.dim(2),
-                  x.dim(3), 1.0f);
+    cuda::rope<T>(ctx, shape, ptr<T>(x), ptr<float>(*args.cos), ptr<float>(*args.sin),
+                  args.positions != nullptr ? ptr<int32_t>(*args.positions) : nullptr, sign);
   });
 }
 
-void CudaBackend::rope_backward(const RopeArgs& args) {
-  const Tensor& x = *args.x;  // [B, T, H, D]
-  dispatch(x.dtype(), "rope_backward", [&](auto tag) {
-    using T = decltype(tag);
-    cuda::rope<T>(state_->ctx, ptr<T>(x), ptr<float>(*args.cos), ptr<float>(*args.sin), x.dim(0), x.dim(1), x.dim(2),
-                  x.dim(3), -1.0f);
-  });
-}
+}  // namespace
+
+void CudaBackend::rope_forward(const RopeArgs& args) { launch_rope(state_->ctx, args, 1.0f, "rope_forward"); }
+
+void CudaBackend::rope_backward(const RopeArgs& args) { launch_rope(state_->ctx, args, -1.0f, "rope_backward"); }
 
 namespace {
 
@@ -316,10 +323,11 @@ namespace {
 bool aligned_16(const Tensor* t) { return reinterpret_cast<uintptr_t>(t->data()) % 16 == 0; }
 
 // Whether cuDNN's fused attention takes this call: bf16, head size a multiple of 8 up to 256, every tensor
-// 16-byte aligned, and for backward more than one position (cuDNN has no one-token backward).
+// 16-byte aligned, for backward more than one position (cuDNN has no one-token backward), and no segments:
+// packed documents (segment_start) run on the native kernels, exact but O(T²) and several times slower.
 bool cudnn_takes(const AttentionArgs& args, bool backward) {
   const Tensor& q = *args.q;  // [B, T, Hq, D]
-  if (q.dtype() != DType::kBF16 || q.numel() == 0) return false;
+  if (q.dtype() != DType::kBF16 || q.numel() == 0 || args.segment_start != nullptr) return false;
   if (q.dim(3) % 8 != 0 || q.dim(3) > 256 || (backward && q.dim(1) < 2)) return false;
   for (const Tensor* t : {args.q, args.k, args.v, static_cast<const Tensor*>(args.out)}) {
     if (!aligned_16(t)) return false;
@@ -357,7 +365,7 @@ void CudaBackend::attention_forward(const AttentionArgs& args) {
     using T = decltype(tag);
     const cuda::AttentionShape shape = attention_shape(args, state_->ctx.max_shared_bytes, "attention_forward");
     cuda::attention_forward<T>(state_->ctx, shape, ptr<T>(*args.q), ptr<T>(*args.k), ptr<T>(*args.v), ptr<T>(*args.out),
-                               ptr<float>(*args.lse));
+                               ptr<float>(*args.lse), ptr_or_null<int32_t>(args.segment_start));
   });
 }
 
@@ -373,7 +381,7 @@ void CudaBackend::attention_backward(const AttentionArgs& args) {
     const cuda::AttentionShape shape = attention_shape(args, state_->ctx.max_shared_bytes, "attention_backward");
     cuda::attention_backward<T>(state_->ctx, shape, ptr<T>(*args.q), ptr<T>(*args.k), ptr<T>(*args.v),
                                 ptr<T>(*args.out), ptr<float>(*args.lse), ptr<T>(*args.dout), ptr<T>(*args.dq),
-                                ptr<T>(*args.dk), ptr<T>(*args.dv));
+                                ptr<T>(*args.dk), ptr<T>(*args.dv), ptr_or_null<int32_t>(args.segment_start));
   });
 }
 

@@ -1,17 +1,21 @@
 // Causal grouped-query attention on the GPU: the simple, exact O(T²) formulation, one block per query row
 // (forward, dq) or per key row (dk, dv), with that row's scores in shared memory. Same formulas and, per
-// output element, the same summation order as the CPU backend (src/backend/cpu/attention.cpp):
-//   s[j] = (q[t] · k[j]) / sqrt(D), j ≤ t;  p = softmax(s);  out[t] = Σ_j p[j] v[j];  lse[t] = log Σ_j exp(s[j])
+// output element, the same summation order as the CPU backend (src/backend/cpu/attention.cpp), over the keys
+// j in [s0(t), t] of query t, s0(t) = 0 or segment_start[b, t] (packed documents):
+//   s[j] = (q[t] · k[j]) / sqrt(D);  p = softmax(s);  out[t] = Σ_j p[j] v[j];  lse[t] = log Σ_j exp(s[j])
 //   Δ[t] = dout[t] · out[t] (double);  ds[t, j] = p[t, j] (dout[t] · v[j] − Δ[t])
-//   dq[t] = Σ_j ds[t, j] k[j] / sqrt(D);  dk[j] = Σ_{h in group} Σ_{t ≥ j} ds[t, j] q[t] / sqrt(D);
-//   dv[j] = Σ_{h in group} Σ_{t ≥ j} p[t, j] dout[t]
+//   dq[t] = Σ_j ds[t, j] k[j] / sqrt(D);  dk[j] = Σ_{h in group} Σ_{t ≥ j, s0(t) ≤ j} ds[t, j] q[t] / sqrt(D);
+//   dv[j] = Σ_{h in group} Σ_{t ≥ j, s0(t) ≤ j} p[t, j] dout[t]
+// With segments the dk/dv kernel still walks every t ≥ j and adds exact zeros for queries of other segments,
+// which keeps the CPU's order of the non-zero terms; the work stays O(T²) whatever the documents' lengths.
 // Backward runs two kernels: per query row it recomputes p from lse, writes dq and Δ; then per key row and
 // kv head it recomputes p and ds for every later query of the group's heads, in head then position order, and
 // sums dk and dv in registers. Every output element is written by one thread: no atomics, deterministic.
 // Shared memory holds a row of T scores (two in backward), which bounds T by the device's per-block limit;
 // the flash-attention kernels that replace these lift it. The CUDA backend runs bf16 attention through cuDNN
 // (cudnn_attention.h) and keeps these for fp32 and for what cuDNN does not take (backward at T = 1, head
-// sizes that are not multiples of 8, misaligned tensors); with bf16 they read and write bf16, math in fp32.
+// sizes that are not multiples of 8, misaligned tensors, segments); with bf16 they read and write bf16, math in
+// fp32.
 #include "backend/cuda/caching_allocator.h"
 #include "backend/cuda/kernels/common.cuh"
 
@@ -36,6 +40,21 @@ Strides strides_of(const AttentionShape& s) {
   return Strides{s.seq, s.q_heads, s.kv_heads, s.head_dim, s.q_heads / s.kv_heads, attention_score_slots(s.seq)};
 }
 
+// The first key query (b, t) attends to: 0, or its segment start, which must lie in [0, t]. An invalid start is
+// treated as t (the row sees only itself, nothing is read out of bounds); the forward and dq kernels record it.
+__device__ __forceinline__ int64_t first_key(const int32_t* segment_start, int64_t b, int64_t t, int64_t seq) {
+  if (segment_start == nullptr) return 0;
+  const int64_t s0 = segment_start[b * seq + t];
+  return s0 >= 0 && s0 <= t ? s0 : t;
+}
+
+__device__ __forceinline__ void check_first_key(const int32_t* segment_start, int64_t b, int64_t t, int64_t seq,
+                                                DeviceError* error) {
+  if (segment_start == nullptr || threadIdx.x != 0 || blockIdx.y != 0) return;
+  const int64_t s0 = segment_start[b * seq + t];
+  if (s0 < 0 || s0 > t) record_error(error, kAttentionSegmentStart, b * seq + t, s0, t + 1);
+}
+
 // Dot product of a shared-memory row with a global row, summed over i in order 0..D−1.
 template <typename T>
 __device__ __forceinline__ float dot_row(const float* a, const T* b, int64_t head_dim) {
@@ -44,25 +63,30 @@ __device__ __forceinline__ float dot_row(const float* a, const T* b, int64_t hea
   return acc;
 }
 
-// Block (t, h, b): out[b, t, h, :] and lse[b, h, t]. Shared: q row [D], then p [t + 1] (of score_slots).
+// Block (t, h, b): out[b, t, h, :] and lse[b, h, t]. Shared: q row [D], then p [t + 1 − s0] (of score_slots),
+// p[r] belonging to key s0 + r.
 template <typename T>
 __global__ void attention_forward_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-                                         T* __restrict__ out, float* __restrict__ lse, Strides d, float scale) {
+                                         T* __restrict__ out, float* __restrict__ lse,
+                                         const int32_t* __restrict__ segment_start, DeviceError* error, Strides d,
+                                         float scale) {
   extern __shared__ float smem[];
   __shared__ float max_scratch[kWarpSize];
   __shared__ double sum_scratch[kWarpSize];
   const int64_t t = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int64_t kvh = h / d.group;
-  const int64_t count = t + 1;
+  check_first_key(segment_start, b, t, d.seq, error);
+  const int64_t s0 = first_key(segment_start, b, t, d.seq);
+  const int64_t count = t + 1 - s0;
   float* q_row = smem;           // [D]
-  float* p = smem + d.head_dim;  // [t + 1]
+  float* p = smem + d.head_dim;  // [t + 1 − s0]
   const int64_t q_off = d.q_row(b, t, h);
   for (int64_t i = threadIdx.x; i < d.head_dim; i += blockDim.x) q_row[i] = load(q + q_off + i);
   __syncthreads();
   float max = -INFINITY;
-  for (int64_t j = threadIdx.x; j < count; j += blockDim.x) {
-    const float s = dot_row(q_row, k + d.kv_row(b, j, kvh), d.head_dim) * scale;
-    p[j] = s;
+  for (int64_t r = threadIdx.x; r < count; r += blockDim.x) {
+    const float s = dot_row(q_row, k + d.kv_row(b, s0 + r, kvh), d.head_dim) * scale;
+    p[r] = s;
     max = fmaxf(max, s);
   }
   max = block_max(max, max_scratch);
@@ -76,7 +100,7 @@ __global__ void attention_forward_kernel(const T* __restrict__ q, const T* __res
   const float inv = static_cast<float>(1.0 / sum);
   for (int64_t j = threadIdx.x; j < count; j += blockDim.x) p[j] *= inv;
   __syncthreads();
-  const T* v_head = v + d.kv_row(b, 0, kvh);
+  const T* v_head = v + d.kv_row(b, s0, kvh);
   const int64_t v_stride = d.kv_heads * d.head_dim;
   for (int64_t i = threadIdx.x; i < d.head_dim; i += blockDim.x) {
     float acc = 0.0f;
@@ -86,20 +110,24 @@ __global__ void attention_forward_kernel(const T* __restrict__ q, const T* __res
   if (threadIdx.x == 0) lse[d.stat(b, h, t)] = static_cast<float>(static_cast<double>(max) + log(sum));
 }
 
-// Block (t, h, b): dq[b, t, h, :] and Δ[b, h, t]. Shared: q row [D], dout row [D], ds [t + 1] (of score_slots).
+// Block (t, h, b): dq[b, t, h, :] and Δ[b, h, t]. Shared: q row [D], dout row [D], ds [t + 1 − s0] (of
+// score_slots), ds[r] belonging to key s0 + r.
 template <typename T>
 __global__ void attention_dq_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                                     const T* __restrict__ out, const float* __restrict__ lse,
                                     const T* __restrict__ dout, T* __restrict__ dq, float* __restrict__ delta,
-                                    Strides d, float scale) {
+                                    const int32_t* __restrict__ segment_start, DeviceError* error, Strides d,
+                                    float scale) {
   extern __shared__ float smem[];
   __shared__ double sum_scratch[kWarpSize];
   const int64_t t = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int64_t kvh = h / d.group;
-  const int64_t count = t + 1;
+  check_first_key(segment_start, b, t, d.seq, error);
+  const int64_t s0 = first_key(segment_start, b, t, d.seq);
+  const int64_t count = t + 1 - s0;
   float* q_row = smem;                // [D]
   float* do_row = smem + d.head_dim;  // [D]
-  float* ds = smem + 2 * d.head_dim;  // [t + 1]
+  float* ds = smem + 2 * d.head_dim;  // [t + 1 − s0]
   const int64_t off = d.q_row(b, t, h);
   double dot = 0.0;  // Δ = dout[t] · out[t]
   for (int64_t i = threadIdx.x; i < d.head_dim; i += blockDim.x) {
@@ -111,13 +139,13 @@ __global__ void attention_dq_kernel(const T* __restrict__ q, const T* __restrict
   dot = block_sum(dot, sum_scratch);  // its barriers also publish q_row and do_row
   const float delta_t = static_cast<float>(dot);
   const float row_lse = lse[d.stat(b, h, t)];
-  for (int64_t j = threadIdx.x; j < count; j += blockDim.x) {
-    const float p = expf(dot_row(q_row, k + d.kv_row(b, j, kvh), d.head_dim) * scale - row_lse);
-    const float dp = dot_row(do_row, v + d.kv_row(b, j, kvh), d.head_dim);
-    ds[j] = p * (dp - delta_t);
+  for (int64_t r = threadIdx.x; r < count; r += blockDim.x) {
+    const float p = expf(dot_row(q_row, k + d.kv_row(b, s0 + r, kvh), d.head_dim) * scale - row_lse);
+    const float dp = dot_row(do_row, v + d.kv_row(b, s0 + r, kvh), d.head_dim);
+    ds[r] = p * (dp - delta_t);
   }
   __syncthreads();
-  const T* k_head = k + d.kv_row(b, 0, kvh);
+  const T* k_head = k + d.kv_row(b, s0, kvh);
   const int64_t k_stride = d.kv_heads * d.head_dim;
   for (int64_t i = threadIdx.x; i < d.head_dim; i += blockDim.x) {
     float acc = 0.0f;
@@ -128,12 +156,12 @@ __global__ void attention_dq_kernel(const T* __restrict__ q, const T* __restrict
 }
 
 // Block (j, kv head, b): dk and dv of key row j. Shared: k row [D], v row [D], p [T − j], ds [T − j] (each of
-// score_slots).
+// score_slots); p[r] and ds[r] belong to query j + r, and are 0 when that query's segment starts after j.
 template <typename T>
 __global__ void attention_dkv_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                                      const float* __restrict__ lse, const float* __restrict__ delta,
-                                     const T* __restrict__ dout, T* __restrict__ dk, T* __restrict__ dv, Strides d,
-                                     float scale) {
+                                     const T* __restrict__ dout, T* __restrict__ dk, T* __restrict__ dv,
+                                     const int32_t* __restrict__ segment_start, Strides d, float scale) {
   extern __shared__ float smem[];
   const int64_t j = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
   const int64_t count = d.seq - j;   // queries t = j .. T−1 see key j
@@ -153,6 +181,11 @@ __global__ void attention_dkv_kernel(const T* __restrict__ q, const T* __restric
     __syncthreads();  // k_row/v_row written, or the previous head's p and ds consumed
     for (int64_t r = threadIdx.x; r < count; r += blockDim.x) {
       const int64_t t = j + r;
+      if (first_key(segment_start, b, t, d.seq) > j) {  // another document: no attention, no gradient
+        p[r] = 0.0f;
+        ds[r] = 0.0f;
+        continue;
+      }
       const int64_t off = d.q_row(b, t, h);
       const float pt = expf(dot_row(k_row, q + off, d.head_dim) * scale - lse[d.stat(b, h, t)]);
       const float dp = dot_row(v_row, dout + off, d.head_dim);
@@ -194,20 +227,22 @@ void prepare_shared(Kernel kernel, int64_t bytes) {
 
 template <typename T>
 void attention_forward(const KernelContext& ctx, const AttentionShape& shape, const T* q, const T* k, const T* v,
-                       T* out, float* lse) {
+                       T* out, float* lse, const int32_t* segment_start) {
   if (shape.batch == 0 || shape.seq == 0 || shape.q_heads == 0) return;
   const int64_t shared = (shape.head_dim + attention_score_slots(shape.seq)) * static_cast<int64_t>(sizeof(float));
   prepare_shared(attention_forward_kernel<T>, shared);
   const dim3 grid(static_cast<unsigned>(shape.seq), static_cast<unsigned>(shape.q_heads),
                   static_cast<unsigned>(shape.batch));
   const float scale = 1.0f / sqrtf(static_cast<float>(shape.head_dim));
-  attention_forward_kernel<T><<<grid, kThreads, shared, ctx.stream>>>(q, k, v, out, lse, strides_of(shape), scale);
+  attention_forward_kernel<T><<<grid, kThreads, shared, ctx.stream>>>(q, k, v, out, lse, segment_start, ctx.error,
+                                                                       strides_of(shape), scale);
   PRIMUS_CUDA_CHECK_LAUNCH();
 }
 
 template <typename T>
 void attention_backward(const KernelContext& ctx, const AttentionShape& shape, const T* q, const T* k, const T* v,
-                        const T* out, const float* lse, const T* dout, T* dq, T* dk, T* dv) {
+                        const T* out, const float* lse, const T* dout, T* dq, T* dk, T* dv,
+                        const int32_t* segment_start) {
   if (shape.batch == 0 || shape.seq == 0 || shape.q_heads == 0) return;
   const Strides d = strides_of(shape);
   const float scale = 1.0f / sqrtf(static_cast<float>(shape.head_dim));
@@ -218,26 +253,28 @@ void attention_backward(const KernelContext& ctx, const AttentionShape& shape, c
   prepare_shared(attention_dq_kernel<T>, dq_shared);
   const dim3 q_grid(static_cast<unsigned>(shape.seq), static_cast<unsigned>(shape.q_heads),
                     static_cast<unsigned>(shape.batch));
-  attention_dq_kernel<T>
-      <<<q_grid, kThreads, dq_shared, ctx.stream>>>(q, k, v, out, lse, dout, dq, delta.as<float>(), d, scale);
+  attention_dq_kernel<T><<<q_grid, kThreads, dq_shared, ctx.stream>>>(q, k, v, out, lse, dout, dq, delta.as<float>(),
+                                                                       segment_start, ctx.error, d, scale);
   PRIMUS_CUDA_CHECK_LAUNCH();
 
   const int64_t dkv_shared = attention_shared_bytes(shape);
   prepare_shared(attention_dkv_kernel<T>, dkv_shared);
   const dim3 kv_grid(static_cast<unsigned>(shape.seq), static_cast<unsigned>(shape.kv_heads),
                      static_cast<unsigned>(shape.batch));
-  attention_dkv_kernel<T>
-      <<<kv_grid, kThreads, dkv_shared, ctx.stream>>>(q, k, v, lse, delta.as<float>(), dout, dk, dv, d, scale);
+  attention_dkv_kernel<T><<<kv_grid, kThreads, dkv_shared, ctx.stream>>>(q, k, v, lse, delta.as<float>(), dout, dk,
+                                                                          dv, segment_start, d, scale);
   PRIMUS_CUDA_CHECK_LAUNCH();
 }
 
 template void attention_forward<float>(const KernelContext&, const AttentionShape&, const float*, const float*,
-                                       const float*, float*, float*);
+                                       const float*, float*, float*, const int32_t*);
 template void attention_backward<float>(const KernelContext&, const AttentionShape&, const float*, const float*,
-                                        const float*, const float*, const float*, const float*, float*, float*, float*);
+                                        const float*, const float*, const float*, const float*, float*, float*, float*,
+                                        const int32_t*);
 template void attention_forward<bf16>(const KernelContext&, const AttentionShape&, const bf16*, const bf16*,
-                                      const bf16*, bf16*, float*);
+                                      const bf16*, bf16*, float*, const int32_t*);
 template void attention_backward<bf16>(const KernelContext&, const AttentionShape&, const bf16*, const bf16*,
-                                       const bf16*, const bf16*, const float*, const bf16*, bf16*, bf16*, bf16*);
+                                       const bf16*, const bf16*, const float*, const bf16*, bf16*, bf16*, bf16*,
+                                       const int32_t*);
 
 }  // namespace primus::cuda

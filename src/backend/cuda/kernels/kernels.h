@@ -33,6 +33,8 @@ enum DeviceErrorCode : int {
   kEmbeddingBackwardId = 2,
   kCrossEntropyForwardTarget = 3,
   kCrossEntropyBackwardTarget = 4,
+  kRopePosition = 5,            // position: token (b·T + t), value: the position, limit: rows of the table
+  kAttentionSegmentStart = 6,   // position: token (b·T + t), value: its segment start, limit: t + 1
 };
 
 // bf16 storage: the raw bits of a bfloat16. Conversions go through core/bf16.h (round to nearest even), so a
@@ -66,10 +68,16 @@ template <typename T>
 void rmsnorm_backward(const KernelContext& ctx, const T* x, const T* weight, const float* rstd, const T* dy, T* dx,
                       float* dweight, int64_t rows, int64_t channels);
 
-// In place on x [B, T, H, D] with cos, sin [T, D/2]; sign +1 rotates forward, -1 applies the inverse.
+// In place on x [B, T, H, D] with cos, sin [rows, D/2]; sign +1 rotates forward, -1 applies the inverse. Token
+// (b, t) uses table row t (rows ≥ T), or positions[b·T + t] when positions ([B, T], may be null) is given; a
+// position outside [0, rows) is recorded in ctx.error and its token left unchanged.
+struct RopeShape {
+  int64_t batch, seq, heads, head_dim;
+  int64_t rows;  // of the cos/sin tables
+};
 template <typename T>
-void rope(const KernelContext& ctx, T* x, const float* cos, const float* sin, int64_t batch, int64_t seq, int64_t heads,
-          int64_t head_dim, float sign);
+void rope(const KernelContext& ctx, const RopeShape& shape, T* x, const float* cos, const float* sin,
+          const int32_t* positions, float sign);
 
 struct AttentionShape {
   int64_t batch, seq, q_heads, kv_heads, head_dim;
@@ -87,13 +95,16 @@ inline int64_t attention_score_slots(int64_t seq) { return (seq + 3) / 4 * 4; }
 inline int64_t attention_shared_bytes(const AttentionShape& s) {
   return (2 * s.head_dim + 2 * attention_score_slots(s.seq)) * static_cast<int64_t>(sizeof(float));
 }
-// q, out, dout, dq [B, T, Hq, D]; k, v, dk, dv [B, T, Hkv, D]; lse [B, Hq, T].
+// q, out, dout, dq [B, T, Hq, D]; k, v, dk, dv [B, T, Hkv, D]; lse [B, Hq, T]. segment_start ([B, T], may be
+// null): query t attends to keys [segment_start[b·T + t], t] only; a start outside [0, t] is recorded in ctx.error
+// (forward and dq then use [t, t] for that row so nothing is read out of bounds).
 template <typename T>
 void attention_forward(const KernelContext& ctx, const AttentionShape& shape, const T* q, const T* k, const T* v,
-                       T* out, float* lse);
+                       T* out, float* lse, const int32_t* segment_start = nullptr);
 template <typename T>
 void attention_backward(const KernelContext& ctx, const AttentionShape& shape, const T* q, const T* k, const T* v,
-                        const T* out, const float* lse, const T* dout, T* dq, T* dk, T* dv);
+                        const T* out, const float* lse, const T* dout, T* dq, T* dk, T* dv,
+                        const int32_t* segment_start = nullptr);
 
 // gate_up, dgate_up [rows, 2F] (per row: gate then up; dgate_up may be gate_up); out, dout [rows, F].
 template <typename T>
