@@ -326,9 +326,14 @@ def run(args):
                             lr=args.lr, betas=(args.beta1, args.beta2), eps=args.eps)
     out = {}
     losses = []
+    rows = args.micro_batch_size or input_ids.shape[0]
+    if input_ids.shape[0] % rows != 0:
+        raise UsageError(f"--micro-batch-size {rows} does not divide the batch's {input_ids.shape[0]} rows")
+    batches = input_ids.shape[0] // rows
     for step in range(max(args.steps, 1)):
         opt.zero_grad(set_to_none=True)
-        loss = forward_loss(cfg, params, input_ids, labels)
+        first = (step % batches) * rows  # step i trains on micro-batch i mod (rows / micro-batch size)
+        loss = forward_loss(cfg, params, input_ids[first:first + rows], labels[first:first + rows])
         loss.backward()
         if step == 0:  # loss and raw (unclipped) gradients at the given weights
             out["loss"] = np.array(loss.item(), dtype=np.float32)
@@ -353,6 +358,8 @@ def parse_args(argv):
     ap.add_argument("--batch", required=True, help="safetensors with input_ids [B,T] and labels [B,T] (I32)")
     ap.add_argument("--out", required=True, help="safetensors to write: loss, grad.<name>, losses")
     ap.add_argument("--steps", type=int, default=10, help="AdamW steps on the batch (default 10)")
+    ap.add_argument("--micro-batch-size", type=int, default=0,
+                    help="rows per step: step i uses rows [i*N, (i+1)*N) modulo the batch (default: every row)")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--beta1", type=float, default=0.9)
     ap.add_argument("--beta2", type=float, default=0.95)
@@ -363,6 +370,8 @@ def parse_args(argv):
     args = ap.parse_args(argv)
     if args.steps < 0:
         ap.error("--steps must be >= 0")
+    if args.micro_batch_size < 0:
+        ap.error("--micro-batch-size must be >= 0")
     return args
 
 
