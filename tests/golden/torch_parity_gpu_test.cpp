@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 
@@ -79,15 +81,19 @@ TEST(TorchParityGpu, Bf16TrainingTracksPyTorchFor300Steps) {
     optimizer.step(model.params(), kLr, clip_grad_norm(model.params(), kClip).scale, model.compute_weights());
   }
   EXPECT_LT(losses.back(), 0.6 * losses.front()) << "the run must actually learn for the comparison to mean much";
+  double worst = 0.0;
   for (int w = 0; w < kSteps / kWindow; ++w) {
     double ours = 0.0, theirs = 0.0;
     for (int i = w * kWindow; i < (w + 1) * kWindow; ++i) {
       ours += losses[i];
       theirs += reference.f32()[i];
     }
+    worst = std::max(worst, std::abs(ours / theirs - 1.0));
     EXPECT_NEAR(ours / theirs, 1.0, 0.02) << "steps " << w * kWindow << ".." << (w + 1) * kWindow - 1 << ": ours "
                                           << ours / kWindow << ", PyTorch " << theirs / kWindow;
   }
+  std::printf("loss %.4f -> %.4f (PyTorch %.4f -> %.4f); largest 20-step window difference %.2f%%\n", losses.front(),
+              losses.back(), reference.f32()[0], reference.f32()[kSteps - 1], 100.0 * worst);
 }
 
 }  // namespace
