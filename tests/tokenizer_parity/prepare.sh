@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Prepares the tokenizer parity fixtures in OUTDIR: installs the pinned npm reference tokenizers there (npm ci from
-# package-lock.json; --prefer-offline uses the npm cache when it has them), exports their vocabularies into the
-# file formats Primus loads and writes the reference encodings of the corpus (see export.mjs).
+# Prepares the tokenizer parity fixtures in OUTDIR: tools/tokenizers/fetch.sh installs the pinned npm reference
+# tokenizers there and exports their vocabularies into the file formats Primus loads; export.mjs then writes the
+# reference encodings of the corpus.
 # A stamp of the inputs makes a second call with unchanged inputs return at once; a lock file serializes callers.
 #   tests/tokenizer_parity/prepare.sh OUTDIR SHAKESPEARE_TXT
 set -euo pipefail
@@ -22,13 +22,13 @@ mkdir -p "$out"
 # Test processes started in parallel (ctest -j) share OUTDIR: one prepares, the others wait for it.
 exec 9>"$out/.lock"
 flock 9
-stamp="$(cat "$here/package.json" "$here/package-lock.json" "$here/export.mjs" "$here/corpus.mjs" "$here/bench.mjs" \
-  "$shakespeare" | sha256sum | cut -d' ' -f1) $(node --version)"
+"$here/../../tools/tokenizers/fetch.sh" "$out"
+stamp="$(cat "$out/vocab.stamp" "$here/export.mjs" "$here/corpus.mjs" "$here/bench.mjs" "$shakespeare" \
+  | sha256sum | cut -d' ' -f1)"
 if [[ -f "$out/stamp" && "$(cat "$out/stamp")" == "$stamp" ]]; then
   exit 0
 fi
 rm -f "$out/stamp"
-cp "$here/package.json" "$here/package-lock.json" "$here/export.mjs" "$here/corpus.mjs" "$here/bench.mjs" "$out/"
-(cd "$out" && npm ci --prefer-offline --no-audit --no-fund --loglevel=error)
+cp "$here/export.mjs" "$here/corpus.mjs" "$here/bench.mjs" "$out/"
 node "$out/export.mjs" "$out" "$shakespeare"
 echo "$stamp" > "$out/stamp"
