@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what Primus needs from Debian's packages (Debian 12 "bookworm").
-#   scripts/setup.sh          build dependencies and the default job's text (fortunes)
-#   scripts/setup.sh --test   also what the tests need (PyTorch and numpy for the parity tests, Node.js and npm
-#                             for the tokenizer parity tests, Chromium for the HTML report rendering test)
+#   scripts/setup.sh          build dependencies and the default job's inputs: its text (fortunes), and Node.js and
+#                             npm, which install the pinned npm package that ships its tokenizer (GPT-2's)
+#   scripts/setup.sh --test   also what the tests need (PyTorch and numpy for the parity tests, Chromium for the
+#                             HTML report rendering test)
 # Packages already present are skipped, so a second run costs nothing.
 set -euo pipefail
 
@@ -11,11 +12,11 @@ packages=(cmake ninja-build ccache g++ pkg-config
           libgtest-dev libgmock-dev libopenblas-openmp-dev libzstd-dev
           libpcre2-dev libsentencepiece-dev libutf8proc-dev
           fortunes)
+# A Node.js that bundles npm (e.g. NodeSource's nodejs) conflicts with Debian's npm package, so install them only
+# when npm is absent.
+command -v npm >/dev/null || packages+=(nodejs npm)
 if [[ "${1:-}" == "--test" ]]; then
   packages+=(python3 python3-torch python3-numpy chromium)
-  # Node.js and npm for the tokenizer parity tests (tests/tokenizer_parity). A Node.js that bundles npm (e.g.
-  # NodeSource's nodejs) conflicts with Debian's npm package, so install them only when npm is absent.
-  command -v npm >/dev/null || packages+=(nodejs npm)
 fi
 
 missing=()

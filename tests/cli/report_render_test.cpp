@@ -120,6 +120,7 @@ class ReportRenderTest : public ::testing::Test {
   void SetUp() override {
     ASSERT_TRUE(fs::exists(cli_path())) << cli_path() << " not found: build the primus-cli target first";
     setenv("PRIMUS_CONFIGS_DIR", PRIMUS_SOURCE_DIR "/configs", 1);
+    ASSERT_FALSE(testing::use_default_data().empty()) << "scripts/prepare_default_data.sh failed (see stderr)";
     dir_ = testing::temp_dir("report-render");
   }
 

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -20,6 +21,15 @@ std::string read_text(const fs::path& path) {
   std::stringstream text;
   text << in.rdbuf();
   return text.str();
+}
+
+std::string use_default_data() {
+  const fs::path dir = fs::canonical("/proc/self/exe").parent_path() / "default_data";
+  const std::string command = "PRIMUS_CLI='" + cli_path().string() + "' bash '" PRIMUS_SOURCE_DIR
+                              "/scripts/prepare_default_data.sh' '" + dir.string() + "' >&2";
+  if (std::system(command.c_str()) != 0) return "";
+  setenv("PRIMUS_DEFAULT_DATA", dir.c_str(), 1);
+  return dir.string();
 }
 
 fs::path cli_path() { return fs::canonical("/proc/self/exe").parent_path().parent_path() / "primus-cli"; }

@@ -22,4 +22,9 @@ pid_t spawn_cli(const std::vector<std::string>& args, const std::string& dir);
 CliResult wait_cli(pid_t pid, const std::string& dir);
 std::string read_text(const std::filesystem::path& path);
 
+// The example configs' data (scripts/prepare_default_data.sh: GPT-2's tokenizer from its npm package, Debian's
+// fortunes as an indexed dataset), prepared once in <build>/tests/default_data and pointed to by
+// PRIMUS_DEFAULT_DATA, which configs/examples/*.yaml read. Empty when the script failed (its output is on stderr).
+std::string use_default_data();
+
 }  // namespace primus::testing

@@ -10,11 +10,13 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <stdexcept>
 
 #include "config/config.h"
 #include "core/error.h"
 #include "core/file_io.h"
 #include "observe/mlflow_store.h"
+#include "support/cli_process.h"
 #include "support/test_support.h"
 #include "train/pretrain.h"
 #include "train/signals.h"
@@ -25,6 +27,8 @@ namespace {
 namespace fs = std::filesystem;
 
 ExperimentConfig tiny_job(const std::string& dir, std::vector<std::string> extra = {}) {
+  static const std::string data = testing::use_default_data();
+  if (data.empty()) throw std::runtime_error("scripts/prepare_default_data.sh failed (see stderr)");
   std::vector<std::string> overrides = {"workspace=" + dir + "/workspace",
                                         "train_iters=6",
                                         "eval_interval=3",
@@ -162,7 +166,7 @@ TEST(MlflowPretrain, TinyJobLogsExperimentRunParamsAndEveryMetric) {
   EXPECT_EQ(read_file(run.path + "/params/train_iters"), "6");
   EXPECT_EQ(read_file(run.path + "/params/seq_length"), "64");
   EXPECT_EQ(read_file(run.path + "/params/num_layers"), "2");
-  EXPECT_EQ(read_file(run.path + "/params/tokenizer_type"), "ByteLevelTokenizer");
+  EXPECT_EQ(read_file(run.path + "/params/tokenizer_type"), "GPT2BPETokenizer");
   EXPECT_EQ(read_file(run.path + "/params/mlflow_tracking_dir"), dir + "/mlruns");
   EXPECT_EQ(read_file(run.path + "/params/modules.pre_trainer.framework"), "megatron");
   size_t params = 0;
