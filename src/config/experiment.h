@@ -61,6 +61,10 @@ struct TrainingArgs {
   bool mock_data = false;
   std::vector<std::string> data_path;  // text files or directories (byte-level tokenizer for now)
   std::string split = "969,30,1";
+  // Documents packed into a sample, separated by the tokenizer's EOD id (Megatron's switches).
+  bool reset_position_ids = false;     // RoPE positions restart after each EOD
+  bool reset_attention_mask = false;   // attention stays within each document
+  bool eod_mask_loss = false;          // no loss where the input is EOD
   std::string tokenizer_type = "ByteLevelTokenizer";
   std::string tokenizer_model;         // file or directory for every tokenizer but ByteLevelTokenizer
   std::string tensorboard_dir;         // TensorBoard event files; empty: none

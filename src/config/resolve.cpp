@@ -121,6 +121,15 @@ void check_module_keys(const ModuleKeys& keys, const Origin& module_origin) {
   }
 
   const ModuleKey& mock = get(keys, "mock_data");
+  for (const char* name : {"reset_position_ids", "reset_attention_mask", "eod_mask_loss"}) {
+    const ModuleKey& key = get(keys, name);
+    if (key.value.b && mock.value.b) {
+      config_error(place(key, module_origin),
+                   fmt::format("{} needs documents separated by EOD tokens, which mock data does not have ({}); "
+                               "set data_path to real data or turn {} off",
+                               name, describe(mock), name));
+    }
+  }
   const ModuleKey& data = get(keys, "data_path");
   if (!mock.value.b && data.value.list.empty()) {
     const ModuleKey& at = data.origin.kind == OriginKind::kDefault ? mock : data;

@@ -467,6 +467,28 @@ std::vector<KeySpec> build_specs() {
        .help = "Train, validation and test weights: 1 to 3 comma-separated non-negative numbers, positive sum.",
        .apply = train_field<&TrainingArgs::split>,
        .check = check_split},
+      {.name = "reset_position_ids",
+       .type = kBool,
+       .group = kTraining,
+       .default_yaml = "false",
+       .help = "Documents packed into one sample (separated by the tokenizer's EOD id) get RoPE positions that "
+               "restart at 0 after each EOD (Megatron's switch). Needs data with EOD tokens (not mock_data).",
+       .apply = train_field<&TrainingArgs::reset_position_ids>},
+      {.name = "reset_attention_mask",
+       .type = kBool,
+       .group = kTraining,
+       .default_yaml = "false",
+       .help = "Tokens attend only to earlier tokens of their own document (the EOD ends a document), as Megatron's "
+               "switch. Needs data with EOD tokens (not mock_data). On CUDA, bf16 attention then runs on the "
+               "simple native O(T²) kernels instead of cuDNN: exact, but much slower (docs/training.md).",
+       .apply = train_field<&TrainingArgs::reset_attention_mask>},
+      {.name = "eod_mask_loss",
+       .type = kBool,
+       .group = kTraining,
+       .default_yaml = "false",
+       .help = "No loss where the input token is the EOD id (predicting the next document's first token); the loss "
+               "is the mean over the tokens that remain, as in Megatron. Needs data with EOD tokens (not mock_data).",
+       .apply = train_field<&TrainingArgs::eod_mask_loss>},
       {.name = "tokenizer_type",
        .type = kString,
        .group = kTraining,

@@ -1,6 +1,7 @@
 // Greedy weighted blending and the data_path list -> SampleSource builder.
 #include "data/blended_dataset.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -134,6 +135,24 @@ std::vector<BlendEntry> parse_data_blend(const std::vector<std::string>& words) 
     entries.push_back({strip_indexed_suffix(words[i + 1]), weight});
   }
   return entries;
+}
+
+std::vector<std::string> datasets_without_eod(const std::vector<std::string>& words, int32_t eod_id,
+                                              int64_t sequences) {
+  std::vector<std::string> missing;
+  for (const BlendEntry& entry : parse_data_blend(words)) {
+    const IndexedDataset data(entry.prefix);
+    bool found = false;
+    int32_t last = 0;
+    for (int64_t s = 0; s < std::min(sequences, data.num_sequences()) && !found; ++s) {
+      const int32_t length = data.sequence_length(s);
+      if (length == 0) continue;
+      data.read(s, length - 1, std::span<int32_t>(&last, 1));
+      found = last == eod_id;
+    }
+    if (!found) missing.push_back(entry.prefix);
+  }
+  return missing;
 }
 
 bool names_indexed_datasets(const std::vector<std::string>& words) {

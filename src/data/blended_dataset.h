@@ -68,6 +68,10 @@ struct BlendEntry {
 std::vector<BlendEntry> parse_data_blend(const std::vector<std::string>& words);
 // True when the list names indexed datasets: every prefix of parse_data_blend has both .idx and .bin.
 bool names_indexed_datasets(const std::vector<std::string>& words);
+// The prefixes of an indexed-dataset list none of whose first `sequences` sequences ends with `eod_id`: data
+// preprocessed without --append-eod, whose documents are not EOD-separated. Reads one token per sequence.
+std::vector<std::string> datasets_without_eod(const std::vector<std::string>& words, int32_t eod_id,
+                                              int64_t sequences = 1000);
 
 // The training, validation or test source for a data_path list: one GPTDataset of `num_samples` for a single
 // prefix; otherwise a BlendedDataset of `num_samples` over one GPTDataset per prefix, each asked for

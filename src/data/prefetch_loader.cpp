@@ -6,10 +6,11 @@
 namespace primus {
 
 PrefetchLoader::PrefetchLoader(const SampleSource& source, int64_t micro_batch, int64_t seq_length,
-                               int64_t start_sample, int64_t depth)
-    : source_(source), micro_batch_(micro_batch), seq_length_(seq_length), depth_(depth) {
+                               int64_t start_sample, int64_t depth, const PackingOptions& packing)
+    : source_(source), micro_batch_(micro_batch), seq_length_(seq_length), depth_(depth), packing_(packing) {
   if (depth < 1) throw UsageError(fmt::format("prefetch depth must be >= 1, got {}", depth));
-  BatchLoader check(source, micro_batch, seq_length, start_sample);  // validates the arguments here, not on the thread
+  // Validates the arguments here, not on the thread.
+  BatchLoader check(source, micro_batch, seq_length, start_sample, packing);
   consumed_ = start_sample;
   start(start_sample);
 }
@@ -34,7 +35,7 @@ void PrefetchLoader::stop() {
 
 void PrefetchLoader::run(int64_t from_sample) {
   try {
-    BatchLoader loader(source_, micro_batch_, seq_length_, from_sample);
+    BatchLoader loader(source_, micro_batch_, seq_length_, from_sample, packing_);
     for (;;) {
       {
         std::unique_lock lock(mutex_);

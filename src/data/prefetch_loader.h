@@ -23,9 +23,9 @@ namespace primus {
 class PrefetchLoader {
  public:
   // Borrows `source`, which must outlive the loader. Throws UsageError for depth < 1 and whatever
-  // BatchLoader's constructor throws.
+  // BatchLoader's constructor throws. `packing` as for BatchLoader.
   PrefetchLoader(const SampleSource& source, int64_t micro_batch, int64_t seq_length, int64_t start_sample = 0,
-                 int64_t depth = 4);
+                 int64_t depth = 4, const PackingOptions& packing = {});
   ~PrefetchLoader();
   PrefetchLoader(const PrefetchLoader&) = delete;
   PrefetchLoader& operator=(const PrefetchLoader&) = delete;
@@ -53,6 +53,7 @@ class PrefetchLoader {
   int64_t micro_batch_;
   int64_t seq_length_;
   int64_t depth_;
+  PackingOptions packing_;
   int64_t consumed_ = 0;
 
   mutable std::mutex mutex_;

@@ -22,7 +22,7 @@ void linear_grad(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor& dw,
 
 }  // namespace
 
-Tensor Attention::forward(const Tensor& x, const RopeTable& rope, AttentionSaved& saved) {
+Tensor Attention::forward(const Tensor& x, const RopeTable& rope, const PackedSequence& packed, AttentionSaved& saved) {
   const auto [B, T, Hq, Hkv, D] = shape;
   saved.input = x;
   Tensor q = linear(x, wq);  // [N, Hq*D]
@@ -35,24 +35,26 @@ Tensor Attention::forward(const Tensor& x, const RopeTable& rope, AttentionSaved
   saved.q = q.reshape({B, T, Hq, D});
   saved.k = k.reshape({B, T, Hkv, D});
   saved.v = v.reshape({B, T, Hkv, D});
-  ops::rope_forward(saved.q, rope.cos, rope.sin);
-  ops::rope_forward(saved.k, rope.cos, rope.sin);
+  ops::rope_forward(saved.q, rope.cos, rope.sin, packed.position_ids);
+  ops::rope_forward(saved.k, rope.cos, rope.sin, packed.position_ids);
   saved.out = Tensor::empty({B, T, Hq, D}, x.dtype(), x.device());
   saved.lse = Tensor::empty({B, Hq, T}, DType::kF32, x.device());
-  ops::attention_forward(saved.q, saved.k, saved.v, saved.out, saved.lse);
+  ops::attention_forward(saved.q, saved.k, saved.v, saved.out, saved.lse, packed.segment_start);
   return linear(saved.out.reshape({B * T, Hq * D}), wo);
 }
 
-Tensor Attention::backward(const Tensor& dy, const RopeTable& rope, AttentionSaved& saved) {
+Tensor Attention::backward(const Tensor& dy, const RopeTable& rope, const PackedSequence& packed,
+                           AttentionSaved& saved) {
   const auto [B, T, Hq, Hkv, D] = shape;
   Tensor dout;
   linear_grad(saved.out.reshape({B * T, Hq * D}), wo, dy, dwo, dout);
   Tensor dq = Tensor::empty({B, T, Hq, D}, dy.dtype(), dy.device());
   Tensor dk = Tensor::empty({B, T, Hkv, D}, dy.dtype(), dy.device());
   Tensor dv = Tensor::empty({B, T, Hkv, D}, dy.dtype(), dy.device());
-  ops::attention_backward(saved.q, saved.k, saved.v, saved.out, saved.lse, dout.reshape({B, T, Hq, D}), dq, dk, dv);
-  ops::rope_backward(dq, rope.cos, rope.sin);
-  ops::rope_backward(dk, rope.cos, rope.sin);
+  ops::attention_backward(saved.q, saved.k, saved.v, saved.out, saved.lse, dout.reshape({B, T, Hq, D}), dq, dk, dv,
+                          packed.segment_start);
+  ops::rope_backward(dq, rope.cos, rope.sin, packed.position_ids);
+  ops::rope_backward(dk, rope.cos, rope.sin, packed.position_ids);
   Tensor dq_flat = dq.reshape({B * T, Hq * D});
   Tensor dk_flat = dk.reshape({B * T, Hkv * D});
   if (qk_norm) {

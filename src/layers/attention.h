@@ -1,5 +1,6 @@
 // Self-attention block of Llama/Qwen3: q/k/v projections, optional per-head q/k RMSNorm (Qwen3),
-// rotary embedding, causal grouped-query attention, output projection.
+// rotary embedding, causal grouped-query attention, output projection. With packed documents (PackedSequence)
+// RoPE uses each token's position within its document and attention stays inside each document.
 #pragma once
 
 #include "layers/basic_layers.h"
@@ -13,6 +14,14 @@ struct AttentionShape {
   int64_t heads = 0;     // query heads
   int64_t kv_heads = 0;  // key/value heads (groups)
   int64_t head_dim = 0;
+};
+
+// Per-token inputs for documents packed into one sequence (Megatron's reset_position_ids and
+// reset_attention_mask), on the model's device. An undefined tensor means the plain case.
+struct PackedSequence {
+  Tensor position_ids;   // [B, T] i32: RoPE position of each token (row of the rope table); undefined: t
+  Tensor segment_start;  // [B, T] i32: token t attends to keys [segment_start, t]; undefined: [0, t]
+  bool packed() const { return position_ids.defined() || segment_start.defined(); }
 };
 
 struct AttentionSaved {
@@ -34,8 +43,10 @@ struct Attention {
   RmsNorm k_norm;  // weight [D]
   AttentionShape shape;
 
-  Tensor forward(const Tensor& x, const RopeTable& rope, AttentionSaved& saved);       // x [N, C] -> [N, C]
-  Tensor backward(const Tensor& dy, const RopeTable& rope, AttentionSaved& saved);     // -> dx [N, C]
+  // x [N, C] -> [N, C]. rope: [T, D/2], or with packed.position_ids any rows that cover the positions.
+  Tensor forward(const Tensor& x, const RopeTable& rope, const PackedSequence& packed, AttentionSaved& saved);
+  // -> dx [N, C]; rope and packed as in forward.
+  Tensor backward(const Tensor& dy, const RopeTable& rope, const PackedSequence& packed, AttentionSaved& saved);
 };
 
 struct MlpSaved {

@@ -138,6 +138,7 @@ void LlamaModel::bind_layers() {
 }
 
 RopeTable LlamaModel::rope_for(int64_t seq) const {
+  if (packed_.position_ids.defined()) return rope_;
   const int64_t half = args_.kv_channels / 2;
   return RopeTable{rope_.cos.slice_elements(0, {seq, half}), rope_.sin.slice_elements(0, {seq, half})};
 }
@@ -149,10 +150,15 @@ int64_t LlamaModel::counted_tokens(const Tensor& host_labels) {
   return counted;
 }
 
-Tensor LlamaModel::forward_hidden(const Tensor& tokens) {
+Tensor LlamaModel::forward_hidden(const Tensor& tokens, const PackedSequence& packed) {
   PRIMUS_CHECK(tokens.ndim() == 2, "[model] tokens {} must be [B, T]", tokens.describe());
   const int64_t B = tokens.dim(0), T = tokens.dim(1);
   PRIMUS_CHECK(T <= max_seq_length_, "[model] sequence of {} tokens exceeds the model's {}", T, max_seq_length_);
+  for (const Tensor* t : {&packed.position_ids, &packed.segment_start}) {
+    PRIMUS_CHECK(!t->defined() || t->shape() == tokens.shape(), "[model] packed-sequence input {} must match tokens {}",
+                 t->describe(), tokens.describe());
+  }
+  packed_ = packed;
   if (compute_dtype_ != DType::kF32 && compute_weights_stale_) {
     ops::cast(compute_weights_, params_.flat_params());
     compute_weights_stale_ = false;
@@ -186,7 +192,7 @@ Tensor LlamaModel::block_forward(Block& b, const Tensor& x, const RopeTable& rop
   {
     const ops::ProfileScope scope(b.name + ".self_attn");
     Tensor h = b.input_norm.forward(x, b.input_norm_saved);
-    a = b.attention.forward(h, rope, b.attention_saved);
+    a = b.attention.forward(h, rope, packed_, b.attention_saved);
     ops::add_inplace(a, x);  // a = x + attention(x): the block's mid residual
   }
   const ops::ProfileScope scope(b.name + ".mlp");
@@ -206,7 +212,8 @@ Tensor LlamaModel::block_backward(Block& b, const Tensor& dx, const RopeTable& r
     ops::add_inplace(dmid, dx);
   }
   const ops::ProfileScope scope(b.name + ".self_attn (backward)");
-  Tensor dx_in = b.input_norm.backward(b.attention.backward(dmid, rope, b.attention_saved), b.input_norm_saved);
+  Tensor dx_in =
+      b.input_norm.backward(b.attention.backward(dmid, rope, packed_, b.attention_saved), b.input_norm_saved);
   ops::add_inplace(dx_in, dmid);
   release_block(b);
   return dx_in;
@@ -245,20 +252,21 @@ RecomputeConfig RecomputeConfig::from(const TrainingArgs& t) {
   return r;
 }
 
-void LlamaModel::forward(const Tensor& tokens, const Tensor& labels, float grad_scale, Tensor& loss_sum) {
+void LlamaModel::forward(const Tensor& tokens, const Tensor& labels, float grad_scale, Tensor& loss_sum,
+                         const PackedSequence& packed) {
   PRIMUS_CHECK(labels.shape() == tokens.shape(), "[model] labels {} must match tokens {}", labels.describe(),
                tokens.describe());
-  const Tensor hidden = forward_hidden(tokens);
+  const Tensor hidden = forward_hidden(tokens, packed);
   const ops::ProfileScope scope("lm_head (loss and its gradient)");
   const Tensor losses =
       lm_loss_.forward_with_grad(hidden, labels.reshape({labels.numel()}), grad_scale, lm_loss_saved_);
   ops::sum_into(loss_sum, losses);  // ignored targets have loss 0
 }
 
-LossSum LlamaModel::evaluate(const Tensor& tokens, const Tensor& labels) {
+LossSum LlamaModel::evaluate(const Tensor& tokens, const Tensor& labels, const PackedSequence& packed) {
   PRIMUS_CHECK(labels.shape() == tokens.shape(), "[model] labels {} must match tokens {}", labels.describe(),
                tokens.describe());
-  const Tensor hidden = forward_hidden(tokens);
+  const Tensor hidden = forward_hidden(tokens, packed);
   const Tensor losses = lm_loss_.forward(hidden, labels.reshape({labels.numel()}));
   release_activations();
   Tensor sum = ops::zeros({1}, DType::kF32, device_);
@@ -298,6 +306,7 @@ void LlamaModel::release_activations() {
   }
   final_norm_saved_ = RmsNormSaved();
   lm_loss_saved_ = LmLossSaved();
+  packed_ = PackedSequence();
 }
 
 std::vector<float> LlamaModel::next_token_logits(const std::vector<int32_t>& context) {
@@ -305,7 +314,7 @@ std::vector<float> LlamaModel::next_token_logits(const std::vector<int32_t>& con
   PRIMUS_CHECK(T >= 1 && T <= max_seq_length_, "[model] context of {} tokens (1..{} allowed)", T, max_seq_length_);
   Tensor tokens = Tensor::empty({1, T}, DType::kI32);
   std::copy(context.begin(), context.end(), tokens.i32());
-  const Tensor hidden = forward_hidden(ops::to_device(tokens, device_));
+  const Tensor hidden = forward_hidden(ops::to_device(tokens, device_), PackedSequence());
   release_activations();
   Tensor last_row = lm_loss_.logits(hidden.slice_elements((T - 1) * hidden.dim(1), {1, hidden.dim(1)}));
   if (last_row.dtype() != DType::kF32) {

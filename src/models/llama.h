@@ -63,11 +63,14 @@ class LlamaModel {
   // The loss gradient (grad_scale × Σ token losses) is formed with the loss, chunk by chunk (LmLoss), so
   // grad_scale is given here: 1 / the tokens counted over the global batch (counted_tokens). Adds Σ token
   // losses to loss_sum ([1] f32 on the model's device) without waiting for the device. Saves activations.
-  void forward(const Tensor& tokens, const Tensor& labels, float grad_scale, Tensor& loss_sum);
+  // `packed` (tensors [B, T] on the model's device) gives documents packed into a row their own positions
+  // (< max_seq_length) and attention; labels < 0 (e.g. an EOD input under eod_mask_loss) count for nothing.
+  void forward(const Tensor& tokens, const Tensor& labels, float grad_scale, Tensor& loss_sum,
+               const PackedSequence& packed = {});
   // Accumulates the parameter gradients of the last forward's grad_scale × Σ token losses; frees activations.
   void backward();
   // Σ token losses and counted tokens of one micro-batch, keeping nothing (evaluation); waits for the device.
-  LossSum evaluate(const Tensor& tokens, const Tensor& labels);
+  LossSum evaluate(const Tensor& tokens, const Tensor& labels, const PackedSequence& packed = {});
   // Labels that count (>= 0) in a host [.., ..] i32 tensor.
   static int64_t counted_tokens(const Tensor& host_labels);
   // Logits of the last position of `context` ([T] ids, T <= max_seq_length) without keeping activations.
@@ -88,14 +91,17 @@ class LlamaModel {
   };
 
   void bind_layers();
-  Tensor forward_hidden(const Tensor& tokens);  // embedding, blocks, final norm: [B·T, C], activations saved
+  // Embedding, blocks, final norm: [B·T, C], activations saved (packed kept for backward).
+  Tensor forward_hidden(const Tensor& tokens, const PackedSequence& packed);
   Tensor block_forward(Block& b, const Tensor& x, const RopeTable& rope);
   Tensor block_backward(Block& b, const Tensor& dx, const RopeTable& rope);
   void release_block(Block& b);
   // The layers [first, end) recomputed together with layer i; first == end when layer i keeps its activations.
   std::pair<int64_t, int64_t> recompute_chunk(int64_t i) const;
   void release_activations();
-  RopeTable rope_for(int64_t seq) const;  // the first `seq` rows of rope_
+  // The rope rows a forward of `seq` tokens reads: the first `seq` rows of rope_, or all of them for per-token
+  // positions (packed_.position_ids).
+  RopeTable rope_for(int64_t seq) const;
 
   ModelArgs args_;
   RecomputeConfig recompute_;
@@ -112,6 +118,7 @@ class LlamaModel {
   LmLoss lm_loss_;
   LmLossSaved lm_loss_saved_;
   Tensor tokens_;  // [N] ids of the last forward
+  PackedSequence packed_;  // of the last forward (undefined tensors when not packed)
   RopeTable rope_;  // [max_seq_length, D/2]
 };
 

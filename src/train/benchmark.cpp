@@ -78,6 +78,15 @@ BenchmarkResult time_steps(LlamaModel& model, AdamW& optimizer, const TrainingAr
 BenchmarkResult run_benchmark_train(const ExperimentConfig& config, const BenchmarkOptions& options) {
   PRIMUS_CHECK(options.timed_steps >= 1 && options.warmup_steps >= 0, "benchmark needs >= 1 timed step");
   TrainingArgs t = config.train;
+  for (const auto& [on, key] : {std::pair{t.reset_position_ids, "reset_position_ids"},
+                                std::pair{t.reset_attention_mask, "reset_attention_mask"},
+                                std::pair{t.eod_mask_loss, "eod_mask_loss"}}) {
+    if (on) {
+      throw UsageError(fmt::format("[config] {}: benchmark train runs on mock tokens, which hold no documents to "
+                                   "separate; turn {} off to benchmark (`{}=false`)",
+                                   key, key, key));
+    }
+  }
   const Device device = select_device(t.device);
   std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(t.tokenizer_type, t.tokenizer_model);
   ModelArgs args = config.model;

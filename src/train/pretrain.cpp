@@ -64,7 +64,19 @@ struct DataSources {
   bool thread_safe = false;                   // the sources may be read from a prefetch thread
 };
 
-DataSources make_data(const TrainingArgs& t, const Tokenizer& tokenizer) {
+// Packed-document switches need EOD-separated documents; an indexed dataset preprocessed without --append-eod
+// has none, and the switches would silently do nothing.
+void check_documents_end_with_eod(const TrainingArgs& t, const PackingOptions& packing) {
+  if (!packing.any()) return;
+  const std::vector<std::string> missing = datasets_without_eod(t.data_path, packing.eod_id);
+  if (missing.empty()) return;
+  throw UsageError(fmt::format("[config] {}: data_path {} has no document ending with the end-of-document id {} among "
+                               "its first sequences (preprocessed without --append-eod?); the packed-document "
+                               "switches need EOD-separated documents",
+                               packing.first_key(), missing.front(), packing.eod_id));
+}
+
+DataSources make_data(const TrainingArgs& t, const Tokenizer& tokenizer, const PackingOptions& packing) {
   DataSources d;
   const bool evaluating = t.eval_interval > 0 && t.eval_iters > 0;
   if (t.mock_data) {
@@ -78,6 +90,7 @@ DataSources make_data(const TrainingArgs& t, const Tokenizer& tokenizer) {
     if (t.seed < 0 || t.seed > 0xFFFFFFFFll) {
       throw UsageError(fmt::format("[config] seed: {} is outside [0, 2^32), which Megatron's dataset shuffle needs", t.seed));
     }
+    check_documents_end_with_eod(t, packing);
     GPTDatasetConfig config{.seq_length = t.seq_length, .seed = static_cast<uint32_t>(t.seed), .split = t.split,
                             .cache_dir = "", .use_cache = true, .tokenizer = tokenizer.name()};
     // Megatron's sample counts: every training step, and every evaluation of the run.
@@ -112,11 +125,12 @@ DataSources make_data(const TrainingArgs& t, const Tokenizer& tokenizer) {
 // Training micro-batches in sample order, prefetched on a thread when the source allows it.
 class MicroBatchStream {
  public:
-  MicroBatchStream(const DataSources& data, const TrainingArgs& t, int64_t consumed) {
+  MicroBatchStream(const DataSources& data, const TrainingArgs& t, int64_t consumed, const PackingOptions& packing) {
     if (data.thread_safe) {
-      prefetch_ = std::make_unique<PrefetchLoader>(*data.train, t.micro_batch_size, t.seq_length, consumed);
+      prefetch_ = std::make_unique<PrefetchLoader>(*data.train, t.micro_batch_size, t.seq_length, consumed,
+                                                   kPrefetchDepth, packing);
     } else {
-      direct_ = std::make_unique<BatchLoader>(*data.train, t.micro_batch_size, t.seq_length, consumed);
+      direct_ = std::make_unique<BatchLoader>(*data.train, t.micro_batch_size, t.seq_length, consumed, packing);
     }
   }
   std::vector<Batch> next_global_batch(int64_t micro_batches) {
@@ -127,6 +141,7 @@ class MicroBatchStream {
   int64_t consumed_samples() const { return prefetch_ ? prefetch_->consumed_samples() : direct_->consumed_samples(); }
 
  private:
+  static constexpr int64_t kPrefetchDepth = 4;  // micro-batches read ahead
   std::unique_ptr<PrefetchLoader> prefetch_;
   std::unique_ptr<BatchLoader> direct_;
 };
@@ -168,7 +183,16 @@ int run_training(const ExperimentConfig& config, const RunOptions& options, std:
 
   std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(t.tokenizer_type, t.tokenizer_model);
   const ModelArgs model_args = resolve_vocab(config.model, *tokenizer);
-  DataSources data = make_data(t, *tokenizer);
+  const PackingOptions packing = packing_options(t, *tokenizer);
+  if (packing.any()) {
+    spdlog::info("packed documents (EOD id {}): reset_position_ids {}, reset_attention_mask {}, eod_mask_loss {}",
+                 packing.eod_id, packing.reset_position_ids, packing.reset_attention_mask, packing.eod_mask_loss);
+  }
+  if (packing.reset_attention_mask && !device.is_cpu() && t.bf16) {
+    spdlog::warn("reset_attention_mask: bf16 attention runs on the simple native CUDA kernels instead of cuDNN "
+                 "(exact, but much slower; docs/training.md)");
+  }
+  DataSources data = make_data(t, *tokenizer, packing);
   plan = plan_memory(model_args, t, device, compute_dtype(t, device));
   add_device_memory(*plan, device);
   log_memory_plan(*plan);
@@ -201,7 +225,7 @@ int run_training(const ExperimentConfig& config, const RunOptions& options, std:
                model_args.num_query_groups, model_args.kv_channels, model_args.ffn_hidden_size, model_args.vocab_size,
                model.params().numel());
 
-  MicroBatchStream loader(data, t, state.consumed_train_samples);
+  MicroBatchStream loader(data, t, state.consumed_train_samples, packing);
   MetricsLog metrics(run_dir + "/metrics.jsonl", state.iteration);
   std::unique_ptr<TensorBoardWriter> tensorboard;
   if (!t.tensorboard_dir.empty()) {
@@ -285,7 +309,7 @@ int run_training(const ExperimentConfig& config, const RunOptions& options, std:
     nlohmann::json record;
     std::optional<double> eval_loss;
     if (data.valid && t.eval_interval > 0 && (step % t.eval_interval == 0 || step == t.train_iters)) {
-      eval_loss = evaluate(model, *data.valid, t);
+      eval_loss = evaluate(model, *data.valid, t, packing);
     }
     if (log_step || eval_loss) {
       const double loss = window_loss / static_cast<double>(window_steps);

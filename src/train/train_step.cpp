@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "data/tokenizer.h"
 #include "ops/ops.h"
 #include "ops/profile.h"
 #if PRIMUS_WITH_CUDA
@@ -34,7 +35,7 @@ StepResult train_step(LlamaModel& model, AdamW& optimizer, const std::vector<Bat
     {
       const ops::ProfileScope scope("forward");
       model.forward(ops::to_device(batch.tokens, model.device()), ops::to_device(batch.labels, model.device()),
-                    grad_scale, loss_sum);
+                    grad_scale, loss_sum, packed_on(batch, model.device()));
     }
     mark();
     {
@@ -65,18 +66,35 @@ StepResult train_step(LlamaModel& model, AdamW& optimizer, const std::vector<Bat
   return result;
 }
 
-double evaluate(LlamaModel& model, const SampleSource& source, const TrainingArgs& t) {
-  BatchLoader loader(source, t.micro_batch_size, t.seq_length);
+double evaluate(LlamaModel& model, const SampleSource& source, const TrainingArgs& t, const PackingOptions& packing) {
+  BatchLoader loader(source, t.micro_batch_size, t.seq_length, 0, packing);
   const int64_t micro_batches = t.eval_iters * t.global_batch_size / t.micro_batch_size;
   double loss_sum = 0.0;
   int64_t tokens = 0;
   for (int64_t i = 0; i < micro_batches; ++i) {
     Batch batch = loader.next();
-    LossSum s = model.evaluate(ops::to_device(batch.tokens, model.device()), ops::to_device(batch.labels, model.device()));
+    LossSum s = model.evaluate(ops::to_device(batch.tokens, model.device()), ops::to_device(batch.labels, model.device()),
+                               packed_on(batch, model.device()));
     loss_sum += s.loss_sum;
     tokens += s.tokens;
   }
   return loss_sum / static_cast<double>(std::max<int64_t>(tokens, 1));
+}
+
+PackingOptions packing_options(const TrainingArgs& t, const Tokenizer& tokenizer) {
+  PackingOptions packing{tokenizer.eod_id(), t.reset_position_ids, t.reset_attention_mask, t.eod_mask_loss};
+  if (!packing.any() || packing.eod_id >= 0) return packing;
+  const char* key = packing.first_key();
+  throw UsageError(fmt::format("[config] {}: the {} tokenizer has no end-of-document (EOD) id to split documents at; "
+                               "turn {} off or use a tokenizer with an EOS/EOD token",
+                               key, tokenizer.name(), key));
+}
+
+PackedSequence packed_on(const Batch& batch, Device device) {
+  PackedSequence packed;
+  if (batch.position_ids.defined()) packed.position_ids = ops::to_device(batch.position_ids, device);
+  if (batch.segment_start.defined()) packed.segment_start = ops::to_device(batch.segment_start, device);
+  return packed;
 }
 
 Device select_device(const std::string& device_key) {

@@ -9,6 +9,8 @@
 
 namespace primus {
 
+class Tokenizer;
+
 // Datasheet dense bf16 peak of an H100/H200 SXM, the denominator of MFU (as in the PyTorch reference).
 inline constexpr double kPeakBf16Tflops = 989.0;
 
@@ -36,8 +38,17 @@ int64_t micro_batches_per_step(const TrainingArgs& t);
 StepResult train_step(LlamaModel& model, AdamW& optimizer, const std::vector<Batch>& micro_batches,
                       const TrainingArgs& t, double lr, StepTimes* times = nullptr);
 
-// Mean token loss over eval_iters global batches read from the start of `source` (the same samples each time).
-double evaluate(LlamaModel& model, const SampleSource& source, const TrainingArgs& t);
+// Mean token loss over eval_iters global batches read from the start of `source` (the same samples each time),
+// with the same packed-document masks as training.
+double evaluate(LlamaModel& model, const SampleSource& source, const TrainingArgs& t,
+                const PackingOptions& packing = {});
+
+// The packing switches of `t` (reset_position_ids, reset_attention_mask, eod_mask_loss) with the tokenizer's EOD
+// id. Throws UsageError naming the key when one is on but the tokenizer has no EOD id.
+PackingOptions packing_options(const TrainingArgs& t, const Tokenizer& tokenizer);
+
+// The batch's packed-document tensors on `device` (undefined where the batch has none).
+PackedSequence packed_on(const Batch& batch, Device device);
 
 // `device` key: cpu, cuda (error when not built or no GPU), or auto (cuda when usable, else cpu). Starts the
 // device backend.

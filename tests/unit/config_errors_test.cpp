@@ -193,6 +193,28 @@ TEST_F(ConfigErrorsTest, RecomputeKeys) {
   EXPECT_EQ(block.recompute_num_layers, load_experiment_config(write("n.yaml", kBase), {}).config.model.num_layers);
 }
 
+TEST_F(ConfigErrorsTest, PackedDocumentKeysNeedRealDocuments) {
+  // Mock data has no EOD-separated documents: each packing key is refused there, naming the key and where
+  // mock_data was set, rather than silently doing nothing.
+  for (const char* key : {"reset_position_ids", "reset_attention_mask", "eod_mask_loss"}) {
+    EXPECT_CONTAINS(error_with(fmt::format("      {}: true\n", key)),
+                    fmt::format("exp.yaml:11: modules.pre_trainer.overrides.{}: {} needs documents separated by EOD "
+                                "tokens, which mock data does not have (mock_data = true from ",
+                                key, key));
+  }
+  EXPECT_CONTAINS(error_with("", {"eod_mask_loss=true"}), "command line");
+  std::string text = kBase;
+  text.replace(text.find("mock_data: true"), 15, "data_path: [corpus.txt]");
+  const TrainingArgs t = load_experiment_config(write("real.yaml", text + "      reset_position_ids: true\n"
+                                                                         "      reset_attention_mask: true\n"
+                                                                         "      eod_mask_loss: true\n"),
+                                                {})
+                             .config.train;
+  EXPECT_TRUE(t.reset_position_ids && t.reset_attention_mask && t.eod_mask_loss);
+  const TrainingArgs defaults = load_experiment_config(write("plain.yaml", text), {}).config.train;
+  EXPECT_FALSE(defaults.reset_position_ids || defaults.reset_attention_mask || defaults.eod_mask_loss);
+}
+
 TEST_F(ConfigErrorsTest, RangesAndChoices) {
   std::string text = kBase;
   text.replace(text.find("train_iters: 10"), 15, "train_iters: 0");

@@ -266,13 +266,13 @@ TEST_F(ConfigLoadTest, EffectiveYamlRoundTrips) {
                      u.min_lr, u.lr_warmup_iters, u.lr_decay_style, u.lr_decay_iters, u.weight_decay, u.adam_beta1,
                      u.adam_beta2, u.adam_eps, u.clip_grad, u.seed, u.log_interval, u.eval_interval, u.eval_iters,
                      u.save, u.save_interval, u.load, u.pretrained_checkpoint, u.mock_data, u.data_path, u.split,
-                     u.tokenizer_type, u.tokenizer_model, u.tensorboard_dir, u.mlflow_tracking_dir,
+                     u.reset_position_ids, u.reset_attention_mask, u.eod_mask_loss, u.tokenizer_type, u.tokenizer_model, u.tensorboard_dir, u.mlflow_tracking_dir,
                      u.mlflow_experiment_name, u.bf16, u.device, u.sample_length, u.sample_prompt),
             std::tie(t.train_iters, t.micro_batch_size, t.global_batch_size, t.seq_length, t.data_parallel_size, t.lr,
                      t.min_lr, t.lr_warmup_iters, t.lr_decay_style, t.lr_decay_iters, t.weight_decay, t.adam_beta1,
                      t.adam_beta2, t.adam_eps, t.clip_grad, t.seed, t.log_interval, t.eval_interval, t.eval_iters,
                      t.save, t.save_interval, t.load, t.pretrained_checkpoint, t.mock_data, t.data_path, t.split,
-                     t.tokenizer_type, t.tokenizer_model, t.tensorboard_dir, t.mlflow_tracking_dir,
+                     t.reset_position_ids, t.reset_attention_mask, t.eod_mask_loss, t.tokenizer_type, t.tokenizer_model, t.tensorboard_dir, t.mlflow_tracking_dir,
                      t.mlflow_experiment_name, t.bf16, t.device, t.sample_length, t.sample_prompt));
   EXPECT_EQ(u.save, "/ckpt dir/run #1");
   EXPECT_EQ(n.kv_channels, 32);

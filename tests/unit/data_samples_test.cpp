@@ -1,4 +1,5 @@
-// Sample sources (shuffled and sequential windows, mock tokens) and the batch loader's exact resume.
+// Sample sources (shuffled and sequential windows, mock tokens), the batch loader's exact resume, and its
+// packed-document masks (Megatron's reset_position_ids, reset_attention_mask, eod_mask_loss).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -9,7 +10,9 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "data/loader.h"
+#include "data/prefetch_loader.h"
 #include "data/samples.h"
+#include "support/fixed_samples.h"
 
 namespace primus {
 namespace {
@@ -186,6 +189,76 @@ TEST(BatchLoader, RejectsBadArguments) {
   EXPECT_THROW(BatchLoader(source, 2, 9), RuntimeError);
   BatchLoader loader(source, 2, 8);
   EXPECT_THROW(loader.set_consumed_samples(-5), UsageError);
+}
+
+constexpr int32_t kEod = 9;
+
+std::vector<int32_t> values(const Tensor& t, int64_t row) {
+  const int64_t n = t.dim(1);
+  return std::vector<int32_t>(t.i32() + row * n, t.i32() + (row + 1) * n);
+}
+
+// Row 0 packs three documents (the last cut off), row 1 is one document without an EOD, row 2 has two EODs in
+// a row (a document of just its EOD) and ends on an EOD.
+testing::FixedSamples packed_samples() {
+  return testing::FixedSamples({{4, 5, kEod, 6, 7, 8, kEod, 1, 2},
+                                {1, 2, 3, 4, 5, 6, 7, 8, 0},
+                                {3, kEod, kEod, 5, 6, 7, 8, kEod, 4}});
+}
+
+TEST(BatchLoader, PackedDocumentsGetMegatronsMasks) {
+  const testing::FixedSamples source = packed_samples();
+  BatchLoader loader(source, 3, 8, 0, PackingOptions{kEod, true, true, true});
+  const Batch batch = loader.next();
+  constexpr int32_t x = kIgnoreLabel;
+  EXPECT_EQ(values(batch.labels, 0), (std::vector<int32_t>{5, kEod, x, 7, 8, kEod, x, 2}));
+  EXPECT_EQ(values(batch.position_ids, 0), (std::vector<int32_t>{0, 1, 2, 0, 1, 2, 3, 0}));
+  EXPECT_EQ(values(batch.segment_start, 0), (std::vector<int32_t>{0, 0, 0, 3, 3, 3, 3, 7}));
+  EXPECT_EQ(values(batch.labels, 1), (std::vector<int32_t>{2, 3, 4, 5, 6, 7, 8, 0}));
+  EXPECT_EQ(values(batch.position_ids, 1), (std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(values(batch.segment_start, 1), std::vector<int32_t>(8, 0));
+  EXPECT_EQ(values(batch.labels, 2), (std::vector<int32_t>{kEod, x, x, 6, 7, 8, kEod, x}));
+  EXPECT_EQ(values(batch.position_ids, 2), (std::vector<int32_t>{0, 1, 0, 0, 1, 2, 3, 4}));
+  EXPECT_EQ(values(batch.segment_start, 2), (std::vector<int32_t>{0, 0, 2, 3, 3, 3, 3, 3}));
+  EXPECT_EQ(values(batch.tokens, 2), (std::vector<int32_t>{3, kEod, kEod, 5, 6, 7, 8, kEod}));
+}
+
+TEST(BatchLoader, EachSwitchAddsOnlyWhatItNeeds) {
+  const testing::FixedSamples source = packed_samples();
+  const Batch plain = BatchLoader(source, 3, 8).next();
+  EXPECT_FALSE(plain.position_ids.defined());
+  EXPECT_FALSE(plain.segment_start.defined());
+  EXPECT_EQ(values(plain.labels, 0), (std::vector<int32_t>{5, kEod, 6, 7, 8, kEod, 1, 2}));
+
+  const Batch loss_only = BatchLoader(source, 3, 8, 0, PackingOptions{kEod, false, false, true}).next();
+  EXPECT_FALSE(loss_only.position_ids.defined());
+  EXPECT_FALSE(loss_only.segment_start.defined());
+  EXPECT_EQ(values(loss_only.labels, 0), (std::vector<int32_t>{5, kEod, kIgnoreLabel, 7, 8, kEod, kIgnoreLabel, 2}));
+
+  const Batch positions_only = BatchLoader(source, 3, 8, 0, PackingOptions{kEod, true, false, false}).next();
+  EXPECT_EQ(values(positions_only.labels, 0), values(plain.labels, 0));
+  EXPECT_EQ(values(positions_only.position_ids, 0), (std::vector<int32_t>{0, 1, 2, 0, 1, 2, 3, 0}));
+  EXPECT_FALSE(positions_only.segment_start.defined());
+
+  const Batch mask_only = BatchLoader(source, 3, 8, 0, PackingOptions{kEod, false, true, false}).next();
+  EXPECT_FALSE(mask_only.position_ids.defined());
+  EXPECT_EQ(values(mask_only.segment_start, 0), (std::vector<int32_t>{0, 0, 0, 3, 3, 3, 3, 7}));
+}
+
+TEST(BatchLoader, PackingNeedsAnEodIdAndSurvivesPrefetching) {
+  const testing::FixedSamples source = packed_samples();
+  EXPECT_THROW(BatchLoader(source, 1, 8, 0, PackingOptions{-1, false, true, false}), UsageError);
+  const PackingOptions packing{kEod, true, true, true};
+  BatchLoader direct(source, 2, 8, 1, packing);
+  PrefetchLoader prefetch(source, 2, 8, 1, 2, packing);
+  for (int i = 0; i < 3; ++i) {
+    const Batch a = direct.next(), b = prefetch.next();
+    for (int64_t row = 0; row < 2; ++row) {
+      EXPECT_EQ(values(a.labels, row), values(b.labels, row));
+      EXPECT_EQ(values(a.position_ids, row), values(b.position_ids, row));
+      EXPECT_EQ(values(a.segment_start, row), values(b.segment_start, row));
+    }
+  }
 }
 
 }  // namespace

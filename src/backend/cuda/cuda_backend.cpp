@@ -324,7 +324,7 @@ bool aligned_16(const Tensor* t) { return reinterpret_cast<uintptr_t>(t->data())
 
 // Whether cuDNN's fused attention takes this call: bf16, head size a multiple of 8 up to 256, every tensor
 // 16-byte aligned, for backward more than one position (cuDNN has no one-token backward), and no segments:
-// packed documents (segment_start) run on the native kernels, exact but O(T²) and several times slower.
+// packed documents (segment_start) run on the native kernels: exact, but simple O(T²) ones, much slower.
 bool cudnn_takes(const AttentionArgs& args, bool backward) {
   const Tensor& q = *args.q;  // [B, T, Hq, D]
   if (q.dtype() != DType::kBF16 || q.numel() == 0 || args.segment_start != nullptr) return false;
