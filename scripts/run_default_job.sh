@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # README command 1: install, build, prepare the data (GPT-2's tokenizer from its npm package, Debian's fortunes
 # as a Megatron indexed dataset) and train the default model (a small Llama) on it, then print a sample it
-# generates. CPU only for now.
+# generates. `device: auto` picks a GPU when the build has CUDA and one is usable, else the CPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
