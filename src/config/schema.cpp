@@ -457,7 +457,8 @@ std::vector<KeySpec> build_specs() {
        .type = kStringList,
        .group = kTraining,
        .default_yaml = "[]",
-       .help = "Training text files or directories (byte-level tokenizer for now); required unless mock_data.",
+       .help = "Megatron indexed dataset prefixes (a blend: [w1, prefix1, w2, prefix2, ...]) or text files and "
+               "directories (byte-level tokenizer); required unless mock_data.",
        .aliases = {"data", "dataset", "train_data_path"},
        .apply = train_field<&TrainingArgs::data_path>},
       {.name = "split",
