@@ -88,9 +88,13 @@ BenchmarkResult run_benchmark_train(const ExperimentConfig& config, const Benchm
     }
   }
   const Device device = select_device(t.device);
-  std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(t.tokenizer_type, t.tokenizer_model);
   ModelArgs args = config.model;
-  if (args.vocab_size == 0) args.vocab_size = padded_vocab_size(tokenizer->vocab_size(), args.make_vocab_size_divisible_by);
+  // Synthetic tokens need no tokenizer, only a vocabulary size: the tokenizer file is read only when the model
+  // takes its size from it, so a config naming data and a tokenizer benchmarks where they are not present.
+  if (args.vocab_size == 0) {
+    args.vocab_size = padded_vocab_size(make_tokenizer(t.tokenizer_type, t.tokenizer_model)->vocab_size(),
+                                        args.make_vocab_size_divisible_by);
+  }
   MemoryPlan plan = plan_memory(args, t, device, compute_dtype(t, device));
   add_device_memory(plan, device);
   log_memory_plan(plan);

@@ -81,5 +81,18 @@ TEST_F(ExampleConfigs, TinyConfigTrainsOnTheSameData) {
   EXPECT_LT(loss.back(), loss.front() - 0.2);
 }
 
+// The GPU configs name the example data and Llama 3's tokenizer; `benchmark train` runs on random tokens and must
+// not need either when the model's vocabulary size is given (vocab_size here, the preset's in configs/H200).
+TEST_F(ExampleConfigs, BenchmarkNeedsNoTokenizerFileWhenTheVocabularySizeIsGiven) {
+  const std::string config = PRIMUS_SOURCE_DIR "/configs/examples/tiny_cpu.yaml";
+  const CliResult given = cli({"benchmark", "train", "--config", config, "vocab_size=512",
+                               "tokenizer_model=" + dir_ + "/missing", "--warmup", "1", "--steps", "1"});
+  EXPECT_EQ(given.exit_code, 0) << given.err;
+  const CliResult derived = cli({"benchmark", "train", "--config", config, "tokenizer_model=" + dir_ + "/missing",
+                                 "--warmup", "1", "--steps", "1"});
+  EXPECT_EQ(derived.exit_code, 2) << derived.err;  // the size comes from the tokenizer, which is missing
+  EXPECT_NE(derived.err.find(dir_ + "/missing"), std::string::npos) << derived.err;
+}
+
 }  // namespace
 }  // namespace primus
