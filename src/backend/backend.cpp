@@ -33,6 +33,7 @@ void Backend::sum_into(Tensor&, const Tensor&) { unimplemented("sum_into"); }
 void Backend::cast(Tensor&, const Tensor&) { unimplemented("cast"); }
 void Backend::copy(Tensor&, const Tensor&) { unimplemented("copy"); }
 void Backend::fill(Tensor&, float) { unimplemented("fill"); }
+void Backend::fill_normal(Tensor&, uint64_t, double) { unimplemented("fill_normal"); }
 void Backend::zero(Tensor&) { unimplemented("zero"); }
 void Backend::synchronize() { unimplemented("synchronize"); }
 

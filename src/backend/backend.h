@@ -161,6 +161,8 @@ class Backend {
   virtual void cast(Tensor& dst, const Tensor& src);
   // Every element of an f32 tensor set to value (poisoning outputs in tests, resetting buffers).
   virtual void fill(Tensor& x, float value);
+  // f32 x[k] = float(normal_at(seed, k) · std) (core/rng.h): random initialisation drawn where x lives.
+  virtual void fill_normal(Tensor& x, uint64_t seed, double std);
   // Every byte set to 0, any dtype (gradient buffers before accumulation).
   virtual void zero(Tensor& x);
   // Waits for all queued work of this backend; throws errors its kernels found in the data (bad ids).

@@ -2,7 +2,15 @@
 // checkpoint and restored exactly. Streams derived from a seed with a label do not overlap in practice.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+
+// Functions also compiled into GPU kernels (parameter initialisation draws the same values on every device).
+#if defined(__CUDACC__) || defined(__HIPCC__)
+#define PRIMUS_HOST_DEVICE __host__ __device__
+#else
+#define PRIMUS_HOST_DEVICE
+#endif
 
 namespace primus {
 
@@ -25,7 +33,7 @@ class Rng {
   uint64_t counter() const { return counter_; }
 
   // splitmix64 finaliser.
-  static uint64_t mix(uint64_t x) {
+  PRIMUS_HOST_DEVICE static constexpr uint64_t mix(uint64_t x) {
     x += 0x9E3779B97F4A7C15ull;
     x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
     x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
@@ -36,5 +44,18 @@ class Rng {
   uint64_t seed_;
   uint64_t counter_;
 };
+
+// Element k of a normal(0, 1) stream: what Rng(seed, 2k).normal() returns (Box–Muller over the outputs at
+// counters 2k + 1 and 2k + 2), as a pure function of (seed, k), so any device and any split of the work draw the
+// same values (on a GPU up to its double-precision log and cos, within an ulp or two of the host's).
+PRIMUS_HOST_DEVICE inline double uniform_at(uint64_t seed, uint64_t counter) {  // Rng(seed, counter - 1).uniform()
+  return static_cast<double>(Rng::mix(seed + Rng::mix(counter)) >> 11) * 0x1.0p-53;
+}
+PRIMUS_HOST_DEVICE inline double normal_at(uint64_t seed, uint64_t k) {
+  double u1 = uniform_at(seed, 2 * k + 1);
+  const double u2 = uniform_at(seed, 2 * k + 2);
+  if (u1 < 1e-300) u1 = 1e-300;
+  return sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
+}
 
 }  // namespace primus

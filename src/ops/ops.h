@@ -68,6 +68,7 @@ void copy(Tensor& dst, const Tensor& src);
 void cast(Tensor& dst, const Tensor& src);
 Tensor to_device(const Tensor& src, Device device);  // a new tensor on `device` holding src's data
 void fill(Tensor& x, float value);                   // f32 only
+void fill_normal(Tensor& x, uint64_t seed, double std);  // f32: x[k] = float(normal_at(seed, k) · std)
 void zero(Tensor& x);
 Tensor zeros(const Shape& shape, DType dtype, Device device);
 // Waits for the device's queued work (and reports errors kernels found in the data).

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "core/rng.h"
 #include "ops/ops.h"
 #include "support/test_support.h"
 
@@ -65,6 +66,28 @@ std::vector<double> ref_gemm(const Tensor& a, const Tensor& b, const Tensor& c0,
     }
   }
   return c;
+}
+
+// Initialisation: element k is the k-th draw of one sequential Rng stream, whatever the parallel split, at the
+// requested scale.
+TEST(OpsForward, FillNormalDrawsOneSequentialStream) {
+  const int64_t n = 200'003;
+  const uint64_t seed = Rng::derive(41, 3).seed();
+  Tensor x = Tensor::empty({n}, DType::kF32);
+  x.fill(std::numeric_limits<float>::quiet_NaN());
+  ops::fill_normal(x, seed, 0.02);
+  Rng sequential(seed);
+  double sum = 0.0, sum_sq = 0.0;
+  for (int64_t k = 0; k < n; ++k) {
+    ASSERT_EQ(x.f32()[k], static_cast<float>(sequential.normal() * 0.02)) << "element " << k;
+    sum += x.f32()[k];
+    sum_sq += static_cast<double>(x.f32()[k]) * x.f32()[k];
+  }
+  const double mean = sum / n, stddev = std::sqrt(sum_sq / n - mean * mean);
+  EXPECT_LT(std::abs(mean), 5 * 0.02 / std::sqrt(static_cast<double>(n)));
+  EXPECT_NEAR(stddev, 0.02, 0.02 * 0.01);
+  Tensor bf16 = Tensor::empty({4}, DType::kBF16);
+  EXPECT_THROW(ops::fill_normal(bf16, seed, 0.02), Error);
 }
 
 TEST(OpsForward, GemmAllTransposesAndBetas) {

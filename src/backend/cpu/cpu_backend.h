@@ -48,6 +48,7 @@ class CpuBackend : public Backend {
   void copy(Tensor& dst, const Tensor& src) override;
   void cast(Tensor& dst, const Tensor& src) override;
   void fill(Tensor& x, float value) override;
+  void fill_normal(Tensor& x, uint64_t seed, double std) override;
   void zero(Tensor& x) override;
   void synchronize() override {}
 };

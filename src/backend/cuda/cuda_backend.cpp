@@ -200,6 +200,10 @@ void CudaBackend::fill(Tensor& x, float value) {
   });
 }
 
+void CudaBackend::fill_normal(Tensor& x, uint64_t seed, double std) {
+  cuda::fill_normal(state_->ctx, ptr<float>(x), seed, std, x.numel());
+}
+
 void CudaBackend::zero(Tensor& x) {
   if (x.nbytes() == 0) return;
   PRIMUS_CUDA_CHECK(gpuMemsetAsync(x.data(), 0, x.nbytes(), state_->stream));

@@ -54,6 +54,7 @@ class CudaBackend : public Backend {
   void copy(Tensor& dst, const Tensor& src) override;
   void cast(Tensor& dst, const Tensor& src) override;
   void fill(Tensor& x, float value) override;
+  void fill_normal(Tensor& x, uint64_t seed, double std) override;
   void zero(Tensor& x) override;
   std::unique_ptr<DeviceMark> mark() override;
   double elapsed_ms(const DeviceMark& from, const DeviceMark& to) override;

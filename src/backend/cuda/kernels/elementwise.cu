@@ -6,6 +6,7 @@
 // fixed scheme. The result depends only on n, never on scheduling.
 #include "backend/cuda/caching_allocator.h"
 #include "backend/cuda/kernels/common.cuh"
+#include "core/rng.h"
 
 namespace primus::cuda {
 
@@ -46,6 +47,13 @@ __global__ void fill_kernel(T* __restrict__ x, float value, int64_t n) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     store(x + i, value);
+  }
+}
+
+__global__ void fill_normal_kernel(float* __restrict__ x, uint64_t seed, double std, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    x[i] = static_cast<float>(normal_at(seed, static_cast<uint64_t>(i)) * std);
   }
 }
 
@@ -123,6 +131,12 @@ template <typename T>
 void fill(const KernelContext& ctx, T* x, float value, int64_t n) {
   if (n == 0) return;
   fill_kernel<T><<<grid_for(n, kThreads), kThreads, 0, ctx.stream>>>(x, value, n);
+  PRIMUS_CUDA_CHECK_LAUNCH();
+}
+
+void fill_normal(const KernelContext& ctx, float* x, uint64_t seed, double std, int64_t n) {
+  if (n == 0) return;
+  fill_normal_kernel<<<grid_for(n, kThreads), kThreads, 0, ctx.stream>>>(x, seed, std, n);
   PRIMUS_CUDA_CHECK_LAUNCH();
 }
 

@@ -143,6 +143,8 @@ template <typename T>
 void scale_inplace(const KernelContext& ctx, T* x, float s, int64_t n);
 template <typename T>
 void fill(const KernelContext& ctx, T* x, float value, int64_t n);
+// x[k] = float(normal_at(seed, k) · std), core/rng.h.
+void fill_normal(const KernelContext& ctx, float* x, uint64_t seed, double std, int64_t n);
 // *result (device memory) = Σ x² in double, by fixed chunks then chunk order: deterministic.
 template <typename T>
 void sum_squares(const KernelContext& ctx, const T* x, int64_t n, double* result);
