@@ -51,11 +51,12 @@ class Rng {
 PRIMUS_HOST_DEVICE inline double uniform_at(uint64_t seed, uint64_t counter) {  // Rng(seed, counter - 1).uniform()
   return static_cast<double>(Rng::mix(seed + Rng::mix(counter)) >> 11) * 0x1.0p-53;
 }
-PRIMUS_HOST_DEVICE inline double normal_at(uint64_t seed, uint64_t k) {
-  double u1 = uniform_at(seed, 2 * k + 1);
-  const double u2 = uniform_at(seed, 2 * k + 2);
+PRIMUS_HOST_DEVICE inline double box_muller(double u1, double u2) {
   if (u1 < 1e-300) u1 = 1e-300;
   return sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
+}
+PRIMUS_HOST_DEVICE inline double normal_at(uint64_t seed, uint64_t k) {
+  return box_muller(uniform_at(seed, 2 * k + 1), uniform_at(seed, 2 * k + 2));
 }
 
 }  // namespace primus
