@@ -30,8 +30,11 @@
 namespace primus {
 namespace {
 
+using primus::testing::expect_close;
+using primus::testing::host_f32;
 using primus::testing::random_ids;
 using primus::testing::random_tensor;
+using primus::testing::same_bits;
 
 constexpr Device kGpu{DeviceType::kCuda, 0};
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
@@ -58,31 +61,6 @@ Tensor poisoned(const Shape& shape, Device device) {
     backend_for(device).fill(t, kNaN);
   }
   return t;
-}
-
-// ||got − want|| / max(||want||, floor) ≤ tol with got on the GPU; every element must be finite. The floor
-// turns the check absolute for gradients that are zero in exact arithmetic: attention dq and dk at T = 1, where
-// p = 1 and ds = dout·v − dout·out is pure rounding noise (~1e-7 per element, different on the two devices).
-void expect_close(const std::string& what, const Tensor& got_gpu, const Tensor& want, double tol,
-                  double floor = 1e-30) {
-  const Tensor got = host(got_gpu);
-  ASSERT_EQ(got.numel(), want.numel()) << what;
-  double diff = 0.0, ref = 0.0;
-  for (int64_t i = 0; i < got.numel(); ++i) {
-    const double g = got.f32()[i];
-    const double w = want.f32()[i];
-    ASSERT_TRUE(std::isfinite(g)) << what << ": element " << i << " is " << g;
-    diff += (g - w) * (g - w);
-    ref += w * w;
-  }
-  const double err = std::sqrt(diff) / std::max(std::sqrt(ref), floor);
-  std::printf("  %-58s rel err %.2e (tol %.0e)\n", what.c_str(), err, tol);
-  EXPECT_LE(err, tol) << what;
-}
-
-bool same_bits(const Tensor& a, const Tensor& b) {
-  const Tensor ha = host(a), hb = host(b);
-  return ha.nbytes() == hb.nbytes() && std::memcmp(ha.data(), hb.data(), ha.nbytes()) == 0;
 }
 
 // ---- gemm -----------------------------------------------------------------------------------------------------

@@ -29,8 +29,11 @@
 namespace primus {
 namespace {
 
+using primus::testing::expect_close;
+using primus::testing::host_f32;
 using primus::testing::random_ids;
 using primus::testing::random_tensor;
+using primus::testing::same_bits;
 
 constexpr Device kGpu{DeviceType::kCuda, 0};
 
@@ -60,36 +63,11 @@ Tensor to_gpu(const Tensor& host_f32, DType dtype) {
   return ops::to_device(h, kGpu);
 }
 
-Tensor host_f32(const Tensor& t) {
-  const Tensor h = ops::to_device(t, kCpuDevice);
-  if (h.dtype() == DType::kF32) return h;
-  Tensor f = Tensor::empty(h.shape(), DType::kF32);
-  ops::cast(f, h);
-  return f;
-}
-
 // Every byte 0xFF: NaN in both f32 and bf16.
 Tensor poisoned(const Shape& shape, DType dtype, Device device) {
   Tensor h = Tensor::empty(shape, dtype);
   std::memset(h.data(), 0xFF, h.nbytes());
   return device.is_cpu() ? h : ops::to_device(h, device);
-}
-
-void expect_close(const std::string& what, const Tensor& got_gpu, const Tensor& want, double tol,
-                  double floor = 1e-30) {
-  const Tensor got = host_f32(got_gpu);
-  ASSERT_EQ(got.numel(), want.numel()) << what;
-  double diff = 0.0, ref = 0.0;
-  for (int64_t i = 0; i < got.numel(); ++i) {
-    const double g = got.f32()[i];
-    const double w = want.f32()[i];
-    ASSERT_TRUE(std::isfinite(g)) << what << ": element " << i << " is " << g;
-    diff += (g - w) * (g - w);
-    ref += w * w;
-  }
-  const double err = std::sqrt(diff) / std::max(std::sqrt(ref), floor);
-  std::printf("  %-70s rel err %.2e (tol %.0e)\n", what.c_str(), err, tol);
-  EXPECT_LE(err, tol) << what;
 }
 
 // Documents of random length (mean about mean_length tokens; one-token documents occur) packed into each row;

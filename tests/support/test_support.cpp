@@ -1,9 +1,16 @@
 #include "support/test_support.h"
 
+#include <gtest/gtest.h>
+
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <vector>
+
+#include "ops/ops.h"
 
 #if PRIMUS_WITH_CUDA
 #include "backend/cuda/cuda_backend.h"
@@ -43,6 +50,35 @@ double max_abs_diff(const Tensor& a, const Tensor& b) {
   double m = 0;
   for (int64_t i = 0; i < a.numel(); ++i) m = std::max(m, std::fabs(static_cast<double>(a.f32()[i]) - b.f32()[i]));
   return m;
+}
+
+Tensor host_f32(const Tensor& t) {
+  const Tensor h = ops::to_device(t, kCpuDevice);
+  if (h.dtype() == DType::kF32) return h;
+  Tensor f = Tensor::empty(h.shape(), DType::kF32);
+  ops::cast(f, h);
+  return f;
+}
+
+void expect_close(const std::string& what, const Tensor& got_any, const Tensor& want, double tol, double floor) {
+  const Tensor got = host_f32(got_any);
+  ASSERT_EQ(got.numel(), want.numel()) << what;
+  double diff = 0.0, ref = 0.0;
+  for (int64_t i = 0; i < got.numel(); ++i) {
+    const double g = got.f32()[i];
+    const double w = want.f32()[i];
+    ASSERT_TRUE(std::isfinite(g)) << what << ": element " << i << " is " << g;
+    diff += (g - w) * (g - w);
+    ref += w * w;
+  }
+  const double err = std::sqrt(diff) / std::max(std::sqrt(ref), floor);
+  std::printf("  %-70s rel err %.2e (tol %.0e)\n", what.c_str(), err, tol);
+  EXPECT_LE(err, tol) << what;
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  const Tensor ha = ops::to_device(a, kCpuDevice), hb = ops::to_device(b, kCpuDevice);
+  return ha.nbytes() == hb.nbytes() && std::memcmp(ha.data(), hb.data(), ha.nbytes()) == 0;
 }
 
 std::string shakespeare_path() {
