@@ -15,6 +15,8 @@ out="${1:-output/default_data}"
 cli="${PRIMUS_CLI:-build/primus-cli}"
 fortunes=/usr/share/games/fortunes
 files=(cookie definitions fortunes humorists kids law literature love men-women miscellaneous people wisdom)
+[[ -x "$cli" ]] || { echo "prepare_default_data.sh: $cli not found: build first (scripts/build.sh) or set PRIMUS_CLI" >&2; exit 3; }
+[[ -d "$fortunes" ]] || { echo "prepare_default_data.sh: $fortunes not found (scripts/setup.sh installs fortunes)" >&2; exit 3; }
 
 mkdir -p "$out"
 exec 9>"$out/.lock"  # concurrent callers (tests under ctest -j) wait for the first
