@@ -294,7 +294,7 @@ void launch_rope(const cuda::KernelContext& ctx, const RopeArgs& args, float sig
   dispatch(x.dtype(), op, [&](auto tag) {
     using T = decltype(tag);
     cuda::rope<T>(ctx, shape, ptr<T>(x), ptr<float>(*args.cos), ptr<float>(*args.sin),
-                  args.positions != nullptr ? ptr<int32_t>(*args.positions) : nullptr, sign);
+                  ptr_or_null<int32_t>(args.positions), sign);
   });
 }
 
