@@ -1,15 +1,20 @@
 // primus-cli argument handling: `primus-cli [global flags] [mode [mode flags]] -- <command> [args]`.
 // The words before `--` go to the launcher parser (global flags, mode), the words after it to the command
-// parser (train, config, data, benchmark, report). Two parsers rather than one because CLI11 treats `--` as "positionals follow",
-// which would swallow the command. This file also owns the mapping from exceptions to exit codes.
+// parser (train, config, data, benchmark, report). Two parsers rather than one because CLI11 treats `--` as
+// "positionals follow", which would swallow the command. This file also owns the mapping from exceptions to
+// exit codes, and hands a multi-process direct launch over to the worker pool (worker_pool.h) once the command
+// has parsed.
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <iostream>
 #include <iterator>
 #include <optional>
 
 #include "cli/cli.h"
+#include "cli/launch_layout.h"
+#include "cli/worker_pool.h"
 #include "core/error.h"
 
 namespace primus::cli {
@@ -32,12 +37,37 @@ Exit codes: 0 ok, 2 bad arguments or config, 3 runtime failure, 128+N stopped by
 Examples:
   primus-cli -- train pretrain --config exp.yaml
   primus-cli direct --log-file out/run.log -- train pretrain --config exp.yaml train_iters=200 lr=3e-4
+  primus-cli direct --nproc-per-node 8 -- train pretrain --config exp.yaml
   primus-cli --dry-run -- train pretrain --config exp.yaml
   primus-cli -- config validate --config exp.yaml)";
 
-constexpr const char* kDirectFooter = R"(Examples:
+constexpr const char* kDirectFooter =
+    R"(Workers: with --nproc-per-node N (default for train and benchmark: one per visible GPU), or with
+more than one node, the command runs in N worker processes of this binary with torchrun's environment:
+RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT,
+and PRIMUS_LAUNCHED=1. A preset CUDA_VISIBLE_DEVICES/HIP_VISIBLE_DEVICES is kept. The console (and
+--log-file) shows local rank 0's output, and other ranks' errors and warnings as "[rank K] ...". When a
+rank fails, the others get SIGTERM, then SIGKILL 10 s later, and the error names the rank, how it ended and
+its last lines (exit 2 or 3). SIGINT/SIGTERM are forwarded to every rank once (they checkpoint and exit);
+a second one kills them; the launcher exits 128+N. One GPU, one node and no launch flag: the command runs
+in this process, as without the launcher.
+
+Examples:
   primus-cli direct -- train pretrain --config exp.yaml
+  primus-cli direct --nproc-per-node 8 --log-file out/run.log -- train pretrain --config exp.yaml
+  primus-cli direct --nnodes 2 --node-rank 1 --master-addr 10.0.0.1 -- train pretrain --config exp.yaml
+  primus-cli --dry-run direct --nproc-per-node 2 -- benchmark train --config exp.yaml
   primus-cli --debug direct --log-file out/run.log -- train pretrain --config exp.yaml)";
+
+// The direct-mode options that take a value, in both spellings (ours and torchrun's).
+bool takes_value(const std::string& word) {
+  for (const char* option :
+       {"--log-file", "--log_file", "--nproc-per-node", "--nproc_per_node", "--nnodes", "--node-rank", "--node_rank",
+        "--master-addr", "--master_addr", "--master-port", "--master_port"}) {
+    if (word == option) return true;
+  }
+  return false;
+}
 
 struct SplitArguments {
   std::vector<std::string> launcher;
@@ -45,13 +75,14 @@ struct SplitArguments {
 };
 
 // Splits at the first `--`. Without one, the command starts at the first word that is neither a flag, the
-// value of --log-file, nor the direct mode; container and slurm take everything after them.
+// value of a direct-mode option (--log-file, --nproc-per-node, ...), nor the direct mode; container and slurm take
+// everything after them.
 SplitArguments split_arguments(const std::vector<std::string>& args) {
   auto separator = std::find(args.begin(), args.end(), "--");
   if (separator != args.end()) return {{args.begin(), separator}, {separator + 1, args.end()}};
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& word = args[i];
-    if (word == "--log-file" || word == "--log_file") {
+    if (takes_value(word)) {
       ++i;
       continue;
     }
@@ -144,7 +175,24 @@ int handle_parse_error(const CLI::App& app, const CLI::ParseError& error, const 
   return kExitUsage;
 }
 
-int run_command(const LaunchOptions& launch, const std::vector<std::string>& words) {
+// The command line of every worker: this binary with the global flags that shape its run, then the command.
+std::vector<std::string> worker_argv(const LaunchOptions& launch, const std::vector<std::string>& words) {
+  std::vector<std::string> argv{"primus-cli"};
+  if (launch.debug) argv.push_back("--debug");
+  argv.push_back("--");
+  argv.insert(argv.end(), words.begin(), words.end());
+  return argv;
+}
+
+// Train and benchmark use devices, so only they default to one worker per GPU (see resolve_launch_layout).
+bool command_uses_devices(const CLI::App& commands) {
+  auto chosen = commands.get_subcommands();
+  if (chosen.empty()) return false;
+  const std::string& name = chosen.front()->get_name();
+  return name == "train" || name == "benchmark";
+}
+
+int run_command(const LaunchOptions& launch, const LaunchRequest& request, const std::vector<std::string>& words) {
   CLI::App commands{"The commands of primus-cli, given after `--`.", "primus-cli --"};
   commands.require_subcommand(1);
   commands.footer(kLauncherFooter);
@@ -177,8 +225,36 @@ int run_command(const LaunchOptions& launch, const std::vector<std::string>& wor
     print_usage_error(error.what(), "primus-cli direct --help");
     return error.exit_code();
   }
+  // A worker (PRIMUS_LAUNCHED=1) runs its command itself, so a launch never nests.
+  LaunchLayout layout;
+  if (!is_launched_worker()) {
+    try {
+      layout = resolve_launch_layout(request, command_uses_devices(commands));
+    } catch (const UsageError& error) {
+      print_usage_error(error.what(), "primus-cli direct --help");
+      return error.exit_code();
+    }
+  } else if (request.any_given()) {
+    spdlog::warn("launcher: {}=1: this is a worker already; the launch flags are ignored", kLaunchedVariable);
+  }
   try {
-    return action();
+    if (layout.multi_process && !launch.dry_run) {
+      WorkerPoolOptions pool;
+      pool.layout = layout;
+      pool.argv = worker_argv(launch, words);
+      pool.log_file = launch.log_file;
+      return run_worker_pool(pool);
+    }
+    int code = action();
+    if (layout.multi_process && code == kExitOk) {
+      // The command has just run its dry run, which validated the config; the workers are what the launch adds.
+      std::vector<std::string> argv = worker_argv(launch, words);
+      std::error_code ignored;
+      std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ignored);
+      if (!self.empty()) argv.front() = self.string();
+      print_launch_plan(layout, argv);
+    }
+    return code;
   } catch (const NotImplementedError& error) {
     report_error(error.what());
     return error.exit_code();
@@ -203,11 +279,39 @@ int run_cli(int argc, char** argv) {
   launcher.require_subcommand(0, 1);
   launcher.footer(kLauncherFooter);
 
-  CLI::App* direct = launcher.add_subcommand("direct", "Run the command here, in this process (the default mode)");
+  CLI::App* direct = launcher.add_subcommand(
+      "direct", "Run the command on this node: in this process, or in one worker process per GPU (the default mode)");
   direct
       ->add_option("--log-file,--log_file", launch.log_file,
                    "Also write all log output to FILE, appending (parent folders are created)")
       ->type_name("FILE");
+  int nproc_per_node = 0;
+  int nnodes = 0;
+  int node_rank = 0;
+  std::string master_addr;
+  int master_port = 0;
+  CLI::Option* nproc_option =
+      direct
+          ->add_option("--nproc-per-node,--nproc_per_node", nproc_per_node,
+                       "Worker processes on this node (default for train and benchmark: the visible GPUs, from "
+                       "CUDA_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES or /dev/nvidia*, else 1; other commands: 1)")
+          ->type_name("N");
+  CLI::Option* nnodes_option =
+      direct->add_option("--nnodes", nnodes, "Nodes in the job (default: $NNODES, else 1)")->type_name("M");
+  CLI::Option* node_rank_option =
+      direct
+          ->add_option("--node-rank,--node_rank", node_rank, "This node's index, 0..M-1 (default: $NODE_RANK, else 0)")
+          ->type_name("R");
+  CLI::Option* master_addr_option =
+      direct
+          ->add_option("--master-addr,--master_addr", master_addr,
+                       "Address of the rank-0 node for the rendezvous (default: $MASTER_ADDR, else 127.0.0.1)")
+          ->type_name("A");
+  CLI::Option* master_port_option =
+      direct
+          ->add_option("--master-port,--master_port", master_port,
+                       "TCP port of the rendezvous on the master (default: $MASTER_PORT, else 29500)")
+          ->type_name("P");
   direct->fallthrough();  // global flags may follow the mode
   direct->footer(kDirectFooter);
   CLI::App* container =
@@ -234,9 +338,15 @@ int run_cli(int argc, char** argv) {
     }
   }
   launch.command_words = split.command;
+  LaunchRequest request;
+  if (nproc_option->count() > 0) request.nproc_per_node = nproc_per_node;
+  if (nnodes_option->count() > 0) request.nnodes = nnodes;
+  if (node_rank_option->count() > 0) request.node_rank = node_rank;
+  if (master_addr_option->count() > 0) request.master_addr = master_addr;
+  if (master_port_option->count() > 0) request.master_port = master_port;
 
   try {
-    return run_command(launch, split.command);
+    return run_command(launch, request, split.command);
   } catch (const Error& error) {
     report_error(error.what());
     return error.exit_code();
