@@ -1,5 +1,8 @@
-// Size classes, free lists and the out-of-memory retry of the caching allocator (see caching_allocator.h).
+// Size classes, free lists, the pending list of blocks used on other streams and the out-of-memory retry of
+// the caching allocator (see caching_allocator.h for the invariant).
 #include "backend/cuda/caching_allocator.h"
+
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <bit>
@@ -33,6 +36,12 @@ void* CachingAllocator::allocate(size_t bytes) {
   std::lock_guard<std::mutex> lock(mutex_);
   void* ptr = nullptr;
   auto it = free_blocks_.find(block);
+  // Blocks freed while in use on another stream become reusable only when their events are reached; asking
+  // costs a query per event, so only a request that would otherwise go to the driver asks.
+  if ((it == free_blocks_.end() || it->second.empty()) && !pending_.empty()) {
+    collect_pending_locked();
+    it = free_blocks_.find(block);
+  }
   if (it != free_blocks_.end() && !it->second.empty()) {
     ptr = it->second.back();
     it->second.pop_back();
@@ -69,8 +78,87 @@ void CachingAllocator::deallocate(void* ptr, size_t bytes) {
   if (ptr == nullptr) return;
   const size_t block = size_class(bytes);
   std::lock_guard<std::mutex> lock(mutex_);
-  free_blocks_[block].push_back(ptr);
   stats_.allocated_bytes -= block;
+  if (!stream_uses_.empty()) {
+    // Declared uses lie inside their live block, and live blocks do not overlap: the entries starting in
+    // [ptr, ptr + block) are exactly this block's.
+    const auto begin = reinterpret_cast<uintptr_t>(ptr);
+    auto first = stream_uses_.lower_bound(begin);
+    auto last = first;
+    std::vector<void*> streams;
+    for (; last != stream_uses_.end() && last->first < begin + block; ++last) {
+      for (void* s : last->second) {
+        if (std::find(streams.begin(), streams.end(), s) == streams.end()) streams.push_back(s);
+      }
+    }
+    if (first != last) {
+      stream_uses_.erase(first, last);
+      free_after_streams_locked(ptr, block, streams);
+      return;
+    }
+  }
+  free_blocks_[block].push_back(ptr);
+}
+
+void CachingAllocator::record_stream(const void* ptr, size_t bytes, void* stream) {
+  if (ptr == nullptr || bytes == 0 || stream == nullptr) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  // Only the start matters: a view lies inside its block, and the free looks up starts inside the block.
+  std::vector<void*>& streams = stream_uses_[reinterpret_cast<uintptr_t>(ptr)];
+  if (std::find(streams.begin(), streams.end(), stream) == streams.end()) streams.push_back(stream);
+}
+
+void* CachingAllocator::take_event_locked() {
+  if (!event_pool_.empty()) {
+    void* event = event_pool_.back();
+    event_pool_.pop_back();
+    return event;
+  }
+  gpuEvent_t event = nullptr;
+  PRIMUS_CUDA_CHECK(gpuEventCreateWithFlags(&event, gpuEventDisableTiming));
+  return event;
+}
+
+void CachingAllocator::free_after_streams_locked(void* ptr, size_t block, const std::vector<void*>& streams) {
+  PendingBlock pending{ptr, block, {}};
+  try {
+    for (void* stream : streams) {
+      void* event = take_event_locked();
+      pending.events.push_back(event);
+      PRIMUS_CUDA_CHECK(gpuEventRecord(static_cast<gpuEvent_t>(event), static_cast<gpuStream_t>(stream)));
+    }
+  } catch (const std::exception& e) {
+    // A free runs in a destructor and cannot throw; without its events the block could be handed out while
+    // the other stream still uses it, so it is dropped instead (the sticky runtime error surfaces at the
+    // next checked call anyway).
+    // Its events are dropped too: one may be recorded, and a later record of a pooled event would move it.
+    spdlog::error("[cuda] a freed block of {} bytes stays out of the cache (still reserved): {}", block, e.what());
+    return;
+  }
+  ++stats_.stream_waits;
+  stats_.pending_bytes += block;
+  pending_.push_back(std::move(pending));
+}
+
+void CachingAllocator::collect_pending_locked() {
+  auto reached = [](void* event) {
+    const gpuError_t status = gpuEventQuery(static_cast<gpuEvent_t>(event));
+    if (status == gpuSuccess) return true;
+    // Not-ready is no failure, but clear it anyway so no later launch check can read it as its own error.
+    (void)gpuGetLastError();
+    if (status == gpuErrorNotReady) return false;
+    throw_gpu_error(status, "gpuEventQuery(event of a block freed after use on another stream)", __FILE__, __LINE__);
+  };
+  // Still pending first, reached from `ready` on.
+  auto ready = std::partition(pending_.begin(), pending_.end(), [&](const PendingBlock& p) {
+    return !std::all_of(p.events.begin(), p.events.end(), reached);
+  });
+  for (auto it = ready; it != pending_.end(); ++it) {
+    free_blocks_[it->block].push_back(it->ptr);
+    stats_.pending_bytes -= it->block;
+    event_pool_.insert(event_pool_.end(), it->events.begin(), it->events.end());
+  }
+  pending_.erase(ready, pending_.end());
 }
 
 CudaMemoryStats CachingAllocator::stats() const {
@@ -92,6 +180,8 @@ void CachingAllocator::release_cached() {
 void CachingAllocator::release_cached_locked() {
   // cudaFree waits for the device, so blocks still read by queued kernels are not pulled from under them.
   PRIMUS_CUDA_CHECK(gpuDeviceSynchronize());
+  // With the device idle every pending block's events are reached.
+  collect_pending_locked();
   for (auto& [block, ptrs] : free_blocks_) {
     for (void* ptr : ptrs) PRIMUS_CUDA_CHECK(gpuFree(ptr));
     stats_.reserved_bytes -= block * ptrs.size();

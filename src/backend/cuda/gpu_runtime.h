@@ -37,8 +37,16 @@ inline constexpr gpuError_t gpuSuccess = cudaSuccess;
 #define gpuStreamCreateWithFlags cudaStreamCreateWithFlags
 #define gpuStreamNonBlocking cudaStreamNonBlocking
 #define gpuStreamSynchronize cudaStreamSynchronize
+#define gpuStreamCreateWithPriority cudaStreamCreateWithPriority
+#define gpuDeviceGetStreamPriorityRange cudaDeviceGetStreamPriorityRange
+#define gpuStreamWaitEvent cudaStreamWaitEvent
+#define gpuStreamQuery cudaStreamQuery
+#define gpuLaunchHostFunc cudaLaunchHostFunc
 #define gpuDeviceSynchronize cudaDeviceSynchronize
 #define gpuEventCreate cudaEventCreate
+#define gpuEventCreateWithFlags cudaEventCreateWithFlags
+#define gpuEventDisableTiming cudaEventDisableTiming
+#define gpuEventQuery cudaEventQuery
 #define gpuEventRecord cudaEventRecord
 #define gpuEventSynchronize cudaEventSynchronize
 #define gpuEventElapsedTime cudaEventElapsedTime
@@ -46,6 +54,7 @@ inline constexpr gpuError_t gpuSuccess = cudaSuccess;
 #define gpuFuncSetAttribute cudaFuncSetAttribute
 #define gpuFuncAttributeMaxDynamicSharedMemorySize cudaFuncAttributeMaxDynamicSharedMemorySize
 #define gpuErrorMemoryAllocation cudaErrorMemoryAllocation
+#define gpuErrorNotReady cudaErrorNotReady
 // Named ranges for the vendor's timeline profiler (NVTX for Nsight Systems; roctx on AMD).
 #define gpuRangePush nvtxRangePushA
 #define gpuRangePop nvtxRangePop
