@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 #include <mutex>
+#include <vector>
 
 #include "backend/cuda/cublaslt_gemm.h"
 #include "backend/cuda/cudnn_attention.h"
@@ -18,8 +19,12 @@ namespace primus {
 struct CudaBackend::State {
   explicit State(int index) : device_index(index), allocator(Device{DeviceType::kCuda, index}) {}
   int device_index;
-  gpuStream_t stream = nullptr;
+  gpuStream_t stream = nullptr;       // compute: every op
+  gpuStream_t comm_stream = nullptr;  // communication: what parallel/ puts there
   CachingAllocator allocator;
+  // Reached events without timing, ready to record again (see CudaEvent).
+  std::mutex event_mutex;
+  std::vector<gpuEvent_t> event_pool;
   cuda::DeviceError* error = nullptr;  // device memory, see kernels.h
   double* result = nullptr;            // device memory for sum_squares
   cuda::KernelContext ctx;
@@ -97,6 +102,11 @@ CudaBackend::CudaBackend(int device_index) : state_(std::make_unique<State>(devi
   gpuDeviceProp_t props{};
   PRIMUS_CUDA_CHECK(gpuGetDeviceProperties(&props, device_index));
   PRIMUS_CUDA_CHECK(gpuStreamCreateWithFlags(&s.stream, gpuStreamNonBlocking));
+  // Collectives at the highest priority: the scheduler then starts their blocks ahead of queued compute
+  // blocks, so a gradient all-reduce overlapping backward is not delayed to its end.
+  int least_priority = 0, greatest_priority = 0;
+  PRIMUS_CUDA_CHECK(gpuDeviceGetStreamPriorityRange(&least_priority, &greatest_priority));
+  PRIMUS_CUDA_CHECK(gpuStreamCreateWithPriority(&s.comm_stream, gpuStreamNonBlocking, greatest_priority));
   PRIMUS_CUDA_CHECK(gpuMalloc(reinterpret_cast<void**>(&s.error), sizeof(cuda::DeviceError)));
   PRIMUS_CUDA_CHECK(gpuMemsetAsync(s.error, 0, sizeof(cuda::DeviceError), s.stream));
   PRIMUS_CUDA_CHECK(gpuMalloc(reinterpret_cast<void**>(&s.result), sizeof(double)));
@@ -153,9 +163,81 @@ double CudaBackend::elapsed_ms(const DeviceMark& from, const DeviceMark& to) {
 void CudaBackend::range_push(const char* name) { gpuRangePush(name); }
 void CudaBackend::range_pop() { gpuRangePop(); }
 
-void CudaBackend::synchronize() {
+void CudaBackend::wait_compute() {
   PRIMUS_CUDA_CHECK(gpuStreamSynchronize(state_->stream));
   report_device_errors();
+}
+
+void CudaBackend::synchronize() {
+  PRIMUS_CUDA_CHECK(gpuStreamSynchronize(state_->comm_stream));
+  wait_compute();
+}
+
+namespace {
+
+// An event from the backend's pool; handed back on destruction. Re-recording a pooled event is safe even
+// while a stream still waits on an earlier record: cudaStreamWaitEvent captures the record current at the call.
+struct CudaEvent : DeviceEvent {
+  gpuEvent_t event = nullptr;
+  std::mutex* pool_mutex = nullptr;
+  std::vector<gpuEvent_t>* pool = nullptr;
+  ~CudaEvent() override {
+    std::lock_guard<std::mutex> lock(*pool_mutex);
+    pool->push_back(event);
+  }
+};
+
+const CudaEvent& cuda_event(const DeviceEvent& event, const char* op) {
+  const auto* e = dynamic_cast<const CudaEvent*>(&event);
+  PRIMUS_CHECK(e != nullptr, "[cuda {}] the event was not recorded by the cuda backend", op);
+  return *e;
+}
+
+}  // namespace
+
+void* CudaBackend::resolve(Stream stream) const {
+  return stream.handle != nullptr ? stream.handle : static_cast<void*>(state_->stream);
+}
+
+Stream CudaBackend::stream(StreamKind kind) {
+  return Stream{kind == StreamKind::kComm ? state_->comm_stream : state_->stream};
+}
+
+std::unique_ptr<DeviceEvent> CudaBackend::record_event(Stream stream) {
+  auto e = std::make_unique<CudaEvent>();
+  e->pool_mutex = &state_->event_mutex;
+  e->pool = &state_->event_pool;
+  {
+    std::lock_guard<std::mutex> lock(state_->event_mutex);
+    if (!state_->event_pool.empty()) {
+      e->event = state_->event_pool.back();
+      state_->event_pool.pop_back();
+    }
+  }
+  if (e->event == nullptr) {
+    gpuEvent_t created = nullptr;
+    PRIMUS_CUDA_CHECK(gpuEventCreateWithFlags(&created, gpuEventDisableTiming));
+    e->event = created;
+  }
+  PRIMUS_CUDA_CHECK(gpuEventRecord(e->event, static_cast<gpuStream_t>(resolve(stream))));
+  return e;
+}
+
+void CudaBackend::wait_event(Stream stream, const DeviceEvent& event) {
+  PRIMUS_CUDA_CHECK(
+      gpuStreamWaitEvent(static_cast<gpuStream_t>(resolve(stream)), cuda_event(event, "wait_event").event, 0));
+}
+
+void CudaBackend::wait_host(const DeviceEvent& event) {
+  PRIMUS_CUDA_CHECK(gpuEventSynchronize(cuda_event(event, "wait_host").event));
+}
+
+void CudaBackend::record_stream(const Tensor& t, Stream stream) {
+  if (!t.defined() || t.nbytes() == 0) return;
+  PRIMUS_CHECK(t.device() == device(), "[cuda record_stream] {} does not live on {}", t.describe(), device().str());
+  void* s = resolve(stream);
+  if (s == static_cast<void*>(state_->stream)) return;  // the compute stream orders its own reuse
+  state_->allocator.record_stream(t.data(), t.nbytes(), s);
 }
 
 void CudaBackend::copy(Tensor& dst, const Tensor& src) {
@@ -170,7 +252,7 @@ void CudaBackend::copy(Tensor& dst, const Tensor& src) {
     dst.copy_from(src);
   } else if (dst.device().is_cpu()) {
     PRIMUS_CUDA_CHECK(gpuMemcpyAsync(dst.data(), src.data(), dst.nbytes(), gpuMemcpyDeviceToHost, state_->stream));
-    synchronize();
+    wait_compute();
   } else {
     // A pageable host source is staged by the driver before the call returns, so src may be freed after it.
     const auto kind = src.device().is_cpu() ? gpuMemcpyHostToDevice : gpuMemcpyDeviceToDevice;
@@ -472,7 +554,7 @@ double CudaBackend::sum_squares(const Tensor& x) {
   });
   double total = 0.0;
   PRIMUS_CUDA_CHECK(gpuMemcpyAsync(&total, state_->result, sizeof(double), gpuMemcpyDeviceToHost, state_->stream));
-  synchronize();
+  wait_compute();
   return total;
 }
 

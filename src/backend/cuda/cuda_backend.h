@@ -1,8 +1,12 @@
 // The CUDA backend: every Backend entry on one device, checked against the CPU reference backend.
 //
-// One stream carries all kernels, copies and GEMMs, in program order; the caching allocator relies on that
-// (see caching_allocator.h). Ops return without waiting for the GPU. The host waits only where a value
-// must come back: sum_squares, copies into host tensors and synchronize(). Data errors that kernels find
+// Two streams. The compute stream carries every kernel, copy and GEMM, in program order; the caching
+// allocator relies on that (see caching_allocator.h). The communication stream (stream(StreamKind::kComm),
+// non-blocking, the device's highest priority so collectives are not starved by compute) carries only what
+// parallel/ puts there; order between the two is the caller's, through record_event / wait_event, and memory
+// used on it must be declared with record_stream before it is freed. Ops return without waiting for the
+// GPU. The host waits only where a value must come back: sum_squares and copies into host tensors (the
+// compute stream), wait_host (one event) and synchronize() (both streams). Data errors that kernels find
 // (a token id or target outside its range) are recorded on the device and thrown as RuntimeError at the next
 // of those waits, naming the op, the position and the value.
 //
@@ -60,7 +64,17 @@ class CudaBackend : public Backend {
   double elapsed_ms(const DeviceMark& from, const DeviceMark& to) override;
   void range_push(const char* name) override;
   void range_pop() override;
+  // Waits for both streams, then reports data errors.
   void synchronize() override;
+
+  // The null handle and stream(kCompute) name the compute stream; any other handle is a gpuStream_t.
+  Stream stream(StreamKind kind) override;
+  // Events come from a pool (created without timing): recording one per collective creates none in steady state.
+  std::unique_ptr<DeviceEvent> record_event(Stream stream) override;
+  void wait_event(Stream stream, const DeviceEvent& event) override;
+  void wait_host(const DeviceEvent& event) override;
+  // Declares t's memory (the whole block it is a view of) in use on `stream`; nothing for the compute stream.
+  void record_stream(const Tensor& t, Stream stream) override;
 
   CachingAllocator& allocator();
 
@@ -68,6 +82,11 @@ class CudaBackend : public Backend {
   struct State;
   // Throws the first data error recorded by a kernel, if any. Call only after the stream has drained.
   void report_device_errors();
+  // Waits for the compute stream only (a value read back must not wait for collectives on the other one),
+  // then reports data errors.
+  void wait_compute();
+  // The stream a Stream names: its handle, or the compute stream for the null handle (returned as void*).
+  void* resolve(Stream stream) const;
   // The cuDNN attention on this backend's stream and allocator, created on first use.
   CudnnAttention& cudnn_attention();
   std::unique_ptr<State> state_;
