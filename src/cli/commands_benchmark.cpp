@@ -1,13 +1,107 @@
 // `primus-cli -- benchmark train`: time the training step of an experiment config on synthetic tokens.
+// `primus-cli -- benchmark comm` (alias `nccl`): collective bandwidth over the world communicator, on every rank.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <fstream>
 
 #include "cli/cli.h"
 #include "config/config.h"
+#include "parallel/comm_benchmark.h"
+#include "parallel/distributed_env.h"
 #include "train/benchmark.h"
 
 namespace primus::cli {
+
+namespace {
+
+struct CommCommandOptions {
+  std::string device = "auto";
+  std::string min_bytes = "1K";
+  std::string max_bytes = "1G";
+  std::string ops = "all_reduce,reduce_scatter,all_gather,all_to_all,send_recv";
+  std::string jsonl;
+  double timeout_minutes = 10.0;
+  CommBenchmarkOptions sweep;
+};
+
+// Runs on every rank of the job (`primus-cli direct --nproc-per-node N -- benchmark comm` starts them; without
+// torchrun's variables it is a world of one); rank 0 prints and writes.
+int run_benchmark_comm(CommCommandOptions& o) {
+  o.sweep.min_bytes = parse_byte_size(o.min_bytes, "--min-bytes");
+  o.sweep.max_bytes = parse_byte_size(o.max_bytes, "--max-bytes");
+  o.sweep.ops.clear();
+  for (size_t start = 0; start <= o.ops.size();) {
+    size_t comma = std::min(o.ops.find(',', start), o.ops.size());
+    if (comma > start) o.sweep.ops.push_back(o.ops.substr(start, comma - start));
+    start = comma + 1;
+  }
+  validate_comm_benchmark_options(o.sweep);
+  if (!(o.timeout_minutes > 0)) {
+    throw UsageError(fmt::format("--timeout-minutes must be positive (got {})", o.timeout_minutes));
+  }
+  const DistributedEnv env = DistributedEnv::from_environment();
+  std::ofstream jsonl;
+  if (env.rank == 0 && !o.jsonl.empty()) {
+    jsonl.open(o.jsonl, std::ios::trunc);
+    if (!jsonl) throw UsageError(fmt::format("--jsonl {}: cannot write this file", o.jsonl));
+  }
+  const Device device = select_comm_device(o.device, env.local_rank);
+  const auto timeout =
+      std::chrono::duration_cast<DistributedTimeout>(std::chrono::duration<double>(o.timeout_minutes * 60.0));
+  std::unique_ptr<Communicator> comm = make_world_communicator(env, device, timeout);
+  const bool printer = comm->rank() == 0;
+  if (printer) {
+    fmt::print("{}\n{}\n", comm_benchmark_title(*comm, o.sweep), comm_benchmark_header());
+    std::fflush(stdout);
+  }
+  run_comm_benchmark(*comm, o.sweep, [&](const CommBenchmarkRow& row) {
+    if (!printer) return;
+    fmt::print("{}\n", comm_benchmark_table_row(row));
+    std::fflush(stdout);
+    if (jsonl.is_open()) jsonl << comm_benchmark_json(*comm, o.sweep, row) << "\n" << std::flush;
+  });
+  comm->barrier();  // no rank leaves (closing its connections) while another still measures
+  return static_cast<int>(kExitOk);
+}
+
+// `nccl` is registered as a second subcommand, not a CLI11 alias: the launcher's check for unknown command words
+// compares names only.
+void add_benchmark_comm_command(CLI::App& benchmark, const LaunchOptions& launch, Action& action, const char* name,
+                                const char* description) {
+  CLI::App* comm = benchmark.add_subcommand(name, description);
+  auto o = std::make_shared<CommCommandOptions>();
+  comm->add_option("--device", o->device, "cpu (Gloo), cuda (NCCL) or auto: the GPU LOCAL_RANK when there is one")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  comm->add_option("--min-bytes", o->min_bytes, "Smallest buffer (default 1K; suffixes K, M, G)")->type_name("BYTES");
+  comm->add_option("--max-bytes", o->max_bytes, "Largest buffer (default 1G)")->type_name("BYTES");
+  comm->add_option("--step-factor", o->sweep.step_factor, "Size multiplier from one row to the next (default 2)");
+  comm->add_option("--iters", o->sweep.iters, "Timed iterations a size (default 20)");
+  comm->add_option("--warmup", o->sweep.warmup, "Untimed iterations first (default 5)");
+  comm->add_option("--ops", o->ops,
+                   "Comma list (default all): all_reduce,reduce_scatter,all_gather,all_to_all,send_recv");
+  comm->add_option("--jsonl", o->jsonl, "Rank 0 also writes one JSON object a row to FILE")->type_name("FILE");
+  comm->add_option("--timeout-minutes", o->timeout_minutes,
+                   "How long a rank waits for the others before failing (default 10)");
+  comm->footer(
+      "Bytes are the per-rank buffer of nccl-tests (reduce_scatter's input, all_gather's output); algbw = bytes /\n"
+      "time; busbw = algbw x 2(n-1)/n for all_reduce, x (n-1)/n for reduce_scatter, all_gather and all_to_all,\n"
+      "x 1 for send_recv (ranks 2i -> 2i+1). A row's time is the slowest rank's mean over the timed iterations.\n\n"
+      "Examples:\n  primus-cli -- benchmark comm --max-bytes 64M\n"
+      "  primus-cli direct --nproc-per-node 8 -- benchmark nccl --jsonl out/comm.jsonl");
+  comm->final_callback([&launch, &action, o] {
+    action = [&launch, o] {
+      if (launch.dry_run) {
+        print_dry_run(launch, "", {}, nullptr);
+        return static_cast<int>(kExitOk);
+      }
+      return run_benchmark_comm(*o);
+    };
+  });
+}
+
+}  // namespace
 
 void add_benchmark_commands(CLI::App& root, const LaunchOptions& launch, Action& action) {
   CLI::App* benchmark = root.add_subcommand("benchmark", "Micro-benchmarks: train (the whole training step)");
@@ -41,6 +135,10 @@ void add_benchmark_commands(CLI::App& root, const LaunchOptions& launch, Action&
       return static_cast<int>(kExitOk);
     };
   });
+  add_benchmark_comm_command(
+      *benchmark, launch, action, "comm",
+      "Collective bandwidth (all_reduce, reduce_scatter, all_gather, all_to_all, send/recv) over all ranks");
+  add_benchmark_comm_command(*benchmark, launch, action, "nccl", "The same as comm (nccl-tests' name for it)");
 }
 
 }  // namespace primus::cli
