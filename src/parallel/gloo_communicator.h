@@ -1,7 +1,9 @@
 // GlooCommunicator: the Communicator of CPU ranks, over Gloo's TCP transport (Debian's libgloo). Gloo's own
 // algorithms do all the communication: allreduce (ring), ReduceScatterHalvingDoubling, allgather (ring),
 // alltoall(v), broadcast (binomial tree), the dissemination barrier, and send/recv through unbound buffers.
-// Each call runs on the calling thread and returns when it is done; the stream argument is ignored.
+// Each call runs on the calling thread and returns when it is done; the stream argument is ignored. One thread
+// at a time: the per-call tags that match a call with its peers' advance in call order, which must be the same
+// on every rank.
 //
 // Rendezvous: ranks publish their pair addresses in the Store (rank 0's TCP store) under "gloo/<name>/" keys,
 // so two communicators never read each other's keys: the world is named "world", the k-th split of a
