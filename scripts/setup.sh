@@ -10,7 +10,7 @@ set -euo pipefail
 packages=(cmake ninja-build ccache g++ pkg-config
           libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev
           libgtest-dev libgmock-dev libopenblas-openmp-dev libzstd-dev
-          libpcre2-dev libsentencepiece-dev libutf8proc-dev
+          libpcre2-dev libsentencepiece-dev libutf8proc-dev libgloo-dev
           fortunes)
 # A Node.js that bundles npm (e.g. NodeSource's nodejs) conflicts with Debian's npm package, so install them only
 # when npm is absent.

@@ -55,6 +55,13 @@ double Backend::elapsed_ms(const DeviceMark& from, const DeviceMark& to) {
   return std::chrono::duration<double, std::milli>(b.time - a.time).count();
 }
 
+// Host defaults: work ran when it was called, so every event is already reached and nothing is reused early.
+Stream Backend::stream(StreamKind) { return Stream{}; }
+std::unique_ptr<DeviceEvent> Backend::record_event(Stream) { return std::make_unique<DeviceEvent>(); }
+void Backend::wait_event(Stream, const DeviceEvent&) {}
+void Backend::wait_host(const DeviceEvent&) {}
+void Backend::record_stream(const Tensor&, Stream) {}
+
 void Backend::range_push(const char*) {}
 void Backend::range_pop() {}
 

@@ -120,6 +120,20 @@ class DeviceMark {
   virtual ~DeviceMark() = default;
 };
 
+// A queue of device work, in order. The null handle is the backend's compute stream (the one every op runs
+// on); a device backend hands out a communication stream beside it (Backend::stream). On the host backend
+// work runs when it is called, so a stream is only a name.
+struct Stream {
+  void* handle = nullptr;  // cudaStream_t on CUDA (hipStream_t on HIP); null: the compute stream
+};
+enum class StreamKind { kCompute, kComm };
+
+// A point in a stream's queue that another stream (or the host) can wait for.
+class DeviceEvent {
+ public:
+  virtual ~DeviceEvent() = default;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -167,6 +181,19 @@ class Backend {
   virtual void zero(Tensor& x);
   // Waits for all queued work of this backend; throws errors its kernels found in the data (bad ids).
   virtual void synchronize();
+
+  // Streams and events (parallel/ overlaps communication with compute through them). record_event marks the
+  // work queued on `stream` so far; wait_event makes later work on `stream` wait for that mark (the host
+  // does not wait); wait_host blocks the host until the mark is reached. The host backend runs everything at
+  // once, so its events are always reached.
+  virtual Stream stream(StreamKind kind);
+  virtual std::unique_ptr<DeviceEvent> record_event(Stream stream);
+  virtual void wait_event(Stream stream, const DeviceEvent& event);
+  virtual void wait_host(const DeviceEvent& event);
+  // Tells the allocator that `t`'s memory is in use by work queued on `stream` (not the compute stream):
+  // when `t` is freed, its block is not handed out again before that work is done (PyTorch's record_stream).
+  // A no-op where memory is not reused asynchronously (the host).
+  virtual void record_stream(const Tensor& t, Stream stream);
 
   // Timing and profiling. mark() queues a timestamp without waiting; elapsed_ms waits until `to` is reached.
   virtual std::unique_ptr<DeviceMark> mark();

@@ -2,6 +2,7 @@
 // (including the values derived from other keys when not given). Errors point at the key to change and say
 // where the other key's value came from.
 #include <algorithm>
+#include <cstdlib>
 
 #include "config/loader_steps.h"
 #include "core/error.h"
@@ -9,8 +10,6 @@
 namespace primus::config {
 
 namespace {
-
-constexpr int64_t kDataParallelSize = 1;  // no data parallelism yet
 
 const ModuleKey& get(const ModuleKeys& keys, std::string_view name) {
   auto it = std::find_if(keys.begin(), keys.end(), [&](const ModuleKey& k) { return k.spec->name == name; });
@@ -30,6 +29,38 @@ std::string describe(const ModuleKey& key) {
                       : key.origin.kind == OriginKind::kCommandLine ? "the command line"
                                                                     : key.origin.source();
   return fmt::format("{} = {} from {}", key.spec->name, format_value(*key.spec, key.value), where);
+}
+
+// WORLD_SIZE of the torchrun environment contract (primus-cli direct, torchrun and Slurm scripts set it): the
+// data-parallel size derives from it as in Megatron. 1 when unset.
+int64_t world_size_from_environment() {
+  const char* text = std::getenv("WORLD_SIZE");
+  if (text == nullptr || *text == '\0') return 1;
+  char* end = nullptr;
+  const long long value = std::strtoll(text, &end, 10);
+  if (*end != '\0' || value < 1 || value > (1 << 20)) {
+    throw UsageError(fmt::format("[distributed] WORLD_SIZE={} is not a positive process count", text));
+  }
+  return value;
+}
+
+// Ranks per model replica: tensor × pipeline × context parallel.
+int64_t model_parallel_ranks(const ModuleKeys& keys) {
+  return get(keys, "tensor_model_parallel_size").value.i * get(keys, "pipeline_model_parallel_size").value.i *
+         get(keys, "context_parallel_size").value.i;
+}
+
+// WORLD_SIZE / (tp × pp × cp); throws naming the keys when it does not divide.
+int64_t data_parallel_size(const ModuleKeys& keys, const Origin& module_origin) {
+  const int64_t world = world_size_from_environment();
+  const int64_t model_ranks = model_parallel_ranks(keys);
+  if (world % model_ranks != 0) {
+    config_error(place(get(keys, "tensor_model_parallel_size"), module_origin),
+                 fmt::format("WORLD_SIZE {} is not divisible by tensor_model_parallel_size x "
+                             "pipeline_model_parallel_size x context_parallel_size = {}",
+                             world, model_ranks));
+  }
+  return world / model_ranks;
 }
 
 }  // namespace
@@ -64,12 +95,27 @@ void check_module_keys(const ModuleKeys& keys, const Origin& module_origin) {
 
   const ModuleKey& micro = get(keys, "micro_batch_size");
   const ModuleKey& global = get(keys, "global_batch_size");
-  if (global.value.is_set && global.value.i % (micro.value.i * kDataParallelSize) != 0) {
+  const int64_t dp = data_parallel_size(keys, module_origin);
+  if (global.value.is_set && global.value.i % (micro.value.i * dp) != 0) {
     config_error(
         place(global, module_origin),
         fmt::format("global_batch_size ({}) must be a multiple of micro_batch_size x data-parallel size ({} x {}; "
-                    "{})",
-                    global.value.i, micro.value.i, kDataParallelSize, describe(micro)));
+                    "{}; data-parallel size = WORLD_SIZE {} / model-parallel ranks {})",
+                    global.value.i, micro.value.i, dp, describe(micro), world_size_from_environment(),
+                    model_parallel_ranks(keys)));
+  }
+  const ModuleKey& strategy = get(keys, "data_parallel_sharding_strategy");
+  if (strategy.value.s != "no_shard" && !get(keys, "use_megatron_fsdp").value.b) {
+    config_error(place(strategy, module_origin),
+                 fmt::format("data_parallel_sharding_strategy is {} but use_megatron_fsdp is false; set "
+                             "use_megatron_fsdp: true (or use_distributed_optimizer: true to shard the optimizer "
+                             "state only)",
+                             strategy.value.s));
+  }
+  if (get(keys, "overlap_param_gather").value.b && !get(keys, "use_distributed_optimizer").value.b &&
+      !get(keys, "use_megatron_fsdp").value.b) {
+    config_error(place(get(keys, "overlap_param_gather"), module_origin),
+                 "overlap_param_gather needs use_distributed_optimizer: true (without it no weights are gathered)");
   }
 
   const ModuleKey& lr = get(keys, "lr");
@@ -145,7 +191,9 @@ void resolve_module_keys(const ModuleKeys& keys, ExperimentConfig& config, std::
   }
   ModelArgs& m = config.model;
   TrainingArgs& t = config.train;
-  t.data_parallel_size = kDataParallelSize;
+  t.world_size = world_size_from_environment();
+  t.data_parallel_size = t.world_size / (t.tensor_model_parallel_size * t.pipeline_model_parallel_size *
+                                         t.context_parallel_size);
   // Derived values: Megatron's rules for keys that were not given.
   std::vector<std::pair<std::string, std::string>> derived;
   if (!get(keys, "group_query_attention").value.b) {
@@ -166,6 +214,10 @@ void resolve_module_keys(const ModuleKeys& keys, ExperimentConfig& config, std::
   if (!get(keys, "global_batch_size").value.is_set) {
     t.global_batch_size = t.micro_batch_size * t.data_parallel_size;
     derived.emplace_back("global_batch_size", std::to_string(t.global_batch_size));
+  }
+  if (!get(keys, "ddp_bucket_size").value.is_set) {
+    t.ddp_bucket_size = std::max<int64_t>(40'000'000, 1'000'000 * t.data_parallel_size);
+    derived.emplace_back("ddp_bucket_size", std::to_string(t.ddp_bucket_size));
   }
   if (t.mlflow_experiment_name.empty()) {
     t.mlflow_experiment_name = config.exp_name;

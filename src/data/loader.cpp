@@ -12,9 +12,12 @@
 namespace primus {
 
 BatchLoader::BatchLoader(const SampleSource& source, int64_t micro_batch, int64_t seq_length, int64_t start_sample,
-                         const PackingOptions& packing)
-    : source_(source), micro_batch_(micro_batch), seq_length_(seq_length), consumed_(0), packing_(packing) {
+                         const PackingOptions& packing, DataShard shard)
+    : source_(source), micro_batch_(micro_batch), seq_length_(seq_length), consumed_(0), packing_(packing),
+      shard_(shard) {
   if (micro_batch < 1) throw UsageError(fmt::format("micro_batch_size must be >= 1, got {}", micro_batch));
+  PRIMUS_CHECK(shard.size >= 1 && shard.rank >= 0 && shard.rank < shard.size, "data shard {} of {} is invalid",
+               shard.rank, shard.size);
   PRIMUS_CHECK(seq_length == source.seq_length(), "loader seq_length {} differs from its sample source's {}",
                seq_length, source.seq_length());
   if (packing.any() && packing.eod_id < 0) {
@@ -39,12 +42,12 @@ Batch BatchLoader::next() {
   int32_t* tokens = batch.tokens.i32();
   int32_t* labels = batch.labels.i32();
   for (int64_t b = 0; b < micro_batch_; ++b) {
-    source_.read_sample(consumed_ + b, sample_);
+    source_.read_sample(consumed_ + shard_.rank * micro_batch_ + b, sample_);
     std::copy(sample_.begin(), sample_.end() - 1, tokens + b * seq_length_);
     std::copy(sample_.begin() + 1, sample_.end(), labels + b * seq_length_);
     if (packing_.any()) apply_packing(batch, b);
   }
-  consumed_ += micro_batch_;
+  consumed_ += micro_batch_ * shard_.size;
   return batch;
 }
 

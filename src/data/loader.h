@@ -42,15 +42,25 @@ struct Batch {
   Tensor segment_start;  // [B, T] i32 with reset_attention_mask: first position of the token's document
 };
 
+// One data-parallel rank's share of the samples, as Megatron's MegatronPretrainingSampler deals them: the
+// samples are taken in chunks of micro_batch × size, and rank r reads rows [r × micro_batch, (r + 1) ×
+// micro_batch) of each chunk. So N ranks together read, step by step, exactly the samples one rank reads
+// alone at the same global batch, and the consumed count stays global (a checkpoint resumes at any size).
+struct DataShard {
+  int64_t rank = 0;
+  int64_t size = 1;
+};
+
 class BatchLoader {
  public:
   // Borrows `source`, which must outlive the loader. seq_length must equal source.seq_length().
   // Throws UsageError for micro_batch < 1, start_sample < 0, or a packing switch on without an EOD id.
   BatchLoader(const SampleSource& source, int64_t micro_batch, int64_t seq_length, int64_t start_sample = 0,
-              const PackingOptions& packing = {});
+              const PackingOptions& packing = {}, DataShard shard = {});
 
-  // Micro-batch of samples consumed .. consumed + B - 1 (row b is sample consumed + b), then advances
-  // consumed by B. Each call returns fresh tensors, so earlier batches stay valid.
+  // Micro-batch of samples consumed + s .. consumed + s + B - 1 with s = shard.rank × B (row b is sample
+  // consumed + s + b), then advances consumed by B × shard.size. Each call returns fresh tensors, so earlier
+  // batches stay valid.
   Batch next();
 
   int64_t consumed_samples() const { return consumed_; }
@@ -70,6 +80,7 @@ class BatchLoader {
   int64_t seq_length_;
   int64_t consumed_;
   PackingOptions packing_;
+  DataShard shard_;
   std::vector<int32_t> sample_;  // [T + 1] scratch for one sample
 };
 

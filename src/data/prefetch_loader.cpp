@@ -6,11 +6,12 @@
 namespace primus {
 
 PrefetchLoader::PrefetchLoader(const SampleSource& source, int64_t micro_batch, int64_t seq_length,
-                               int64_t start_sample, int64_t depth, const PackingOptions& packing)
-    : source_(source), micro_batch_(micro_batch), seq_length_(seq_length), depth_(depth), packing_(packing) {
+                               int64_t start_sample, int64_t depth, const PackingOptions& packing, DataShard shard)
+    : source_(source), micro_batch_(micro_batch), seq_length_(seq_length), depth_(depth), packing_(packing),
+      shard_(shard) {
   if (depth < 1) throw UsageError(fmt::format("prefetch depth must be >= 1, got {}", depth));
   // Validates the arguments here, not on the thread.
-  BatchLoader check(source, micro_batch, seq_length, start_sample, packing);
+  BatchLoader check(source, micro_batch, seq_length, start_sample, packing, shard);
   consumed_ = start_sample;
   start(start_sample);
 }
@@ -35,7 +36,7 @@ void PrefetchLoader::stop() {
 
 void PrefetchLoader::run(int64_t from_sample) {
   try {
-    BatchLoader loader(source_, micro_batch_, seq_length_, from_sample, packing_);
+    BatchLoader loader(source_, micro_batch_, seq_length_, from_sample, packing_, shard_);
     for (;;) {
       {
         std::unique_lock lock(mutex_);
@@ -64,7 +65,7 @@ Batch PrefetchLoader::next() {
   if (queue_.empty()) std::rethrow_exception(error_);
   Batch batch = std::move(queue_.front());
   queue_.pop_front();
-  consumed_ += micro_batch_;
+  consumed_ += micro_batch_ * shard_.size;
   lock.unlock();
   changed_.notify_all();
   return batch;

@@ -25,7 +25,7 @@ class PrefetchLoader {
   // Borrows `source`, which must outlive the loader. Throws UsageError for depth < 1 and whatever
   // BatchLoader's constructor throws. `packing` as for BatchLoader.
   PrefetchLoader(const SampleSource& source, int64_t micro_batch, int64_t seq_length, int64_t start_sample = 0,
-                 int64_t depth = 4, const PackingOptions& packing = {});
+                 int64_t depth = 4, const PackingOptions& packing = {}, DataShard shard = {});
   ~PrefetchLoader();
   PrefetchLoader(const PrefetchLoader&) = delete;
   PrefetchLoader& operator=(const PrefetchLoader&) = delete;
@@ -54,6 +54,7 @@ class PrefetchLoader {
   int64_t seq_length_;
   int64_t depth_;
   PackingOptions packing_;
+  DataShard shard_;
   int64_t consumed_ = 0;
 
   mutable std::mutex mutex_;

@@ -5,6 +5,7 @@
 // Names follow Hugging Face (`model.layers.0.self_attn.q_proj.weight`).
 #pragma once
 
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -14,6 +15,18 @@
 namespace primus {
 
 enum class ParamInit { kNormal, kOnes };
+
+// [begin, end) elements of a flat buffer (a gradient bucket, an optimizer shard).
+struct FlatRange {
+  int64_t begin = 0;
+  int64_t end = 0;
+  int64_t size() const { return end - begin; }
+  bool empty() const { return end <= begin; }
+};
+
+// Called by a model's backward with [begin, end): elements of the flat gradient buffer whose gradients it has
+// finished (data parallelism starts reducing a bucket as soon as its range is final).
+using GradsReadyFn = std::function<void(int64_t begin, int64_t end)>;
 
 struct ParamSpec {
   std::string name;

@@ -7,48 +7,83 @@
 
 namespace primus {
 
-AdamW::AdamW(const ParamStore& params, AdamWConfig config)
-    : config_(config),
-      exp_avg_(ops::zeros({params.numel()}, DType::kF32, params.flat_params().device())),
-      exp_avg_sq_(ops::zeros({params.numel()}, DType::kF32, params.flat_params().device())) {}
+AdamW::AdamW(const ParamStore& params, AdamWConfig config, std::vector<FlatRange> owned)
+    : config_(config), numel_(params.numel()), owned_(std::move(owned)) {
+  if (owned_.empty()) owned_.push_back({0, numel_});
+  int64_t total = 0;
+  for (const FlatRange& r : owned_) {
+    PRIMUS_CHECK(r.begin >= 0 && r.end <= numel_ && !r.empty(), "[adamw] owned range [{}, {}) outside [0, {})",
+                 r.begin, r.end, numel_);
+    moment_offsets_.push_back(total);
+    total += r.size();
+  }
+  exp_avg_ = ops::zeros({total}, DType::kF32, params.flat_params().device());
+  exp_avg_sq_ = ops::zeros({total}, DType::kF32, params.flat_params().device());
+}
+
+Tensor AdamW::exp_avg(size_t i) const { return exp_avg_.slice_elements(moment_offsets_[i], {owned_[i].size()}); }
+Tensor AdamW::exp_avg_sq(size_t i) const {
+  return exp_avg_sq_.slice_elements(moment_offsets_[i], {owned_[i].size()});
+}
+
+const Tensor& AdamW::exp_avg() const {
+  PRIMUS_CHECK(owns_everything(), "[adamw] the whole moment buffer of a sharded optimizer");
+  return exp_avg_;
+}
+
+const Tensor& AdamW::exp_avg_sq() const {
+  PRIMUS_CHECK(owns_everything(), "[adamw] the whole moment buffer of a sharded optimizer");
+  return exp_avg_sq_;
+}
 
 void AdamW::step(ParamStore& params, double lr, double grad_scale, Tensor* compute_copy) {
   ++steps_taken_;
   const std::vector<ParamSpec>& specs = params.specs();
-  for (size_t first = 0; first < specs.size();) {
-    // A run of adjacent tensors with the same weight decay is one contiguous range of the flat buffers.
-    size_t end = first + 1;
-    while (end < specs.size() && specs[end].weight_decay == specs[first].weight_decay) ++end;
-    const int64_t offset = params.offset(first);
-    const int64_t n = params.offset(end - 1) + shape_numel(specs[end - 1].shape) - offset;
-    Tensor p = params.flat_params().slice_elements(offset, {n});
-    Tensor g = params.flat_grads().slice_elements(offset, {n});
-    Tensor m = exp_avg_.slice_elements(offset, {n});
-    Tensor v = exp_avg_sq_.slice_elements(offset, {n});
-    Tensor copy = compute_copy != nullptr ? compute_copy->slice_elements(offset, {n}) : Tensor();
-    AdamWArgs args;
-    args.param = &p;
-    args.grad = &g;
-    args.exp_avg = &m;
-    args.exp_avg_sq = &v;
-    args.lr = static_cast<float>(lr);
-    args.beta1 = static_cast<float>(config_.beta1);
-    args.beta2 = static_cast<float>(config_.beta2);
-    args.eps = static_cast<float>(config_.eps);
-    args.weight_decay = specs[first].weight_decay ? static_cast<float>(config_.weight_decay) : 0.0f;
-    args.step = steps_taken_;
-    args.grad_scale = static_cast<float>(grad_scale);
-    args.compute_copy = compute_copy != nullptr ? &copy : nullptr;
-    ops::adamw_step(args);
-    first = end;
+  for (size_t r = 0; r < owned_.size(); ++r) {
+    const FlatRange range = owned_[r];
+    // Runs of adjacent tensors with the same weight decay, cut to the owned range: each is one launch.
+    for (size_t first = 0; first < specs.size();) {
+      size_t end = first + 1;
+      while (end < specs.size() && specs[end].weight_decay == specs[first].weight_decay) ++end;
+      const int64_t run_begin = params.offset(first);
+      const int64_t run_end = params.offset(end - 1) + shape_numel(specs[end - 1].shape);
+      const int64_t offset = std::max(run_begin, range.begin);
+      const int64_t n = std::min(run_end, range.end) - offset;
+      const bool decay = specs[first].weight_decay;
+      first = end;
+      if (n <= 0) continue;
+      Tensor p = params.flat_params().slice_elements(offset, {n});
+      Tensor g = params.flat_grads().slice_elements(offset, {n});
+      Tensor m = exp_avg_.slice_elements(moment_offsets_[r] + offset - range.begin, {n});
+      Tensor v = exp_avg_sq_.slice_elements(moment_offsets_[r] + offset - range.begin, {n});
+      Tensor copy = compute_copy != nullptr ? compute_copy->slice_elements(offset, {n}) : Tensor();
+      AdamWArgs args;
+      args.param = &p;
+      args.grad = &g;
+      args.exp_avg = &m;
+      args.exp_avg_sq = &v;
+      args.lr = static_cast<float>(lr);
+      args.beta1 = static_cast<float>(config_.beta1);
+      args.beta2 = static_cast<float>(config_.beta2);
+      args.eps = static_cast<float>(config_.eps);
+      args.weight_decay = decay ? static_cast<float>(config_.weight_decay) : 0.0f;
+      args.step = steps_taken_;
+      args.grad_scale = static_cast<float>(grad_scale);
+      args.compute_copy = compute_copy != nullptr ? &copy : nullptr;
+      ops::adamw_step(args);
+    }
   }
 }
 
-GradClip clip_grad_norm(const ParamStore& params, double max_norm) {
+GradClip clip_for_norm(double norm, double max_norm) {
   GradClip clip;
-  clip.norm = std::sqrt(ops::sum_squares(params.flat_grads()));
+  clip.norm = norm;
   if (max_norm > 0.0) clip.scale = std::min(1.0, max_norm / (clip.norm + 1e-6));
   return clip;
+}
+
+GradClip clip_grad_norm(const ParamStore& params, double max_norm) {
+  return clip_for_norm(std::sqrt(ops::sum_squares(params.flat_grads())), max_norm);
 }
 
 }  // namespace primus

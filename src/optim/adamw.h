@@ -1,6 +1,12 @@
 // AdamW over a flat ParamStore: fp32 moments in two buffers laid out like the parameters, decoupled
 // weight decay on the tensors whose spec asks for it, and global-norm gradient clipping.
+//
+// Sharded (the distributed optimizer, ZeRO-1): the optimizer owns only some ranges of the flat buffers (its
+// data-parallel rank's shards, parallel/grad_reducer.h) and keeps moments for those alone, back to back in
+// the order of the ranges. Unsharded it owns [0, numel).
 #pragma once
+
+#include <vector>
 
 #include "ops/param_store.h"
 
@@ -15,20 +21,31 @@ struct AdamWConfig {
 
 class AdamW {
  public:
-  AdamW(const ParamStore& params, AdamWConfig config);
+  // owned: disjoint ranges of the flat buffers this optimizer updates; empty: the whole buffer.
+  AdamW(const ParamStore& params, AdamWConfig config, std::vector<FlatRange> owned = {});
 
-  // One update with learning rate `lr`, gradients multiplied by grad_scale as they are read (the clip factor);
-  // increments the step count used for bias correction. compute_copy (optional, bf16 [numel]) receives the
-  // updated weights rounded. Adjacent tensors with the same weight decay share one launch.
+  // One update of the owned ranges with learning rate `lr`, gradients multiplied by grad_scale as they are
+  // read (the clip factor); increments the step count used for bias correction. compute_copy (optional,
+  // bf16 [numel]) receives the updated weights rounded. Adjacent tensors with the same weight decay share
+  // one launch.
   void step(ParamStore& params, double lr, double grad_scale = 1.0, Tensor* compute_copy = nullptr);
 
   int64_t steps_taken() const { return steps_taken_; }
   void set_steps_taken(int64_t n) { steps_taken_ = n; }
-  const Tensor& exp_avg() const { return exp_avg_; }        // [numel] f32
-  const Tensor& exp_avg_sq() const { return exp_avg_sq_; }  // [numel] f32
+  const std::vector<FlatRange>& owned() const { return owned_; }
+  bool owns_everything() const { return owned_.size() == 1 && owned_[0].begin == 0 && owned_[0].end == numel_; }
+  // The moments of owned range i: [owned()[i].size()] f32 views.
+  Tensor exp_avg(size_t i) const;
+  Tensor exp_avg_sq(size_t i) const;
+  // Unsharded only: the whole [numel] moment buffers.
+  const Tensor& exp_avg() const;
+  const Tensor& exp_avg_sq() const;
 
  private:
   AdamWConfig config_;
+  int64_t numel_ = 0;
+  std::vector<FlatRange> owned_;
+  std::vector<int64_t> moment_offsets_;  // where owned range i starts in the moment buffers
   int64_t steps_taken_ = 0;
   Tensor exp_avg_;
   Tensor exp_avg_sq_;
@@ -42,5 +59,7 @@ struct GradClip {
   double scale = 1.0;
 };
 GradClip clip_grad_norm(const ParamStore& params, double max_norm);
+// The same factor for a norm computed elsewhere (data parallelism's global norm over sharded gradients).
+GradClip clip_for_norm(double norm, double max_norm);
 
 }  // namespace primus

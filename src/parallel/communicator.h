@@ -1,0 +1,75 @@
+// The communicator seam: the collectives the engine uses, over flat contiguous tensors, with two
+// implementations behind it: NCCL for GPU ranks (RCCL on AMD has the same API) and Gloo for CPU ranks.
+// A world of one is a real communicator (every collective is then a copy or nothing), never a branch in
+// the caller.
+//
+// Streams. A GPU communicator enqueues each collective on the stream it is given (Backend::stream) and
+// returns at once; ordering against other streams is the caller's, through Backend events. A host
+// communicator (Gloo) runs the collective on the calling thread and returns when it is done; the stream
+// argument is then ignored. Either way a caller that issues a collective on the communication stream and
+// waits for it through an event, as parallel/grad_reducer does, overlaps it with compute.
+//
+// Every collective is called by every rank of the communicator, in the same order, with the same sizes.
+// A rank that does not arrive makes the others fail after the communicator's timeout
+// (distributed_timeout_minutes) with a RuntimeError naming the collective, not hang.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/tensor.h"
+
+namespace primus {
+
+enum class ReduceOp { kSum, kMax, kMin };
+const char* reduce_op_name(ReduceOp op);
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // "nccl" or "gloo", for logs and benchmark tables.
+  virtual std::string backend_name() const = 0;
+  // The device whose memory the buffers must live in (a CUDA device for NCCL, the CPU for Gloo).
+  virtual Device device() const = 0;
+
+  // buf ← op over ranks of buf, in place. f32, bf16 (sum in fp32 where the library does), i32, i64.
+  virtual void all_reduce(Tensor& buf, ReduceOp op, Stream stream = {}) = 0;
+  // in [size · n] on every rank; out [n] ← op over ranks of in[rank · n, (rank + 1) · n). out may be that
+  // slice of in itself (in-place, as NCCL allows), otherwise it must not overlap in.
+  virtual void reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op, Stream stream = {}) = 0;
+  // in [n]; out [size · n] ← the concatenation over ranks in rank order. in may be the slice
+  // out[rank · n, (rank + 1) · n) itself (in-place).
+  virtual void all_gather(const Tensor& in, Tensor& out, Stream stream = {}) = 0;
+  // in, out [size · n]: block j of in goes to rank j, block i of out comes from rank i.
+  virtual void all_to_all(const Tensor& in, Tensor& out, Stream stream = {}) = 0;
+  // Uneven blocks: send_counts[j] elements (from the start of in, blocks back to back) to rank j;
+  // recv_counts[i] elements from rank i into out, back to back. Counts are elements, length size().
+  virtual void all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_counts, Tensor& out,
+                            const std::vector<int64_t>& recv_counts, Stream stream = {}) = 0;
+  // buf on every rank ← buf of `root`.
+  virtual void broadcast(Tensor& buf, int root, Stream stream = {}) = 0;
+  // Point to point; a send is matched by the peer's recv of the same size. Between a pair, messages
+  // arrive in the order they were sent.
+  virtual void send(const Tensor& buf, int peer, Stream stream = {}) = 0;
+  virtual void recv(Tensor& buf, int peer, Stream stream = {}) = 0;
+  // Returns once every rank has called it (a host wait, whatever the device).
+  virtual void barrier() = 0;
+
+  // A communicator over the ranks of this one whose `color` equals the caller's, ordered by (key, rank), as
+  // MPI_Comm_split / ncclCommSplit. Collective: every rank of this communicator calls it. ParallelDims
+  // builds the dp/tp/pp/cp groups this way.
+  virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+};
+
+// How long a rank waits for the others (rendezvous, a collective, a store key) before failing with a
+// message naming what it waited for: distributed_timeout_minutes (Megatron's key, default 10).
+using DistributedTimeout = std::chrono::milliseconds;
+
+}  // namespace primus

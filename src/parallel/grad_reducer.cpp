@@ -1,0 +1,218 @@
+#include "parallel/grad_reducer.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "ops/ops.h"
+#include "ops/profile.h"
+
+namespace primus {
+
+BucketLayout::BucketLayout(int64_t numel, int64_t bucket_size, int dp) : numel_(numel), dp_(dp) {
+  PRIMUS_CHECK(numel >= 1 && bucket_size >= 1 && dp >= 1, "[ddp] bucket layout of {} elements, buckets of {}, dp {}",
+               numel, bucket_size, dp);
+  const int64_t step = (bucket_size + dp - 1) / dp * dp;
+  for (int64_t begin = 0; begin < numel; begin += step) buckets_.push_back({begin, std::min(numel, begin + step)});
+  std::reverse(buckets_.begin(), buckets_.end());
+}
+
+int64_t BucketLayout::shard_size(size_t k) const { return (buckets_[k].size() + dp_ - 1) / dp_; }
+
+FlatRange BucketLayout::shard(size_t k, int rank) const {
+  const FlatRange& b = buckets_[k];
+  const int64_t s = shard_size(k);
+  return {std::min(b.end, b.begin + rank * s), std::min(b.end, b.begin + (rank + 1) * s)};
+}
+
+std::vector<FlatRange> BucketLayout::owned(int rank) const {
+  std::vector<FlatRange> ranges;
+  for (size_t k = 0; k < buckets_.size(); ++k) {
+    const FlatRange r = shard(k, rank);
+    if (!r.empty()) ranges.push_back(r);
+  }
+  return ranges;
+}
+
+HostCommQueue::HostCommQueue() : thread_([this] { run(); }) {}
+
+HostCommQueue::~HostCommQueue() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  thread_.join();
+}
+
+void HostCommQueue::submit(std::function<void()> task) {
+  {
+    std::lock_guard lock(mutex_);
+    tasks_.push_back(std::move(task));
+  }
+  changed_.notify_all();
+}
+
+void HostCommQueue::wait() {
+  std::unique_lock lock(mutex_);
+  changed_.wait(lock, [this] { return tasks_.empty() && running_ == 0; });
+  if (error_) {
+    std::exception_ptr error = error_;
+    error_ = nullptr;
+    std::rethrow_exception(error);
+  }
+}
+
+void HostCommQueue::run() {
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    changed_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });
+    if (tasks_.empty()) return;  // stopping with nothing left
+    std::function<void()> task = std::move(tasks_.front());
+    tasks_.pop_front();
+    ++running_;
+    const bool skip = error_ != nullptr;  // after a failure the rest would only wait on a broken peer
+    lock.unlock();
+    try {
+      if (!skip) task();
+    } catch (...) {
+      lock.lock();
+      if (!error_) error_ = std::current_exception();
+      lock.unlock();
+    }
+    lock.lock();
+    --running_;
+    changed_.notify_all();
+  }
+}
+
+GradReducer::GradReducer(Communicator& dp, Tensor grads, BucketLayout layout, Mode mode, bool overlap)
+    : dp_(dp), grads_(std::move(grads)), layout_(std::move(layout)), mode_(mode), overlap_(overlap) {
+  PRIMUS_CHECK(grads_.numel() == layout_.numel() && grads_.dtype() == DType::kF32,
+               "[ddp] gradient buffer {} does not match a bucket layout of {} elements", grads_.describe(),
+               layout_.numel());
+  PRIMUS_CHECK(layout_.dp() == dp_.size(), "[ddp] bucket layout for dp {} on a group of {}", layout_.dp(), dp_.size());
+  if (dp_.device().is_cpu()) host_queue_ = std::make_unique<HostCommQueue>();
+  for (size_t k = 0; k < layout_.buckets().size(); ++k) {
+    if (mode_ == Mode::kReduceScatter && layout_.buckets()[k].size() % layout_.dp() != 0) {
+      PRIMUS_CHECK(!padded_bucket_, "[ddp] only the top bucket may be uneven");
+      padded_bucket_ = k;
+      staging_ = ops::zeros({layout_.shard_size(k) * layout_.dp()}, DType::kF32, grads_.device());
+    }
+  }
+  ready_from_ = layout_.numel();
+  next_bucket_ = layout_.buckets().size();  // nothing to launch before start()
+}
+
+void GradReducer::start() {
+  ready_from_ = layout_.numel();
+  next_bucket_ = 0;
+}
+
+void GradReducer::grads_ready(int64_t begin, int64_t end) {
+  PRIMUS_CHECK(end == ready_from_ && begin < end, "[ddp] gradients [{}, {}) reported out of order (expected the "
+               "range ending at {})", begin, end, ready_from_);
+  ready_from_ = begin;
+  if (!overlap_) return;
+  while (next_bucket_ < layout_.buckets().size() && layout_.buckets()[next_bucket_].begin >= ready_from_) {
+    launch(next_bucket_++);
+  }
+}
+
+void GradReducer::finish() {
+  PRIMUS_CHECK(ready_from_ == 0, "[ddp] backward reported gradients down to {} only, not to 0", ready_from_);
+  while (next_bucket_ < layout_.buckets().size()) launch(next_bucket_++);
+  const ops::ProfileScope scope("ddp: wait for gradient reduction");
+  wait_comm_stream();
+  if (mode_ == Mode::kReduceScatter && padded_bucket_) {  // this rank's part of the padded bucket
+    const size_t k = *padded_bucket_;
+    const FlatRange mine = layout_.shard(k, dp_.rank());
+    if (!mine.empty()) {
+      Tensor dst = grads_.slice_elements(mine.begin, {mine.size()});
+      ops::copy(dst, staging_.slice_elements(dp_.rank() * layout_.shard_size(k), {mine.size()}));
+    }
+  }
+}
+
+bool GradReducer::padded(size_t k) const { return padded_bucket_ && *padded_bucket_ == k; }
+
+void GradReducer::launch(size_t k) {
+  const ops::ProfileScope scope(mode_ == Mode::kAllReduce ? "ddp: all_reduce bucket" : "ddp: reduce_scatter bucket");
+  const FlatRange b = layout_.buckets()[k];
+  Tensor bucket = grads_.slice_elements(b.begin, {b.size()});
+  if (mode_ == Mode::kAllReduce) {
+    on_comm_stream([this, bucket](Stream stream) mutable { dp_.all_reduce(bucket, ReduceOp::kSum, stream); });
+    return;
+  }
+  const int64_t s = layout_.shard_size(k);
+  if (!padded(k)) {
+    Tensor out = grads_.slice_elements(b.begin + dp_.rank() * s, {s});
+    on_comm_stream([this, bucket, out](Stream stream) mutable {
+      dp_.reduce_scatter(bucket, out, ReduceOp::kSum, stream);
+    });
+    return;
+  }
+  // dp does not divide this bucket: it is reduced in the staging buffer with zeros after it; finish() copies
+  // this rank's part back. The copy in is compute-stream work, so the communication stream waits for it.
+  ops::fill(staging_, 0.0f);
+  Tensor head = staging_.slice_elements(0, {b.size()});
+  ops::copy(head, bucket);
+  Tensor out = staging_.slice_elements(dp_.rank() * s, {s});
+  on_comm_stream([this, out](Stream stream) mutable { dp_.reduce_scatter(staging_, out, ReduceOp::kSum, stream); });
+}
+
+void GradReducer::all_gather_shards(Tensor& flat) {
+  PRIMUS_CHECK(mode_ == Mode::kReduceScatter && flat.numel() == layout_.numel() && flat.dtype() == DType::kF32,
+               "[ddp] all_gather_shards of {} needs the sharded mode and an f32 buffer like the gradients",
+               flat.describe());
+  const ops::ProfileScope scope("distributed optimizer: all_gather weights");
+  for (size_t k = 0; k < layout_.buckets().size(); ++k) {
+    const FlatRange b = layout_.buckets()[k];
+    const int64_t s = layout_.shard_size(k);
+    Tensor bucket = flat.slice_elements(b.begin, {b.size()});
+    if (!padded(k)) {
+      Tensor in = flat.slice_elements(b.begin + dp_.rank() * s, {s});
+      on_comm_stream([this, in, bucket](Stream stream) mutable { dp_.all_gather(in, bucket, stream); });
+      continue;
+    }
+    const FlatRange mine = layout_.shard(k, dp_.rank());
+    ops::fill(staging_, 0.0f);
+    Tensor in = staging_.slice_elements(dp_.rank() * s, {s});
+    if (!mine.empty()) {
+      Tensor dst = in.slice_elements(0, {mine.size()});
+      ops::copy(dst, flat.slice_elements(mine.begin, {mine.size()}));
+    }
+    on_comm_stream([this, in](Stream stream) mutable { dp_.all_gather(in, staging_, stream); });
+  }
+  wait_comm_stream();
+  if (padded_bucket_) {
+    const FlatRange b = layout_.buckets()[*padded_bucket_];
+    Tensor bucket = flat.slice_elements(b.begin, {b.size()});
+    ops::copy(bucket, staging_.slice_elements(0, {b.size()}));
+  }
+}
+
+void GradReducer::on_comm_stream(std::function<void(Stream)> collective) {
+  if (host_queue_) {
+    host_queue_->submit([collective = std::move(collective)] { collective(Stream{}); });
+    return;
+  }
+  // A device communicator: the communication stream waits for the compute work queued so far (the
+  // gradients it reduces), then the collective is queued on it.
+  Backend& backend = backend_for(grads_.device());
+  const Stream comm = backend.stream(StreamKind::kComm);
+  const std::unique_ptr<DeviceEvent> produced = backend.record_event(backend.stream(StreamKind::kCompute));
+  backend.wait_event(comm, *produced);
+  collective(comm);
+}
+
+void GradReducer::wait_comm_stream() {
+  if (host_queue_) {
+    host_queue_->wait();
+    return;
+  }
+  Backend& backend = backend_for(grads_.device());
+  const std::unique_ptr<DeviceEvent> done = backend.record_event(backend.stream(StreamKind::kComm));
+  backend.wait_event(backend.stream(StreamKind::kCompute), *done);
+}
+
+}  // namespace primus

@@ -1,0 +1,120 @@
+// Data-parallel gradient reduction as Megatron-Core's DDP does it: the flat gradient buffer is cut into
+// buckets, and each bucket is reduced across the data-parallel ranks as soon as backward has finished its
+// gradients (overlap_grad_reduce), on the communication stream, while backward goes on with the layers below.
+// Plain data parallelism all-reduces a bucket; the distributed optimizer reduce-scatters it, so each rank
+// ends with the reduced gradient of its shard only, and after the optimizer step all-gathers the weights.
+//
+// Bucket layout (BucketLayout): boundaries at multiples of B = ddp_bucket_size rounded up to the dp size,
+// from offset 0 up; the top bucket holds the rest. Backward finishes gradients from the top of the buffer
+// down (the output layer first, the embedding last: LlamaModel::backward), so buckets are launched top
+// first. A bucket of n elements is split into dp equal shards of ceil(n / dp); rank r owns shard r (cut at
+// the bucket's end). Only a bucket whose size dp does not divide (the top one) goes through a padded copy.
+//
+// Gradients are already scaled by 1 / (tokens of the global batch), so the reduction is a plain sum.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "ops/param_store.h"
+#include "parallel/communicator.h"
+
+namespace primus {
+
+class BucketLayout {
+ public:
+  // numel: elements of the flat buffer; bucket_size: elements per bucket (>= 1); dp: data-parallel size.
+  BucketLayout(int64_t numel, int64_t bucket_size, int dp);
+
+  int64_t numel() const { return numel_; }
+  int dp() const { return dp_; }
+  // Buckets in the order backward finishes them (top of the buffer first).
+  const std::vector<FlatRange>& buckets() const { return buckets_; }
+  // Elements per shard of bucket k: ceil(size / dp).
+  int64_t shard_size(size_t k) const;
+  // The part of bucket k that rank r owns (empty when the bucket is smaller than the shards before it).
+  FlatRange shard(size_t k, int rank) const;
+  // Every range rank r owns, in bucket order.
+  std::vector<FlatRange> owned(int rank) const;
+
+ private:
+  int64_t numel_;
+  int dp_;
+  std::vector<FlatRange> buckets_;
+};
+
+// Runs collectives of a host communicator (Gloo) on a thread of its own, in order: the host backend's
+// communication stream. wait() returns when every queued task is done and rethrows the first failure.
+class HostCommQueue {
+ public:
+  HostCommQueue();
+  ~HostCommQueue();
+  HostCommQueue(const HostCommQueue&) = delete;
+  HostCommQueue& operator=(const HostCommQueue&) = delete;
+
+  void submit(std::function<void()> task);
+  void wait();
+
+ private:
+  void run();
+
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::deque<std::function<void()>> tasks_;
+  int64_t running_ = 0;
+  bool stopping_ = false;
+  std::exception_ptr error_;
+  std::thread thread_;
+};
+
+class GradReducer {
+ public:
+  enum class Mode { kAllReduce, kReduceScatter };
+
+  // grads: the flat gradient buffer [numel] f32 (on the communicator's device); dp: the data-parallel group.
+  // overlap: launch each bucket during backward (else all of them in finish()).
+  GradReducer(Communicator& dp, Tensor grads, BucketLayout layout, Mode mode, bool overlap);
+
+  // Call before the backward whose gradients complete the step (the last micro-batch's), then pass
+  // grads_ready() to that backward as its hook, then call finish().
+  void start();
+  // Backward's hook: gradients of [begin, end) are final.
+  void grads_ready(int64_t begin, int64_t end);
+  // Launches what is left and makes the compute stream (and so the host, for the CPU) wait for every
+  // reduction: afterwards the gradients are reduced (all of them, or this rank's shards).
+  void finish();
+
+  // After the optimizer updated this rank's shards of `flat` (weights, fp32 or bf16, laid out like the
+  // gradients): every rank gets every shard. Blocks the compute stream until done.
+  void all_gather_shards(Tensor& flat);
+
+  const BucketLayout& layout() const { return layout_; }
+  Mode mode() const { return mode_; }
+
+ private:
+  void launch(size_t k);
+  bool padded(size_t k) const;
+  // Runs `collective` on the communication stream (a thread for the host) after the compute work queued so far.
+  void on_comm_stream(std::function<void(Stream)> collective);
+  void wait_comm_stream();
+
+  Communicator& dp_;
+  Tensor grads_;
+  BucketLayout layout_;
+  Mode mode_;
+  bool overlap_;
+  int64_t ready_from_ = 0;   // gradients at and above this offset are final
+  size_t next_bucket_ = 0;   // next bucket (in layout order) to launch
+  std::unique_ptr<HostCommQueue> host_queue_;  // host communicators only
+  std::optional<size_t> padded_bucket_;  // the bucket dp does not divide (sharded mode), if any
+  Tensor staging_;  // [dp × its shard size] f32 for that bucket
+};
+
+}  // namespace primus
