@@ -385,13 +385,17 @@ void WorkerPool::poll_once() {
   }
 }
 
+// Ranks found ended in one pass are handled deaths-by-signal first: a rank that dies takes its peers down
+// with errors from their collectives within milliseconds, and the dead one is the cause to name.
 void WorkerPool::reap() {
+  std::vector<std::pair<Worker*, int>> ended;
   for (Worker& worker : workers_) {
     if (!worker.running) continue;
     int status = 0;
-    pid_t done = ::waitpid(worker.pid, &status, WNOHANG);
-    if (done == worker.pid) on_worker_end(worker, status);
+    if (::waitpid(worker.pid, &status, WNOHANG) == worker.pid) ended.emplace_back(&worker, status);
   }
+  std::stable_partition(ended.begin(), ended.end(), [](const auto& end) { return WIFSIGNALED(end.second); });
+  for (auto& [worker, status] : ended) on_worker_end(*worker, status);
 }
 
 // What a rank does when asked to stop: exit 0 or 128+N after the forwarded signal, die by it, or by our SIGKILL.

@@ -3,8 +3,11 @@
 // environment the workers really got (/proc/<pid>/environ), and how failures and signals end the launch.
 // The workers run commands that share no state (config show/validate, benchmark train), since the trainer
 // does not use the ranks yet.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -13,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <random>
 #include <regex>
 #include <thread>
 
@@ -62,7 +66,41 @@ std::map<std::string, std::string> process_environment(pid_t pid) {
   return env;
 }
 
+// A TCP port free right now, for MASTER_PORT: the workers (benchmark train too) rendezvous there, and tests
+// that run at the same time must not share one. Drawn below the ephemeral range (32768 and up on Linux), where
+// the kernel would hand the same port to other tests' connections and listeners.
+std::string free_port() {
+  std::random_device seed;
+  std::mt19937 draw(seed());
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    int port = std::uniform_int_distribution<int>(20000, 32000)(draw);
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    address.sin_port = htons(static_cast<uint16_t>(port));
+    bool free = fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0;
+    if (fd >= 0) ::close(fd);
+    if (free) return std::to_string(port);
+  }
+  ADD_FAILURE() << "no free TCP port in 20000..32000";
+  return "29500";
+}
+
 bool process_gone(pid_t pid) { return ::kill(pid, 0) != 0 && errno == ESRCH; }
+
+// Stops `pid` and waits until it is stopped (state T in /proc/<pid>/stat): a signal sent earlier would still be
+// taken before the pending SIGSTOP, which has the higher number.
+bool stop_process(pid_t pid) {
+  if (::kill(pid, SIGSTOP) != 0) return false;
+  for (int i = 0; i < 200; ++i) {
+    std::string stat = read_text("/proc/" + std::to_string(pid) + "/stat");
+    size_t paren = stat.rfind(')');
+    if (paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'T') return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
 
 class LauncherTest : public ::testing::Test {
  protected:
@@ -133,7 +171,8 @@ class LauncherTest : public ::testing::Test {
   }
 
   // The "started" lines of the launcher's stderr, once `count` are there and every worker has exec'd its
-  // command (its cmdline names it); fails after 30 s.
+  // command (its cmdline names it and its environment is the worker's: before exec, the forked child still
+  // has the launcher's); fails after 30 s.
   std::vector<StartedRank> wait_for_workers(size_t count, const std::string& command_word) {
     const std::regex started(R"(launcher: rank (\d+) \(local (\d+)\) started, pid (\d+))");
     std::vector<StartedRank> ranks;
@@ -146,7 +185,8 @@ class LauncherTest : public ::testing::Test {
       bool ready = ranks.size() == count;
       for (const StartedRank& rank : ranks) {
         std::string cmdline = read_text("/proc/" + std::to_string(rank.pid) + "/cmdline");
-        ready = ready && cmdline.find(command_word) != std::string::npos;
+        ready = ready && cmdline.find(command_word) != std::string::npos &&
+                process_environment(rank.pid)["PRIMUS_LAUNCHED"] == "1";
       }
       if (ready) return ranks;
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -167,15 +207,17 @@ TEST_F(LauncherTest, TwoWorkersSucceedAndOnlyRankZeroIsShown) {
                    "${MASTER_ADDR}_${MASTER_PORT}_${PRIMUS_LAUNCHED}");
   std::string log = dir_ + "/logs/run.log";
   auto start = Clock::now();
-  CliResult result = run({"direct", "--nproc-per-node", "2", "--master-port", "29611", "--log-file", log, "--",
-                          "config", "show", "--config", config});
+  std::string port = free_port();
+  std::string expected = "env_0_2_0_2_0_1_0_127.0.0.1_" + port + "_1";
+  CliResult result = run({"direct", "--nproc-per-node", "2", "--master-port", port, "--log-file", log, "--", "config",
+                          "show", "--config", config});
   double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   EXPECT_EQ(result.exit_code, 0) << result.err;
   EXPECT_LT(seconds, 30);
   // Rank 0's table, once; rank 1's stdout is not shown.
   EXPECT_EQ(count_of(result.out, "# top level"), 1u) << result.out;
   EXPECT_EQ(count_of(result.out, "\nexp_name "), 1u) << result.out;
-  EXPECT_CONTAINS(result.out, "env_0_2_0_2_0_1_0_127.0.0.1_29611_1");
+  EXPECT_CONTAINS(result.out, expected);
   EXPECT_LACKS(result.out, "env_1_");
   EXPECT_CONTAINS(result.err, "launcher: rank 0 (local 0) started, pid ");
   EXPECT_CONTAINS(result.err, "launcher: rank 1 (local 1) started, pid ");
@@ -183,21 +225,23 @@ TEST_F(LauncherTest, TwoWorkersSucceedAndOnlyRankZeroIsShown) {
   EXPECT_LACKS(result.err, "[rank 1]");
   EXPECT_LACKS(result.err, "error");
   std::string text = read_text(log);
-  EXPECT_CONTAINS(text, "env_0_2_0_2_0_1_0_127.0.0.1_29611_1");
+  EXPECT_CONTAINS(text, expected);
   EXPECT_CONTAINS(text, "launcher: rank 1 (local 1) started, pid ");
   EXPECT_LACKS(text, "env_1_");
 }
 
 TEST_F(LauncherTest, WorkersGetTheTorchrunEnvironmentAndKeepVisibleDevices) {
   setenv("CUDA_VISIBLE_DEVICES", "0,1,2", 1);
+  std::string port = free_port();
   pid_t launcher = spawn(long_run({"--nproc-per-node", "2", "--nnodes", "2", "--node_rank", "1", "--master_addr",
-                                   "127.0.0.1", "--master_port", "29612"}));
+                                   "127.0.0.1", "--master_port", port}));
   unsetenv("CUDA_VISIBLE_DEVICES");
   std::vector<StartedRank> ranks = wait_for_workers(2, "benchmark");
   ASSERT_EQ(ranks.size(), 2u);
   for (const StartedRank& started : ranks) {
     EXPECT_EQ(started.rank, 2 + started.local_rank);
     std::map<std::string, std::string> env = process_environment(started.pid);
+    ASSERT_FALSE(env.empty()) << "rank " << started.rank << " ended early:\n" << read_text(dir_ + "/stderr");
     EXPECT_EQ(env["RANK"], std::to_string(started.rank));
     EXPECT_EQ(env["WORLD_SIZE"], "4");
     EXPECT_EQ(env["LOCAL_RANK"], std::to_string(started.local_rank));
@@ -206,7 +250,7 @@ TEST_F(LauncherTest, WorkersGetTheTorchrunEnvironmentAndKeepVisibleDevices) {
     EXPECT_EQ(env["NNODES"], "2");
     EXPECT_EQ(env["NODE_RANK"], "1");
     EXPECT_EQ(env["MASTER_ADDR"], "127.0.0.1");
-    EXPECT_EQ(env["MASTER_PORT"], "29612");
+    EXPECT_EQ(env["MASTER_PORT"], port);
     EXPECT_EQ(env["PRIMUS_LAUNCHED"], "1");
     EXPECT_EQ(env["CUDA_VISIBLE_DEVICES"], "0,1,2");
     EXPECT_EQ(env["PRIMUS_CONFIGS_DIR"], PRIMUS_SOURCE_DIR "/configs");  // the rest of the environment passes
@@ -219,7 +263,7 @@ TEST_F(LauncherTest, WorkersGetTheTorchrunEnvironmentAndKeepVisibleDevices) {
 }
 
 TEST_F(LauncherTest, AKilledWorkerStopsTheOthersAndIsNamed) {
-  pid_t launcher = spawn(long_run({"--nproc-per-node", "2", "--master-port", "29613"}));
+  pid_t launcher = spawn(long_run({"--nproc-per-node", "2", "--master-port", free_port()}));
   std::vector<StartedRank> ranks = wait_for_workers(2, "benchmark");
   ASSERT_EQ(ranks.size(), 2u);
   // Let rank 1 print something for the failure report.
@@ -233,12 +277,32 @@ TEST_F(LauncherTest, AKilledWorkerStopsTheOthersAndIsNamed) {
   EXPECT_EQ(result.exit_code, 3) << result.err;
   EXPECT_CONTAINS(result.err, "primus-cli: error: rank 1 (pid " + std::to_string(ranks[1].pid) +
                                   ") was killed by SIGKILL; the other ranks were stopped. Last lines of rank 1:");
-  EXPECT_CONTAINS(result.err, "launcher: stopping the other ranks (SIGTERM; SIGKILL after 10 s)");
+  EXPECT_TRUE(process_gone(ranks[0].pid));
+}
+
+TEST_F(LauncherTest, ARankThatIgnoresSigtermIsKilledAfterTheGracePeriod) {
+  pid_t launcher = spawn(long_run({"--nproc-per-node", "2", "--master-port", free_port()}));
+  std::vector<StartedRank> ranks = wait_for_workers(2, "benchmark");
+  ASSERT_EQ(ranks.size(), 2u);
+  // A stopped process leaves SIGTERM pending, as a rank stuck in a collective would ignore it; only SIGKILL ends it.
+  ASSERT_TRUE(stop_process(ranks[0].pid));
+  auto start = Clock::now();
+  ASSERT_EQ(::kill(ranks[1].pid, SIGKILL), 0);
+  CliResult result = wait(launcher);
+  double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  std::cout << "launcher exit " << seconds << " s after SIGKILL of rank 1, rank 0 stopped\n";
+  EXPECT_GT(seconds, 9);
+  EXPECT_LT(seconds, 30);
+  EXPECT_EQ(result.exit_code, 3) << result.err;
+  EXPECT_CONTAINS(result.err, "launcher: rank(s) 0 still running 10 s after the failure: SIGKILL");
+  EXPECT_CONTAINS(result.err, "launcher: rank 0 (pid " + std::to_string(ranks[0].pid) + ") was killed by SIGKILL");
+  EXPECT_CONTAINS(result.err,
+                  "primus-cli: error: rank 1 (pid " + std::to_string(ranks[1].pid) + ") was killed by SIGKILL");
   EXPECT_TRUE(process_gone(ranks[0].pid));
 }
 
 TEST_F(LauncherTest, SigtermToTheLauncherReachesEveryWorker) {
-  pid_t launcher = spawn(long_run({"--nproc-per-node", "2", "--master-port", "29614"}));
+  pid_t launcher = spawn(long_run({"--nproc-per-node", "2", "--master-port", free_port()}));
   std::vector<StartedRank> ranks = wait_for_workers(2, "benchmark");
   ASSERT_EQ(ranks.size(), 2u);
   auto start = Clock::now();
@@ -260,11 +324,33 @@ TEST_F(LauncherTest, SigtermToTheLauncherReachesEveryWorker) {
   EXPECT_LACKS(result.err, "primus-cli: error:");
 }
 
+TEST_F(LauncherTest, ASecondSignalKillsTheWorkers) {
+  pid_t launcher = spawn(long_run({"--nproc-per-node", "2", "--master-port", free_port()}));
+  std::vector<StartedRank> ranks = wait_for_workers(2, "benchmark");
+  ASSERT_EQ(ranks.size(), 2u);
+  // Stopped ranks keep the forwarded SIGTERM pending, like ranks still saving their checkpoint.
+  for (const StartedRank& started : ranks) ASSERT_TRUE(stop_process(started.pid));
+  ASSERT_EQ(::kill(launcher, SIGTERM), 0);
+  for (int i = 0; i < 200 && read_text(dir_ + "/stderr").find("forwarded") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_EQ(::kill(launcher, SIGINT), 0);
+  CliResult result = wait(launcher);
+  EXPECT_EQ(result.exit_code, 128 + SIGTERM) << result.err;
+  EXPECT_CONTAINS(result.err, "launcher: SIGINT received again: killing every rank (SIGKILL)");
+  for (const StartedRank& started : ranks) {
+    EXPECT_CONTAINS(result.err, "launcher: rank " + std::to_string(started.rank) + " (pid " +
+                                    std::to_string(started.pid) + ") was killed by SIGKILL");
+    EXPECT_TRUE(process_gone(started.pid));
+  }
+  EXPECT_LACKS(result.err, "primus-cli: error:");
+}
+
 TEST_F(LauncherTest, ARankThatFailsIsNamedWithItsErrorLines) {
   // hidden_dropout must be 0: local rank 0's config is valid, local rank 1's is not.
   std::string config = write_config("per_rank.yaml", "per_rank", "      hidden_dropout: ${LOCAL_RANK}\n");
-  CliResult result = run(
-      {"direct", "--nproc-per-node", "2", "--master-port", "29615", "--", "config", "validate", "--config", config});
+  CliResult result = run({"direct", "--nproc-per-node", "2", "--master-port", free_port(), "--", "config", "validate",
+                          "--config", config});
   EXPECT_EQ(result.exit_code, 2) << result.err;
   EXPECT_CONTAINS(result.err, "[rank 1] primus-cli: error: [config] ");
   EXPECT_CONTAINS(result.err, "hidden_dropout");
