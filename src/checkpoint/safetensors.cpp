@@ -17,6 +17,7 @@
 #include "core/bf16.h"
 #include "core/error.h"
 #include "core/file_io.h"
+#include "ops/ops.h"
 
 namespace primus {
 
@@ -140,14 +141,36 @@ void SafetensorsWriter::add(const std::string& name, DType dtype, const Shape& s
   }
   uint64_t nbytes = static_cast<uint64_t>(shape_numel(shape)) * dtype_size(dtype);
   PRIMUS_CHECK(data != nullptr || nbytes == 0, "safetensors: tensor '{}' has no data", name);
-  items_.push_back(Item{name, dtype, shape, data, nbytes, Tensor()});
+  items_.push_back(Item{name, dtype, shape, data, nbytes, Tensor(), Producer()});
 }
 
 void SafetensorsWriter::add(const std::string& name, const Tensor& tensor) {
-  PRIMUS_CHECK(tensor.defined() && tensor.device().is_cpu(), "safetensors: tensor '{}' must be a CPU tensor, got {}",
-               name, tensor.defined() ? tensor.describe() : std::string("undefined"));
-  add(name, tensor.dtype(), tensor.shape(), tensor.data());
+  PRIMUS_CHECK(tensor.defined(), "safetensors: tensor '{}' is undefined", name);
+  if (tensor.device().is_cpu()) {
+    add(name, tensor.dtype(), tensor.shape(), tensor.data());
+    items_.back().keep_alive = tensor;
+    return;
+  }
+  // A device tensor: each piece through a host staging tensor, so the host never holds the whole tensor.
+  const size_t element = dtype_size(tensor.dtype());
+  const Tensor flat = tensor.reshape({tensor.numel()});
+  add(name, tensor.dtype(), tensor.shape(), [flat, element](uint64_t offset, uint64_t bytes, void* dst) {
+    const Tensor piece =
+        flat.slice_elements(static_cast<int64_t>(offset / element), {static_cast<int64_t>(bytes / element)});
+    Tensor staging = Tensor::empty(piece.shape(), piece.dtype());
+    ops::copy(staging, piece);
+    std::memcpy(dst, staging.data(), bytes);
+  });
   items_.back().keep_alive = tensor;
+}
+
+void SafetensorsWriter::add(const std::string& name, DType dtype, const Shape& shape, Producer produce) {
+  PRIMUS_CHECK(produce != nullptr, "safetensors: tensor '{}' has no producer", name);
+  // A placeholder pointer passes add()'s data check; write() reads through the producer, never through it.
+  static const unsigned char kNoData = 0;
+  add(name, dtype, shape, &kNoData);
+  items_.back().data = nullptr;
+  items_.back().produce = std::move(produce);
 }
 
 void SafetensorsWriter::add_metadata(const std::string& key, const std::string& value) {
@@ -210,10 +233,18 @@ SafetensorsWriter::Written SafetensorsWriter::write(const std::string& path,
   };
   put(prefix, sizeof(prefix));
   put(head.data(), head.size());
+  std::vector<unsigned char> staging;  // the pieces of produced tensors, allocated on the first
   for (const Item* item : ordered()) {
     const auto* data = static_cast<const unsigned char*>(item->data);
     for (uint64_t begin = 0; begin < item->nbytes; begin += kPieceBytes) {
-      put(data + begin, std::min(kPieceBytes, item->nbytes - begin));
+      const uint64_t bytes = std::min(kPieceBytes, item->nbytes - begin);
+      if (data != nullptr) {
+        put(data + begin, bytes);
+      } else {
+        staging.resize(std::max<size_t>(staging.size(), static_cast<size_t>(bytes)));
+        item->produce(begin, bytes, staging.data());
+        put(staging.data(), bytes);
+      }
     }
   }
   out.commit();
@@ -440,6 +471,29 @@ Tensor SafetensorsFile::read_f32(const std::string& name) const {
         fmt::format("{}: tensor '{}' has dtype {}; only F32, BF16 and F16 can be read as f32", path_, name, e.dtype));
   }
   return out;
+}
+
+void SafetensorsFile::read_f32_into(const std::string& name, int64_t begin, int64_t count, float* dst) const {
+  const SafetensorsEntry& e = require(name);
+  const int64_t numel = shape_numel(e.shape);
+  if (begin < 0 || count < 0 || begin > numel || count > numel - begin) {
+    throw RuntimeError(fmt::format("{}: tensor '{}' has {} elements; elements [{}, {}) are outside it", path_, name,
+                                   numel, begin, begin + count));
+  }
+  const unsigned char* src = static_cast<const unsigned char*>(e.data);
+  if (e.dtype == "F32") {
+    std::memcpy(dst, src + 4 * begin, static_cast<size_t>(count) * 4);
+  } else if (e.dtype == "BF16" || e.dtype == "F16") {
+    const bool bf16 = e.dtype == "BF16";
+    for (int64_t i = 0; i < count; ++i) {
+      uint16_t h;
+      std::memcpy(&h, src + 2 * (begin + i), 2);
+      dst[i] = bf16 ? bf16_to_f32(h) : f16_to_f32(h);
+    }
+  } else {
+    throw RuntimeError(
+        fmt::format("{}: tensor '{}' has dtype {}; only F32, BF16 and F16 can be read as f32", path_, name, e.dtype));
+  }
 }
 
 Tensor SafetensorsFile::read(const std::string& name) const {

@@ -5,6 +5,9 @@
 // {"dtype", "shape", "data_offsets": [begin, end]} (offsets relative to the data start) and may hold
 // "__metadata__": {string: string}.
 //
+// Tensor data reaches the writer three ways: a host pointer, a tensor (a device tensor is copied to the host
+// piece by piece as it is written, so a save never holds a host copy of a whole device buffer), or a producer
+// that fills each piece on demand (a tensor assembled from slices of other files, zeros).
 // The writer produces the same bytes as the reference writer: tensors ordered by dtype (wider first, in the
 // reference's dtype order) then by name, "__metadata__" first with {"format": "pt"}, compact JSON, header
 // padded with spaces to a multiple of 8 so every tensor starts 8-byte aligned.
@@ -35,8 +38,15 @@ class SafetensorsWriter {
   // Registers a tensor. `data` (numel(shape) × dtype_size bytes, host memory) is not copied: it must stay
   // valid until write() returns. Throws RuntimeError on a duplicate or reserved name.
   void add(const std::string& name, DType dtype, const Shape& shape, const void* data);
-  // Same, from a contiguous CPU tensor; the writer keeps a reference so the data stays alive.
+  // Same, from a contiguous tensor on any device; the writer keeps a reference so the data stays alive. A
+  // device tensor is copied to the host in pieces of at most 16 MiB during write().
   void add(const std::string& name, const Tensor& tensor);
+  // Fills bytes [offset, offset + bytes) of the tensor's data into `dst` (host memory). write() calls it in
+  // ascending order of offset, with pieces of at most 16 MiB whose offset and size are whole elements, and
+  // propagates what it throws.
+  using Producer = std::function<void(uint64_t offset, uint64_t bytes, void* dst)>;
+  // A tensor whose bytes come from `produce` while the file is written.
+  void add(const std::string& name, DType dtype, const Shape& shape, Producer produce);
   // An entry of "__metadata__" ("format" is always "pt" and cannot be overridden).
   void add_metadata(const std::string& key, const std::string& value);
 
@@ -61,6 +71,7 @@ class SafetensorsWriter {
     const void* data;
     uint64_t nbytes;
     Tensor keep_alive;
+    Producer produce;  // set when `data` is null and the tensor is not empty
   };
   std::vector<const Item*> ordered() const;
 
@@ -94,6 +105,10 @@ class SafetensorsFile {
   Tensor read_f32(const std::string& name) const;
   // A new CPU tensor in the stored dtype (which must be one of ours: F32, BF16, F16, I32, I64, U8).
   Tensor read(const std::string& name) const;
+  // Elements [begin, begin + count) of the named tensor, flattened row-major, converted to f32 (from F32, BF16
+  // or F16) into host memory at `dst`. Throws RuntimeError naming the file and tensor when the name is
+  // missing, the range is outside the tensor or the dtype is another.
+  void read_f32_into(const std::string& name, int64_t begin, int64_t count, float* dst) const;
 
  private:
   struct Mapping;

@@ -1,0 +1,78 @@
+// Where the elements of each logical tensor of a checkpoint live, whatever wrote it: the single-file native
+// format (model.safetensors + optimizer.safetensors), the sharded native format (index.json over shard files,
+// each holding 1-D slices), or a Hugging Face folder (model.safetensors, or shards listed by
+// model.safetensors.index.json). Readers ask for element ranges of a logical tensor by name and get them from
+// whichever slices hold them, so a checkpoint loads into any layout: a model of one process, or the shards of
+// a distributed optimizer, from a checkpoint written by any number of ranks.
+//
+// Files are memory-mapped on first use and kept open while the catalog lives; nothing is read up front
+// except the safetensors headers and index.json.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "checkpoint/safetensors.h"
+#include "core/tensor.h"
+
+namespace primus {
+
+// The sharded format's index, beside the shards in the checkpoint directory.
+inline constexpr const char* kShardedIndexFile = "index.json";
+inline constexpr const char* kShardedIndexFormat = "primus-sharded-checkpoint";
+
+// One stored piece of a logical tensor: elements [begin, end) of the tensor flattened row-major, held as the
+// tensor `key` of `file` (end - begin elements, any shape).
+struct TensorSlice {
+  std::string file;  // a path
+  std::string key;
+  int64_t begin = 0;
+  int64_t end = 0;
+};
+
+struct CatalogTensor {
+  Shape shape;                      // the logical tensor's
+  std::vector<TensorSlice> slices;  // ascending, disjoint
+};
+
+class TensorCatalog {
+ public:
+  // A native checkpoint iteration directory of either format. Throws RuntimeError naming the file for a
+  // malformed index or safetensors header.
+  static TensorCatalog open_checkpoint(const std::string& dir);
+  // A Hugging Face model folder. Throws UsageError when it has neither model.safetensors nor an index (the
+  // user named it), RuntimeError for a malformed file.
+  static TensorCatalog open_hf_folder(const std::string& dir);
+
+  // What errors name as the catalog's source: index.json, or the safetensors file(s).
+  const std::string& source() const { return source_; }
+  bool sharded() const { return sharded_; }
+  const std::map<std::string, CatalogTensor>& tensors() const { return tensors_; }
+  const CatalogTensor* find(const std::string& name) const;
+  // The named tensor, which must have `shape`; RuntimeError naming the source otherwise.
+  const CatalogTensor& require(const std::string& name, const Shape& shape) const;
+
+  // Elements [begin, end) of the named tensor (flattened) as f32 into host memory; every element must be in a
+  // slice (RuntimeError naming the source and the first missing element otherwise).
+  void read_f32(const std::string& name, int64_t begin, int64_t end, float* dst) const;
+  // Same into `dst` ([end - begin] f32 on any device), through the host in pieces of at most 16 MiB.
+  void read_into(const std::string& name, int64_t begin, int64_t end, const Tensor& dst) const;
+
+ private:
+  const SafetensorsFile& file(const std::string& path) const;
+  void add_whole_tensors(const std::string& path, const std::string& only = {});
+
+  std::string source_;
+  bool sharded_ = false;
+  std::map<std::string, CatalogTensor> tensors_;
+  mutable std::map<std::string, SafetensorsFile> files_;
+};
+
+// Host <-> any device for 1-D f32 views: a CPU tensor is read or written in place, a device one through a
+// host staging copy.
+void copy_to_host(const Tensor& src, float* dst);
+void copy_from_host(const float* src, const Tensor& dst);
+
+}  // namespace primus
