@@ -1,14 +1,15 @@
 #include "checkpoint/checkpoint.h"
 
-#include <unistd.h>
-
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/checkpoint_dir.h"
 #include "checkpoint/hf_config.h"
 #include "checkpoint/safetensors.h"
+#include "checkpoint/tensor_catalog.h"
 #include "core/file_io.h"
 #include "ops/ops.h"
 
@@ -19,25 +20,25 @@ using json = nlohmann::json;
 
 namespace {
 
-constexpr const char* kTracker = "latest_checkpointed_iteration.txt";
-constexpr const char* kManifest = "manifest.json";
-constexpr int kFormatVersion = 1;
+std::string hf_config_text(const Model& model) { return hf_config_json_text(model.args()); }
 
-// The tensor itself when it lives on the host, else a host copy (one transfer for a whole flat buffer).
-Tensor on_host(const Tensor& t) { return t.device().is_cpu() ? t : ops::to_device(t, kCpuDevice); }
-
-// The weights as a safetensors writer over one host copy of the flat buffer (kept alive by the writer).
-SafetensorsWriter model_writer(const LlamaModel& model) {
+// The weights under their Hugging Face names, whole; a device model's are streamed to the file piece by piece.
+SafetensorsWriter model_writer(const Model& model) {
   SafetensorsWriter writer;
   const ParamStore& params = model.params();
-  const Tensor flat = on_host(params.flat_params());
-  for (size_t i = 0; i < params.specs().size(); ++i) {
-    writer.add(params.specs()[i].name, flat.slice_elements(params.offset(i), params.specs()[i].shape));
-  }
+  for (size_t i = 0; i < params.specs().size(); ++i) writer.add(params.specs()[i].name, params.param(i));
   return writer;
 }
 
-std::string hf_config_text(const LlamaModel& model) { return hf_config_from_model(model.args()).dump(2) + "\n"; }
+// One moment tensor whole: a view when one owned range holds it, else its pieces concatenated as they are
+// written (an optimizer that owns several ranges, e.g. the shards of every bucket of a world of one).
+void add_moment(SafetensorsWriter& writer, const std::string& name, const Shape& shape, std::vector<Tensor> views) {
+  if (views.size() == 1) {
+    writer.add(name, views.front().reshape(shape));
+  } else {
+    writer.add(name, DType::kF32, shape, concatenation(std::move(views)));
+  }
+}
 
 // Size and CRC32C of a file read in pieces (a checkpoint file can be larger than the host memory);
 // `on_bytes` hears of each piece.
@@ -71,83 +72,24 @@ void copy_into(const Tensor& source, Tensor target, const std::string& name, con
 
 std::string checkpoint_dir_name(int64_t iteration) { return fmt::format("iter_{:07d}", iteration); }
 
-int64_t save_checkpoint(const std::string& save_dir, const LlamaModel& model, const AdamW& optimizer,
+int64_t save_checkpoint(const std::string& save_dir, const Model& model, const AdamW& optimizer,
                         const TrainerState& state, const std::string& config_yaml,
                         const CheckpointProgressFn& progress) {
-  fs::create_directories(save_dir);
-  const std::string final_dir = save_dir + "/" + checkpoint_dir_name(state.iteration);
-  const std::string tmp_dir = fmt::format("{}.tmp.{}", final_dir, getpid());
-  fs::remove_all(tmp_dir);
-  fs::create_directories(tmp_dir);
-
-  // A device model is copied to the host first, one flat buffer at a time (weights, two moments).
   const ParamStore& params = model.params();
-  const bool on_device = !params.flat_params().device().is_cpu();
-  const int64_t copy_total = on_device ? 3 * 4 * params.numel() : 0;
-  auto copied = [&](int64_t buffers) {
-    if (progress && on_device) progress({"copy", buffers * copy_total / 3, copy_total});
-  };
-  copied(0);
   const SafetensorsWriter weights = model_writer(model);
-  copied(1);
   SafetensorsWriter moments;
-  const Tensor exp_avg = on_host(optimizer.exp_avg());
-  copied(2);
-  const Tensor exp_avg_sq = on_host(optimizer.exp_avg_sq());
-  copied(3);
   for (size_t i = 0; i < params.specs().size(); ++i) {
     const ParamSpec& spec = params.specs()[i];
-    moments.add("exp_avg." + spec.name, exp_avg.slice_elements(params.offset(i), spec.shape));
-    moments.add("exp_avg_sq." + spec.name, exp_avg_sq.slice_elements(params.offset(i), spec.shape));
+    const int64_t begin = params.offset(i);
+    const int64_t end = begin + shape_numel(spec.shape);
+    add_moment(moments, "exp_avg." + spec.name, spec.shape, moment_views(optimizer, false, begin, end));
+    add_moment(moments, "exp_avg_sq." + spec.name, spec.shape, moment_views(optimizer, true, begin, end));
   }
-  const int64_t total = static_cast<int64_t>(weights.file_bytes() + moments.file_bytes());
-  int64_t done = 0;
-  auto on_bytes = [&](uint64_t bytes) {
-    done += static_cast<int64_t>(bytes);
-    if (progress) progress({"save", done, total});
-  };
-  if (progress) progress({"save", 0, total});
-
-  json files = json::object();
-  auto record = [&](const char* name, SafetensorsWriter::Written written) {
-    files[name] = {{"bytes", written.bytes}, {"crc32c", written.crc32c}};
-  };
-  auto write_text = [&](const char* name, const std::string& text) {
-    write_file_atomic(tmp_dir + "/" + name, text);
-    record(name, {text.size(), crc32c(text)});
-  };
-  record("model.safetensors", weights.write(tmp_dir + "/model.safetensors", on_bytes));
-  write_text("config.json", hf_config_text(model));
-  record("optimizer.safetensors", moments.write(tmp_dir + "/optimizer.safetensors", on_bytes));
-  json trainer = {{"format_version", kFormatVersion},
-                  {"iteration", state.iteration},
-                  {"consumed_train_samples", state.consumed_train_samples},
-                  {"optimizer_steps", state.optimizer_steps},
-                  {"seed", state.seed}};
-  write_text("trainer_state.json", trainer.dump(2) + "\n");
-  write_text("config.yaml", config_yaml);
-
-  json manifest = {{"format_version", kFormatVersion}, {"iteration", state.iteration}, {"files", files}};
-  write_file_atomic(tmp_dir + "/" + kManifest, manifest.dump(2) + "\n");
-  fsync_directory(tmp_dir);
-
-  // Replace an older directory of the same iteration (a re-run) only once the new one is complete.
-  if (fs::exists(final_dir)) {
-    const std::string old_dir = final_dir + ".old";
-    fs::remove_all(old_dir);
-    fs::rename(final_dir, old_dir);
-    fs::rename(tmp_dir, final_dir);
-    fs::remove_all(old_dir);
-  } else {
-    fs::rename(tmp_dir, final_dir);
-  }
-  fsync_directory(save_dir);
-  write_file_atomic(save_dir + "/" + kTracker, std::to_string(state.iteration) + "\n");
-  return done;
+  return write_single_file_checkpoint(save_dir, weights, moments, hf_config_text(model), state, config_yaml, progress);
 }
 
 std::optional<std::string> find_latest_checkpoint(const std::string& dir) {
-  const std::string tracker = dir + "/" + kTracker;
+  const std::string tracker = dir + "/" + kTrackerFile;
   if (!fs::exists(tracker)) return std::nullopt;
   const std::string text = read_file(tracker);
   int64_t iteration = -1;
@@ -167,9 +109,10 @@ std::optional<std::string> find_latest_checkpoint(const std::string& dir) {
 }
 
 void verify_checkpoint(const std::string& checkpoint_dir, const CheckpointProgressFn& progress) {
-  const std::string manifest_path = checkpoint_dir + "/" + kManifest;
+  const std::string manifest_path = checkpoint_dir + "/" + kManifestFile;
   if (!fs::exists(manifest_path)) {
-    throw RuntimeError(fmt::format("{}: no {} — the checkpoint is incomplete and will not be loaded", checkpoint_dir, kManifest));
+    throw RuntimeError(
+        fmt::format("{}: no {} — the checkpoint is incomplete and will not be loaded", checkpoint_dir, kManifestFile));
   }
   json manifest;
   try {
@@ -209,50 +152,56 @@ void verify_checkpoint(const std::string& checkpoint_dir, const CheckpointProgre
   }
 }
 
-TrainerState load_checkpoint(const std::string& checkpoint_dir, LlamaModel& model, AdamW& optimizer,
+TrainerState load_checkpoint(const std::string& checkpoint_dir, Model& model, AdamW& optimizer,
                              const CheckpointProgressFn& progress) {
   verify_checkpoint(checkpoint_dir, progress);
-  const std::string model_file = checkpoint_dir + "/model.safetensors";
-  const std::string optim_file = checkpoint_dir + "/optimizer.safetensors";
-  SafetensorsFile weights = SafetensorsFile::open(model_file);
-  SafetensorsFile moments = SafetensorsFile::open(optim_file);
+  const TensorCatalog catalog = TensorCatalog::open_checkpoint(checkpoint_dir);
   ParamStore& params = model.params();
-  // Weights and both moments, 4 bytes an element each.
-  const int64_t total = 3 * 4 * params.numel();
+  const std::vector<ParamSpec>& specs = params.specs();
+  // Every weight, and the moments of the owned ranges only; 4 bytes an element.
+  int64_t owned = 0;
+  for (const FlatRange& r : optimizer.owned()) owned += r.size();
+  const int64_t total = 4 * (params.numel() + 2 * owned);
   int64_t done = 0;
   if (progress) progress({"load", 0, total});
-  for (size_t i = 0; i < params.specs().size(); ++i) {
-    const ParamSpec& spec = params.specs()[i];
-    copy_into(weights.read_f32(spec.name), params.param(i), spec.name, model_file);
-    copy_into(moments.read_f32("exp_avg." + spec.name), optimizer.exp_avg().slice_elements(params.offset(i), spec.shape),
-              "exp_avg." + spec.name, optim_file);
-    copy_into(moments.read_f32("exp_avg_sq." + spec.name),
-              optimizer.exp_avg_sq().slice_elements(params.offset(i), spec.shape), "exp_avg_sq." + spec.name, optim_file);
-    done += 3 * 4 * shape_numel(spec.shape);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const int64_t n = shape_numel(specs[i].shape);
+    catalog.require(specs[i].name, specs[i].shape);
+    catalog.read_into(specs[i].name, 0, n, params.param(i).reshape({n}));
+    done += 4 * n;
     if (progress) progress({"load", done, total});
   }
-  const std::string state_file = checkpoint_dir + "/trainer_state.json";
-  TrainerState state;
-  try {
-    json j = json::parse(read_file(state_file));
-    state.iteration = j.at("iteration").get<int64_t>();
-    state.consumed_train_samples = j.at("consumed_train_samples").get<int64_t>();
-    state.optimizer_steps = j.at("optimizer_steps").get<int64_t>();
-    state.seed = j.at("seed").get<int64_t>();
-  } catch (const json::exception& e) {
-    throw RuntimeError(fmt::format("{}: {}", state_file, e.what()));
+  // Each owned range crosses some tensors; the part of each comes from whichever slices of the checkpoint hold it.
+  for (size_t r = 0; r < optimizer.owned().size(); ++r) {
+    const FlatRange range = optimizer.owned()[r];
+    for (size_t i = 0; i < specs.size(); ++i) {
+      const int64_t offset = params.offset(i);
+      const int64_t lo = std::max(range.begin, offset);
+      const int64_t hi = std::min(range.end, offset + shape_numel(specs[i].shape));
+      if (lo >= hi) continue;
+      for (const bool second : {false, true}) {
+        const std::string name = (second ? "exp_avg_sq." : "exp_avg.") + specs[i].name;
+        catalog.require(name, specs[i].shape);
+        const Tensor moments = second ? optimizer.exp_avg_sq(r) : optimizer.exp_avg(r);
+        catalog.read_into(name, lo - offset, hi - offset, moments.slice_elements(lo - range.begin, {hi - lo}));
+      }
+      done += 2 * 4 * (hi - lo);
+      if (progress) progress({"load", done, total});
+    }
   }
+  const TrainerState state = read_trainer_state(checkpoint_dir);
   optimizer.set_steps_taken(state.optimizer_steps);
+  model.weights_changed();
   return state;
 }
 
-void export_hf_model(const std::string& dir, const LlamaModel& model) {
+void export_hf_model(const std::string& dir, const Model& model) {
   fs::create_directories(dir);
   model_writer(model).write(dir + "/model.safetensors");
   write_file_atomic(dir + "/config.json", hf_config_text(model));
 }
 
-void load_hf_weights(const std::string& dir, LlamaModel& model) {
+void load_hf_weights(const std::string& dir, Model& model) {
   const std::string config_path = dir + "/config.json";
   if (!fs::exists(config_path)) throw UsageError(fmt::format("pretrained_checkpoint: {} does not exist", config_path));
   json config;

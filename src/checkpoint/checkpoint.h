@@ -1,5 +1,6 @@
 // Training checkpoints: one directory per saved iteration, written atomically, verified before loading.
 //
+// Single-file format (a world of one; Hugging Face loads its model.safetensors as it is):
 //   <save>/iter_0000100/model.safetensors      fp32 weights, Hugging Face names (loadable by transformers
 //                       config.json            together with this HF config)
 //                       optimizer.safetensors  AdamW moments: exp_avg.<name>, exp_avg_sq.<name>
@@ -7,9 +8,12 @@
 //                       config.yaml            the effective experiment config
 //                       manifest.json          size and CRC32C of every file above (written last)
 //   <save>/latest_checkpointed_iteration.txt   Megatron's tracker file, replaced atomically after the directory
+// Sharded format (data-parallel ranks, sharded_checkpoint.h): shard_<r>_of_<n>.safetensors from each rank and
+// index.json in place of model.safetensors and optimizer.safetensors; the other files are the same.
 //
-// A directory is built under a temporary name, every file fsync'ed, then renamed into place; the tracker
-// is updated last, so a crash at any point leaves the previous checkpoint as the latest complete one.
+// A directory is built under a temporary name (`iter_N.tmp`), every file fsync'ed, then renamed into place;
+// the tracker is updated last, so a crash at any point leaves the previous checkpoint as the latest complete
+// one. The next save removes temporaries that crashed saves left behind.
 #pragma once
 
 #include <cstdint>
@@ -17,7 +21,7 @@
 #include <optional>
 #include <string>
 
-#include "models/llama.h"
+#include "models/model.h"
 #include "optim/adamw.h"
 
 namespace primus {
@@ -32,9 +36,9 @@ struct TrainerState {
 std::string checkpoint_dir_name(int64_t iteration);  // "iter_0000100"
 
 // Where a long checkpoint operation stands, reported on the calling thread: first with done_bytes 0, then
-// as bytes go by, last with done_bytes == total_bytes. Phases: "copy" (a device model's weights and moments
-// copied to the host, before a save; none on the CPU), "save" (the two safetensors files written), "verify"
-// (every file of the manifest read and checked), "load" (tensor bytes copied into the model and optimizer).
+// as bytes go by, last with done_bytes == total_bytes. Phases: "save" (the safetensors files written; a device
+// model's tensors are copied to the host piece by piece as they are written), "verify" (every file of the
+// manifest read and checked), "load" (tensor bytes copied into the model and optimizer).
 // The trainer draws progress bars from it (train/checkpoint_progress.h).
 struct CheckpointProgress {
   const char* phase = "";
@@ -43,9 +47,10 @@ struct CheckpointProgress {
 };
 using CheckpointProgressFn = std::function<void(const CheckpointProgress&)>;
 
-// Writes a complete checkpoint for `state.iteration` under `save_dir` and points the tracker at it. The
-// manifest's sizes and CRC32Cs are computed from the bytes as they are written. Returns the bytes written.
-int64_t save_checkpoint(const std::string& save_dir, const LlamaModel& model, const AdamW& optimizer,
+// Writes a complete checkpoint for `state.iteration` under `save_dir` in the single-file format and points the
+// tracker at it. The optimizer must own every element (in one range or several). The manifest's sizes and
+// CRC32Cs are computed from the bytes as they are written. Returns the bytes written.
+int64_t save_checkpoint(const std::string& save_dir, const Model& model, const AdamW& optimizer,
                         const TrainerState& state, const std::string& config_yaml,
                         const CheckpointProgressFn& progress = {});
 
@@ -57,14 +62,17 @@ std::optional<std::string> find_latest_checkpoint(const std::string& dir);
 // bad file; nothing is loaded from a checkpoint that fails. Files are read in pieces, never whole.
 void verify_checkpoint(const std::string& checkpoint_dir, const CheckpointProgressFn& progress = {});
 
-// Verifies, then loads weights, optimizer moments and trainer state. Shapes must match the model.
-TrainerState load_checkpoint(const std::string& checkpoint_dir, LlamaModel& model, AdamW& optimizer,
+// Verifies, then loads weights, optimizer moments and trainer state from a checkpoint of either format into a
+// model and an optimizer of any layout: every weight, and the moments of the optimizer's owned ranges only,
+// each from whichever stored slices hold it (a 4-rank checkpoint loads into 2 ranks or 1, a 1-process one into
+// 4). Shapes must match the model; a missing tensor or slice throws RuntimeError naming the file.
+TrainerState load_checkpoint(const std::string& checkpoint_dir, Model& model, AdamW& optimizer,
                              const CheckpointProgressFn& progress = {});
 
 // Hugging Face model folder: model.safetensors (fp32) + config.json.
-void export_hf_model(const std::string& dir, const LlamaModel& model);
+void export_hf_model(const std::string& dir, const Model& model);
 // Loads weights from a Hugging Face model folder (F32/BF16/F16 safetensors; one file or an index of shards).
 // The folder's config.json must describe the same shapes as the model; mismatches name the key.
-void load_hf_weights(const std::string& dir, LlamaModel& model);
+void load_hf_weights(const std::string& dir, Model& model);
 
 }  // namespace primus

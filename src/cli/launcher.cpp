@@ -202,6 +202,7 @@ int run_command(const LaunchOptions& launch, const LaunchRequest& request, const
   add_data_commands(commands, launch, action);
   add_benchmark_commands(commands, launch, action);
   add_report_commands(commands, launch, action);
+  add_checkpoint_commands(commands, launch, action);
 
   if (words.empty()) {
     print_usage_error("no command given (for example: primus-cli -- train pretrain --config exp.yaml)",

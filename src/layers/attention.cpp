@@ -4,30 +4,15 @@
 
 namespace primus {
 
-namespace {
-
-Tensor linear(const Tensor& x, const Tensor& w) {
-  Tensor y = Tensor::empty({x.dim(0), w.dim(0)}, x.dtype(), x.device());
-  ops::linear_forward(x, w, y);
-  return y;
-}
-
-// dw += dyᵀ · x, and dy · w goes into dx_sum: assigned when dx_sum is undefined, accumulated by the GEMM
-// otherwise (a layer input that feeds several projections sums their gradients).
-void linear_grad(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor& dw, Tensor& dx_sum) {
-  const bool accumulate = dx_sum.defined();
-  if (!accumulate) dx_sum = Tensor::empty(x.shape(), x.dtype(), x.device());
-  ops::linear_backward(x, w, dy, dx_sum, dw, accumulate);
-}
-
-}  // namespace
-
-Tensor Attention::forward(const Tensor& x, const RopeTable& rope, const PackedSequence& packed, AttentionSaved& saved) {
-  const auto [B, T, Hq, Hkv, D] = shape;
+Tensor Attention::forward(const Tensor& x, int64_t batch, const RopeTable& rope, const PackedSequence& packed,
+                          AttentionSaved& saved) {
+  PRIMUS_CHECK(batch >= 1 && x.dim(0) % batch == 0, "[attention] {} rows are not {} sequences", x.dim(0), batch);
+  saved.shape = AttentionShape{batch, x.dim(0) / batch, heads, kv_heads, head_dim};
+  const auto [B, T, Hq, Hkv, D] = saved.shape;
   saved.input = x;
-  Tensor q = linear(x, wq);  // [N, Hq*D]
-  Tensor k = linear(x, wk);  // [N, Hkv*D]
-  Tensor v = linear(x, wv);  // [N, Hkv*D]
+  Tensor q = q_proj->forward(x);  // [N, Hq*D]
+  Tensor k = k_proj->forward(x);  // [N, Hkv*D]
+  Tensor v = v_proj->forward(x);  // [N, Hkv*D]
   if (qk_norm) {
     q = q_norm.forward(q.reshape({B * T * Hq, D}), saved.q_norm);
     k = k_norm.forward(k.reshape({B * T * Hkv, D}), saved.k_norm);
@@ -40,14 +25,14 @@ Tensor Attention::forward(const Tensor& x, const RopeTable& rope, const PackedSe
   saved.out = Tensor::empty({B, T, Hq, D}, x.dtype(), x.device());
   saved.lse = Tensor::empty({B, Hq, T}, DType::kF32, x.device());
   ops::attention_forward(saved.q, saved.k, saved.v, saved.out, saved.lse, packed.segment_start);
-  return linear(saved.out.reshape({B * T, Hq * D}), wo);
+  return o_proj->forward(saved.out.reshape({B * T, Hq * D}));
 }
 
 Tensor Attention::backward(const Tensor& dy, const RopeTable& rope, const PackedSequence& packed,
                            AttentionSaved& saved) {
-  const auto [B, T, Hq, Hkv, D] = shape;
+  const auto [B, T, Hq, Hkv, D] = saved.shape;
   Tensor dout;
-  linear_grad(saved.out.reshape({B * T, Hq * D}), wo, dy, dwo, dout);
+  o_proj->backward(saved.out.reshape({B * T, Hq * D}), dy, dout);
   Tensor dq = Tensor::empty({B, T, Hq, D}, dy.dtype(), dy.device());
   Tensor dk = Tensor::empty({B, T, Hkv, D}, dy.dtype(), dy.device());
   Tensor dv = Tensor::empty({B, T, Hkv, D}, dy.dtype(), dy.device());
@@ -61,35 +46,36 @@ Tensor Attention::backward(const Tensor& dy, const RopeTable& rope, const Packed
     dq_flat = q_norm.backward(dq.reshape({B * T * Hq, D}), saved.q_norm).reshape({B * T, Hq * D});
     dk_flat = k_norm.backward(dk.reshape({B * T * Hkv, D}), saved.k_norm).reshape({B * T, Hkv * D});
   }
-  Tensor dx;
-  linear_grad(saved.input, wq, dq_flat, dwq, dx);
-  linear_grad(saved.input, wk, dk_flat, dwk, dx);
-  linear_grad(saved.input, wv, dv.reshape({B * T, Hkv * D}), dwv, dx);
+  Tensor dx;  // the three projections read the same input: their gradients sum into it
+  q_proj->backward(saved.input, dq_flat, dx);
+  k_proj->backward(saved.input, dk_flat, dx);
+  v_proj->backward(saved.input, dv.reshape({B * T, Hkv * D}), dx);
   saved = AttentionSaved();
   return dx;
 }
 
 Tensor SwiGluMlp::forward(const Tensor& x, MlpSaved& saved) {
   saved.input = x;
-  saved.gate_up = linear(x, w_gate_up);
-  saved.act = Tensor::empty({x.dim(0), w_down.dim(1)}, x.dtype(), x.device());
+  saved.gate_up = gate_up_proj->forward(x);
+  saved.act = Tensor::empty({x.dim(0), down_proj->in_features()}, x.dtype(), x.device());
   ops::swiglu_forward(saved.gate_up, saved.act);
-  Tensor y = linear(saved.act, w_down);
+  Tensor y = down_proj->forward(saved.act);
   if (recompute_act) saved.act = Tensor();
   return y;
 }
 
 Tensor SwiGluMlp::backward(const Tensor& dy, MlpSaved& saved) {
   if (!saved.act.defined()) {  // dropped after forward (recompute_act): the same kernel on the same inputs
-    saved.act = Tensor::empty({saved.gate_up.dim(0), w_down.dim(1)}, saved.gate_up.dtype(), saved.gate_up.device());
+    saved.act = Tensor::empty({saved.gate_up.dim(0), down_proj->in_features()}, saved.gate_up.dtype(),
+                              saved.gate_up.device());
     ops::swiglu_forward(saved.gate_up, saved.act);
   }
   Tensor dact;
-  linear_grad(saved.act, w_down, dy, dw_down, dact);
+  down_proj->backward(saved.act, dy, dact);
   Tensor dgate_up = saved.gate_up;  // the gradient overwrites the pre-activations, which are not needed after
   ops::swiglu_backward(saved.gate_up, dact, dgate_up);
   Tensor dx;
-  linear_grad(saved.input, w_gate_up, dgate_up, dw_gate_up, dx);
+  gate_up_proj->backward(saved.input, dgate_up, dx);
   saved = MlpSaved();
   return dx;
 }

@@ -3,7 +3,10 @@
 // RoPE uses each token's position within its document and attention stays inside each document.
 #pragma once
 
+#include <memory>
+
 #include "layers/basic_layers.h"
+#include "layers/linear.h"
 #include "layers/rope_table.h"
 
 namespace primus {
@@ -24,7 +27,9 @@ struct PackedSequence {
   bool packed() const { return position_ids.defined() || segment_start.defined(); }
 };
 
+// What one micro-batch's forward keeps for its backward.
 struct AttentionSaved {
+  AttentionShape shape;  // of the forward
   Tensor input;          // [N, C]
   Tensor q, k, v;        // [B, T, H, D] after norm and RoPE (what attention consumed)
   Tensor out;            // [B, T, Hq, D]
@@ -33,19 +38,25 @@ struct AttentionSaved {
   RmsNormSaved k_norm;   // over [N*Hkv, D]
 };
 
+// The projections are modules (owned here, replaceable from outside: Model::for_each_linear); the rest of the
+// state is the fixed shape of the heads. Per-micro-batch state lives in AttentionSaved only.
 struct Attention {
-  Tensor wq, dwq;  // [Hq*D, C]
-  Tensor wk, dwk;  // [Hkv*D, C]
-  Tensor wv, dwv;  // [Hkv*D, C]
-  Tensor wo, dwo;  // [C, Hq*D]
+  std::unique_ptr<Linear> q_proj;  // [Hq*D, C]
+  std::unique_ptr<Linear> k_proj;  // [Hkv*D, C]
+  std::unique_ptr<Linear> v_proj;  // [Hkv*D, C]
+  std::unique_ptr<Linear> o_proj;  // [C, Hq*D]
+  int64_t heads = 0;     // query heads
+  int64_t kv_heads = 0;  // key/value heads (groups)
+  int64_t head_dim = 0;
   bool qk_norm = false;
   RmsNorm q_norm;  // weight [D]
   RmsNorm k_norm;  // weight [D]
-  AttentionShape shape;
 
-  // x [N, C] -> [N, C]. rope: [T, D/2], or with packed.position_ids any rows that cover the positions.
-  Tensor forward(const Tensor& x, const RopeTable& rope, const PackedSequence& packed, AttentionSaved& saved);
-  // -> dx [N, C]; rope and packed as in forward.
+  // x [B·T, C] (`batch` rows of T tokens) -> [B·T, C]. rope: [T, D/2], or with packed.position_ids any rows that
+  // cover the positions.
+  Tensor forward(const Tensor& x, int64_t batch, const RopeTable& rope, const PackedSequence& packed,
+                 AttentionSaved& saved);
+  // -> dx [N, C]; rope and packed as in forward. Releases `saved`.
   Tensor backward(const Tensor& dy, const RopeTable& rope, const PackedSequence& packed, AttentionSaved& saved);
 };
 
@@ -56,14 +67,14 @@ struct MlpSaved {
 };
 
 // SwiGLU MLP: down(silu(gate(x)) * up(x)). gate_proj and up_proj are adjacent in the flat parameter and
-// gradient buffers, so one [2F, C] view of both makes the two projections one GEMM (and one each backward).
+// gradient buffers, so one [2F, C] module over both makes the two projections one GEMM (and one each backward).
 struct SwiGluMlp {
-  Tensor w_gate_up, dw_gate_up;  // [2F, C]: gate_proj.weight then up_proj.weight
-  Tensor w_down, dw_down;        // [C, F]
+  std::unique_ptr<Linear> gate_up_proj;  // [2F, C]: gate_proj.weight then up_proj.weight
+  std::unique_ptr<Linear> down_proj;     // [C, F]
   bool recompute_act = false;  // selective recompute: keep gate and up only, recompute the product in backward
 
-  Tensor forward(const Tensor& x, MlpSaved& saved);       // x [N, C] -> [N, C]
-  Tensor backward(const Tensor& dy, MlpSaved& saved);     // -> dx [N, C]
+  Tensor forward(const Tensor& x, MlpSaved& saved);    // x [N, C] -> [N, C]
+  Tensor backward(const Tensor& dy, MlpSaved& saved);  // -> dx [N, C]; releases `saved`
 };
 
 }  // namespace primus

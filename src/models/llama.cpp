@@ -19,6 +19,36 @@ RopeConfig rope_config(const ModelArgs& a) {
 
 }  // namespace
 
+struct LlamaModel::BlockSaved {
+  RmsNormSaved input_norm;
+  AttentionSaved attention;
+  RmsNormSaved post_norm;
+  MlpSaved mlp;
+  Tensor chunk_input;  // full recompute: the input of the chunk this block starts, else undefined
+
+  void release_activations() {  // all but chunk_input
+    input_norm = RmsNormSaved();
+    attention = AttentionSaved();
+    post_norm = RmsNormSaved();
+    mlp = MlpSaved();
+  }
+};
+
+// Everything one micro-batch's backward needs from its forward; nothing of it lives in the model, so contexts of
+// several micro-batches (of any shapes and packings) can be alive at once.
+struct LlamaModel::Context final : MicroBatchContext {
+  const LlamaModel* model = nullptr;  // whose forward made it
+  bool awaiting_backward = false;     // a training forward's, not yet consumed by backward
+  RecomputeConfig recompute;          // as set when the forward ran
+  int64_t batch = 0;                  // B of [B, T]
+  Tensor tokens;                      // [N] ids
+  PackedSequence packed;              // undefined tensors when not packed
+  RopeTable rope;                     // the rows of the model's table this micro-batch reads
+  std::vector<BlockSaved> blocks;
+  RmsNormSaved final_norm;
+  LmLossSaved lm_loss;
+};
+
 std::vector<ParamSpec> LlamaModel::param_specs(const ModelArgs& a) {
   PRIMUS_CHECK(a.vocab_size > 0, "model vocab_size must be resolved before building the model");
   const int64_t C = a.hidden_size, F = a.ffn_hidden_size, D = a.kv_channels;
@@ -113,44 +143,36 @@ void LlamaModel::bind_layers() {
     b.post_attention_norm =
         RmsNorm{p(pre + "post_attention_layernorm.weight"), g(pre + "post_attention_layernorm.weight"), eps};
     Attention& at = b.attention;
-    at.wq = p(pre + "self_attn.q_proj.weight");
-    at.dwq = g(pre + "self_attn.q_proj.weight");
-    at.wk = p(pre + "self_attn.k_proj.weight");
-    at.dwk = g(pre + "self_attn.k_proj.weight");
-    at.wv = p(pre + "self_attn.v_proj.weight");
-    at.dwv = g(pre + "self_attn.v_proj.weight");
-    at.wo = p(pre + "self_attn.o_proj.weight");
-    at.dwo = g(pre + "self_attn.o_proj.weight");
+    auto linear = [&](const std::string& name) { return std::make_unique<Linear>(p(name), g(name)); };
+    at.q_proj = linear(pre + "self_attn.q_proj.weight");
+    at.k_proj = linear(pre + "self_attn.k_proj.weight");
+    at.v_proj = linear(pre + "self_attn.v_proj.weight");
+    at.o_proj = linear(pre + "self_attn.o_proj.weight");
+    at.heads = args_.num_attention_heads;
+    at.kv_heads = args_.num_query_groups;
+    at.head_dim = args_.kv_channels;
     at.qk_norm = args_.qk_layernorm;
     if (at.qk_norm) {
       at.q_norm = RmsNorm{p(pre + "self_attn.q_norm.weight"), g(pre + "self_attn.q_norm.weight"), eps};
       at.k_norm = RmsNorm{p(pre + "self_attn.k_norm.weight"), g(pre + "self_attn.k_norm.weight"), eps};
     }
     SwiGluMlp& m = b.mlp;
-    m.w_gate_up = p2(pre + "mlp.gate_proj.weight", pre + "mlp.up_proj.weight");
-    m.dw_gate_up = g2(pre + "mlp.gate_proj.weight", pre + "mlp.up_proj.weight");
-    m.w_down = p(pre + "mlp.down_proj.weight");
-    m.dw_down = g(pre + "mlp.down_proj.weight");
+    const std::string gate = pre + "mlp.gate_proj.weight", up = pre + "mlp.up_proj.weight";
+    m.gate_up_proj = std::make_unique<Linear>(p2(gate, up), g2(gate, up));
+    m.down_proj = linear(pre + "mlp.down_proj.weight");
   }
   final_norm_ = RmsNorm{p("model.norm.weight"), g("model.norm.weight"), eps};
   const std::string head = args_.untie_embeddings_and_output_weights ? "lm_head.weight" : "model.embed_tokens.weight";
   lm_loss_ = LmLoss{p(head), g(head)};
 }
 
-RopeTable LlamaModel::rope_for(int64_t seq) const {
-  if (packed_.position_ids.defined()) return rope_;
+RopeTable LlamaModel::rope_for(int64_t seq, const PackedSequence& packed) const {
+  if (packed.position_ids.defined()) return rope_;
   const int64_t half = args_.kv_channels / 2;
   return RopeTable{rope_.cos.slice_elements(0, {seq, half}), rope_.sin.slice_elements(0, {seq, half})};
 }
 
-int64_t LlamaModel::counted_tokens(const Tensor& host_labels) {
-  const int32_t* labels = host_labels.i32();
-  int64_t counted = 0;
-  for (int64_t k = 0; k < host_labels.numel(); ++k) counted += labels[k] >= 0;
-  return counted;
-}
-
-Tensor LlamaModel::forward_hidden(const Tensor& tokens, const PackedSequence& packed) {
+Tensor LlamaModel::forward_hidden(Context& ctx, const Tensor& tokens, const PackedSequence& packed) {
   PRIMUS_CHECK(tokens.ndim() == 2, "[model] tokens {} must be [B, T]", tokens.describe());
   const int64_t B = tokens.dim(0), T = tokens.dim(1);
   PRIMUS_CHECK(T <= max_seq_length_, "[model] sequence of {} tokens exceeds the model's {}", T, max_seq_length_);
@@ -158,80 +180,68 @@ Tensor LlamaModel::forward_hidden(const Tensor& tokens, const PackedSequence& pa
     PRIMUS_CHECK(!t->defined() || t->shape() == tokens.shape(), "[model] packed-sequence input {} must match tokens {}",
                  t->describe(), tokens.describe());
   }
-  packed_ = packed;
+  ctx.model = this;
+  ctx.recompute = recompute_;
+  ctx.batch = B;
+  ctx.packed = packed;
+  ctx.rope = rope_for(T, packed);
+  ctx.blocks.resize(args_.num_layers);
   if (compute_dtype_ != DType::kF32 && compute_weights_stale_) {
     ops::cast(compute_weights_, params_.flat_params());
     compute_weights_stale_ = false;
   }
-  const RopeTable rope = rope_for(T);
-  tokens_ = tokens.reshape({B * T});
+  ctx.tokens = tokens.reshape({B * T});
   Tensor x;
   {
     const ops::ProfileScope scope("model.embed_tokens");
-    x = embedding_.forward(tokens_);  // [N, C]
+    x = embedding_.forward(ctx.tokens);  // [N, C]
   }
   for (int64_t i = 0; i < args_.num_layers; ++i) {
-    Block& b = blocks_[i];
-    b.attention.shape = AttentionShape{B, T, args_.num_attention_heads, args_.num_query_groups, args_.kv_channels};
-    const auto [first, end] = recompute_chunk(i);
+    BlockSaved& saved = ctx.blocks[i];
+    const auto [first, end] = ctx.recompute.chunk(i, args_.num_layers);
     if (first == end) {
-      x = block_forward(b, x, rope);
+      x = block_forward(blocks_[i], saved, x, ctx);
       continue;
     }
-    if (i == first) b.chunk_input = x;
-    x = block_forward(b, x, rope);
-    release_block(b);  // backward recomputes the chunk from chunk_input
+    if (i == first) saved.chunk_input = x;
+    x = block_forward(blocks_[i], saved, x, ctx);
+    saved.release_activations();  // backward recomputes the chunk from chunk_input
   }
   const ops::ProfileScope scope("model.norm");
-  return final_norm_.forward(x, final_norm_saved_);
+  return final_norm_.forward(x, ctx.final_norm);
 }
 
-Tensor LlamaModel::block_forward(Block& b, const Tensor& x, const RopeTable& rope) {
+Tensor LlamaModel::block_forward(Block& b, BlockSaved& saved, const Tensor& x, const Context& ctx) {
   const ops::ProfileScope block(b.name);
   Tensor a;
   {
     const ops::ProfileScope scope(b.name + ".self_attn");
-    Tensor h = b.input_norm.forward(x, b.input_norm_saved);
-    a = b.attention.forward(h, rope, packed_, b.attention_saved);
+    Tensor h = b.input_norm.forward(x, saved.input_norm);
+    a = b.attention.forward(h, ctx.batch, ctx.rope, ctx.packed, saved.attention);
     ops::add_inplace(a, x);  // a = x + attention(x): the block's mid residual
   }
   const ops::ProfileScope scope(b.name + ".mlp");
-  Tensor h2 = b.post_attention_norm.forward(a, b.post_norm_saved);
-  Tensor m = b.mlp.forward(h2, b.mlp_saved);
+  Tensor h2 = b.post_attention_norm.forward(a, saved.post_norm);
+  Tensor m = b.mlp.forward(h2, saved.mlp);
   ops::add_inplace(m, a);
   return m;
 }
 
-Tensor LlamaModel::block_backward(Block& b, const Tensor& dx, const RopeTable& rope) {
+Tensor LlamaModel::block_backward(Block& b, BlockSaved& saved, const Tensor& dx, const Context& ctx) {
   // x_out = mid + mlp(norm(mid)); mid = x_in + attn(norm(x_in)): each residual passes dx through.
   const ops::ProfileScope block(b.name + " (backward)");
   Tensor dmid;
   {
     const ops::ProfileScope scope(b.name + ".mlp (backward)");
-    dmid = b.post_attention_norm.backward(b.mlp.backward(dx, b.mlp_saved), b.post_norm_saved);
+    dmid = b.post_attention_norm.backward(b.mlp.backward(dx, saved.mlp), saved.post_norm);
     ops::add_inplace(dmid, dx);
   }
   const ops::ProfileScope scope(b.name + ".self_attn (backward)");
-  Tensor dx_in =
-      b.input_norm.backward(b.attention.backward(dmid, rope, packed_, b.attention_saved), b.input_norm_saved);
+  Tensor dx_in = b.input_norm.backward(b.attention.backward(dmid, ctx.rope, ctx.packed, saved.attention),
+                                       saved.input_norm);
   ops::add_inplace(dx_in, dmid);
-  release_block(b);
+  saved.release_activations();
   return dx_in;
-}
-
-void LlamaModel::release_block(Block& b) {
-  b.input_norm_saved = RmsNormSaved();
-  b.attention_saved = AttentionSaved();
-  b.post_norm_saved = RmsNormSaved();
-  b.mlp_saved = MlpSaved();
-}
-
-std::pair<int64_t, int64_t> LlamaModel::recompute_chunk(int64_t i) const {
-  if (recompute_.granularity != RecomputeConfig::Granularity::kFull) return {i, i};
-  const int64_t n = recompute_.num_layers;
-  if (recompute_.block) return i < n ? std::pair{i, i + 1} : std::pair{i, i};
-  const int64_t first = i / n * n;
-  return {first, std::min(first + n, args_.num_layers)};
 }
 
 void LlamaModel::set_recompute(const RecomputeConfig& recompute) {
@@ -240,73 +250,73 @@ void LlamaModel::set_recompute(const RecomputeConfig& recompute) {
   for (Block& b : blocks_) b.mlp.recompute_act = recompute.granularity == RecomputeConfig::Granularity::kSelective;
 }
 
-RecomputeConfig RecomputeConfig::from(const TrainingArgs& t) {
-  RecomputeConfig r;
-  if (t.recompute_granularity == "full") {
-    r.granularity = Granularity::kFull;
-    r.block = t.recompute_method == "block";
-    r.num_layers = std::max<int64_t>(1, t.recompute_num_layers);
-  } else if (t.recompute_granularity == "selective") {
-    r.granularity = Granularity::kSelective;
-  }
-  return r;
-}
-
-void LlamaModel::forward(const Tensor& tokens, const Tensor& labels, float grad_scale, Tensor& loss_sum,
-                         const PackedSequence& packed) {
+std::unique_ptr<MicroBatchContext> LlamaModel::forward(const Tensor& tokens, const Tensor& labels, float grad_scale,
+                                                       Tensor& loss_sum, const PackedSequence& packed) {
   PRIMUS_CHECK(labels.shape() == tokens.shape(), "[model] labels {} must match tokens {}", labels.describe(),
                tokens.describe());
-  const Tensor hidden = forward_hidden(tokens, packed);
+  auto ctx = std::make_unique<Context>();
+  const Tensor hidden = forward_hidden(*ctx, tokens, packed);
   const ops::ProfileScope scope("lm_head (loss and its gradient)");
   const Tensor losses =
-      lm_loss_.forward_with_grad(hidden, labels.reshape({labels.numel()}), grad_scale, lm_loss_saved_);
+      lm_loss_.forward_with_grad(hidden, labels.reshape({labels.numel()}), grad_scale, ctx->lm_loss);
   ops::sum_into(loss_sum, losses);  // ignored targets have loss 0
+  ctx->awaiting_backward = true;
+  return ctx;
 }
 
 LossSum LlamaModel::evaluate(const Tensor& tokens, const Tensor& labels, const PackedSequence& packed) {
   PRIMUS_CHECK(labels.shape() == tokens.shape(), "[model] labels {} must match tokens {}", labels.describe(),
                tokens.describe());
-  const Tensor hidden = forward_hidden(tokens, packed);
-  const Tensor losses = lm_loss_.forward(hidden, labels.reshape({labels.numel()}));
-  release_activations();
+  Tensor losses;
+  {
+    Context ctx;  // freed before the sum, as soon as the losses are queued
+    const Tensor hidden = forward_hidden(ctx, tokens, packed);
+    losses = lm_loss_.forward(hidden, labels.reshape({labels.numel()}));
+  }
   Tensor sum = ops::zeros({1}, DType::kF32, device_);
   ops::sum_into(sum, losses);
   const Tensor host_labels = labels.device().is_cpu() ? labels : ops::to_device(labels, kCpuDevice);
   return LossSum{static_cast<double>(ops::to_device(sum, kCpuDevice).f32()[0]), counted_tokens(host_labels)};
 }
 
-void LlamaModel::backward() {
-  const RopeTable rope = rope_for(blocks_.empty() ? 1 : blocks_[0].attention.shape.seq);
+void LlamaModel::backward(MicroBatchContext& base, const GradsReadyFn& grads_ready) {
+  auto* found = dynamic_cast<Context*>(&base);
+  PRIMUS_CHECK(found != nullptr && found->model == this, "[model] backward of a context from another model's forward");
+  Context& ctx = *found;
+  PRIMUS_CHECK(ctx.awaiting_backward, "[model] backward of a micro-batch context that has had its backward");
+  // The flat layout (param_specs): embedding, blocks 0..L-1, final norm, untied head. Ranges are reported from
+  // the end down; `ready_from` is the start of the gradients not reported yet.
+  const ParamStore& store = params_;
+  int64_t ready_from = store.numel();
+  auto report_from = [&](int64_t begin) {
+    if (grads_ready && begin < ready_from) grads_ready(begin, ready_from);
+    ready_from = std::min(ready_from, begin);
+  };
+  auto start_of = [&](const std::string& name) { return store.offset(store.index_of(name)); };
   Tensor dx;
   {
     const ops::ProfileScope scope("model.norm (backward)");
-    dx = final_norm_.backward(lm_loss_.backward(lm_loss_saved_), final_norm_saved_);
+    dx = final_norm_.backward(lm_loss_.backward(ctx.lm_loss), ctx.final_norm);
   }
+  report_from(start_of("model.norm.weight"));  // with an untied head, lm_head's gradient was final in forward
   for (int64_t i = args_.num_layers - 1; i >= 0; --i) {
-    const auto [first, end] = recompute_chunk(i);
+    const auto [first, end] = ctx.recompute.chunk(i, args_.num_layers);
     if (first != end && i == end - 1) {  // entering a recomputed chunk from its top: run its forward again
       const ops::ProfileScope scope("recompute");
-      Tensor x = blocks_[first].chunk_input;
-      blocks_[first].chunk_input = Tensor();
-      for (int64_t j = first; j < end; ++j) x = block_forward(blocks_[j], x, rope);
+      Tensor x = ctx.blocks[first].chunk_input;
+      ctx.blocks[first].chunk_input = Tensor();
+      for (int64_t j = first; j < end; ++j) x = block_forward(blocks_[j], ctx.blocks[j], x, ctx);
     }
-    dx = block_backward(blocks_[i], dx, rope);
+    dx = block_backward(blocks_[i], ctx.blocks[i], dx, ctx);
+    report_from(start_of(layer_prefix(i) + "input_layernorm.weight"));
   }
   {
     const ops::ProfileScope scope("model.embed_tokens (backward)");
-    embedding_.backward(tokens_, dx);
+    embedding_.backward(ctx.tokens, dx);
   }
-  release_activations();
-}
-
-void LlamaModel::release_activations() {
-  for (Block& b : blocks_) {
-    release_block(b);
-    b.chunk_input = Tensor();
-  }
-  final_norm_saved_ = RmsNormSaved();
-  lm_loss_saved_ = LmLossSaved();
-  packed_ = PackedSequence();
+  report_from(0);
+  ctx = Context();  // frees every activation; awaiting_backward false
+  ctx.model = this;
 }
 
 std::vector<float> LlamaModel::next_token_logits(const std::vector<int32_t>& context) {
@@ -314,8 +324,11 @@ std::vector<float> LlamaModel::next_token_logits(const std::vector<int32_t>& con
   PRIMUS_CHECK(T >= 1 && T <= max_seq_length_, "[model] context of {} tokens (1..{} allowed)", T, max_seq_length_);
   Tensor tokens = Tensor::empty({1, T}, DType::kI32);
   std::copy(context.begin(), context.end(), tokens.i32());
-  const Tensor hidden = forward_hidden(ops::to_device(tokens, device_), PackedSequence());
-  release_activations();
+  Tensor hidden;
+  {
+    Context ctx;  // nothing is kept: freed before the logits
+    hidden = forward_hidden(ctx, ops::to_device(tokens, device_), PackedSequence());
+  }
   Tensor last_row = lm_loss_.logits(hidden.slice_elements((T - 1) * hidden.dim(1), {1, hidden.dim(1)}));
   if (last_row.dtype() != DType::kF32) {
     Tensor f32 = Tensor::empty(last_row.shape(), DType::kF32, device_);
@@ -324,6 +337,23 @@ std::vector<float> LlamaModel::next_token_logits(const std::vector<int32_t>& con
   }
   const Tensor logits = ops::to_device(last_row, kCpuDevice);
   return std::vector<float>(logits.f32(), logits.f32() + logits.numel());
+}
+
+void LlamaModel::for_each_linear(const LinearVisitor& visit) {
+  auto each = [&](const std::string& name, std::unique_ptr<Linear>& slot) {
+    visit(name, slot);
+    PRIMUS_CHECK(slot != nullptr, "[model] {} was replaced by no module", name);
+  };
+  for (int64_t i = 0; i < args_.num_layers; ++i) {
+    const std::string pre = blocks_[i].name + ".";
+    Attention& at = blocks_[i].attention;
+    each(pre + "self_attn.q_proj", at.q_proj);
+    each(pre + "self_attn.k_proj", at.k_proj);
+    each(pre + "self_attn.v_proj", at.v_proj);
+    each(pre + "self_attn.o_proj", at.o_proj);
+    each(pre + "mlp.gate_up_proj", blocks_[i].mlp.gate_up_proj);
+    each(pre + "mlp.down_proj", blocks_[i].mlp.down_proj);
+  }
 }
 
 }  // namespace primus

@@ -32,6 +32,9 @@ class DataParallel {
   bool sharded() const { return options_.distributed_optimizer; }
   // The ranges whose optimizer state this rank keeps: its shards, or everything.
   std::vector<FlatRange> optimizer_ranges() const;
+  // This rank's shards of the bucket layout, distributed optimizer or not: the part of a checkpoint it writes
+  // (together the ranks write every element once, in parallel).
+  std::vector<FlatRange> shard_ranges() const { return reducer_.layout().owned(dp_->rank()); }
 
   int64_t global_tokens(int64_t local_tokens);
   // loss_sum [1] f32 on the group's device: summed over the group in place.

@@ -12,6 +12,7 @@
 #include "data/tokenizer.h"
 #include "ops/ops.h"
 #include "train/memory_report.h"
+#include "parallel/distributed_env.h"
 #include "train/train_step.h"
 
 namespace primus {
@@ -37,10 +38,10 @@ double seconds_since_process_start() {
 }
 
 // Warm-up and timed steps of a built model; each phase has its own progress bar.
-BenchmarkResult time_steps(LlamaModel& model, AdamW& optimizer, const TrainingArgs& t, Device device,
+BenchmarkResult time_steps(Model& model, AdamW& optimizer, DataParallel& dp, const TrainingArgs& t, Device device,
                            const BenchmarkOptions& options) {
   MockTokens tokens(model.args().vocab_size, t.seq_length, static_cast<uint64_t>(t.seed));
-  BatchLoader loader(tokens, t.micro_batch_size, t.seq_length);
+  BatchLoader loader(tokens, t.micro_batch_size, t.seq_length, 0, {}, DataShard{dp.rank(), dp.size()});
   BenchmarkResult result;
   std::vector<double> step_ms;
   int64_t step = 0;
@@ -51,7 +52,7 @@ BenchmarkResult time_steps(LlamaModel& model, AdamW& optimizer, const TrainingAr
       const Clock::time_point t0 = Clock::now();
       std::vector<Batch> batches;
       for (int64_t i = 0; i < micro_batches_per_step(t); ++i) batches.push_back(loader.next());
-      const StepResult r = train_step(model, optimizer, batches, t, t.lr);
+      const StepResult r = train_step(model, optimizer, dp, batches, t, t.lr);
       ops::synchronize(device);
       const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
       if (step == 1) {
@@ -87,7 +88,8 @@ BenchmarkResult run_benchmark_train(const ExperimentConfig& config, const Benchm
                                    key, key, key));
     }
   }
-  const Device device = select_device(t.device);
+  const DistributedEnv env = DistributedEnv::from_environment();
+  const Device device = select_device(t.device, env.local_rank);
   ModelArgs args = config.model;
   // Synthetic tokens need no tokenizer, only a vocabulary size: the tokenizer file is read only when the model
   // takes its size from it, so a config naming data and a tokenizer benchmarks where they are not present.
@@ -101,20 +103,28 @@ BenchmarkResult run_benchmark_train(const ExperimentConfig& config, const Benchm
 
   BenchmarkResult result;
   try {
-    LlamaModel model(args, t.seq_length, device, compute_dtype(t, device));
-    model.set_recompute(RecomputeConfig::from(t));
-    model.params().initialize(static_cast<uint64_t>(t.seed));
-    model.weights_changed();
-    AdamW optimizer(model.params(), AdamWConfig{t.adam_beta1, t.adam_beta2, t.adam_eps, t.weight_decay});
-    result = time_steps(model, optimizer, t, device, options);
-    result.parameters = model.params().numel();
+    const auto timeout = std::chrono::duration_cast<DistributedTimeout>(
+        std::chrono::duration<double, std::ratio<60>>(t.distributed_timeout_minutes));
+    // Data parallelism only (the same global batch split over the ranks); a world of one without a job.
+    std::shared_ptr<Communicator> world = make_world_communicator(env, device, timeout);
+    const std::unique_ptr<Model> model = make_model(args, t.seq_length, device, compute_dtype(t, device));
+    model->set_recompute(RecomputeConfig::from(t));
+    model->params().initialize(static_cast<uint64_t>(t.seed));
+    model->weights_changed();
+    const std::unique_ptr<DataParallel> dp = make_data_parallel(world, *model, t);
+    AdamW optimizer(model->params(), AdamWConfig{t.adam_beta1, t.adam_beta2, t.adam_eps, t.weight_decay},
+                    dp->optimizer_ranges());
+    result = time_steps(*model, optimizer, *dp, t, device, options);
+    result.world_size = world->size();
+    result.parameters = model->params().numel();
   } catch (const OutOfMemoryError& error) {
     throw OutOfMemoryError(out_of_memory_message(error, plan), error.device(), error.requested_bytes());
   }
   result.device = device.str();
   result.tokens_per_step = t.global_batch_size * t.seq_length;
   result.tokens_per_s = static_cast<double>(result.tokens_per_step) / (result.step_ms / 1000.0);
-  result.tflops_per_gpu = result.tokens_per_s * LlamaModel::flops_per_token(args, t.seq_length) / 1e12;
+  result.tflops_per_gpu = result.tokens_per_s * model_family(args).flops_per_token(args, t.seq_length) / 1e12 /
+                          static_cast<double>(result.world_size);
   if (!device.is_cpu()) {
     result.mfu = result.tflops_per_gpu / kPeakBf16Tflops;
     result.mem_peak_gib = device_peak_memory_gib(device);
@@ -125,7 +135,7 @@ BenchmarkResult run_benchmark_train(const ExperimentConfig& config, const Benchm
 std::string format_benchmark(const ExperimentConfig& config, const BenchmarkResult& r) {
   const TrainingArgs& t = config.train;
   std::string text = fmt::format(
-      "benchmark train: {} on {}, micro-batch {} x seq {} (global batch {}), {} parameters\n"
+      "benchmark train: {} on {}{}, micro-batch {} x seq {} (global batch {}), {} parameters\n"
       "  step time (median)    {:10.1f} ms   (min {:.1f}, max {:.1f})\n"
       "  tokens/s              {:10.0f}\n"
       "  TFLOP/s per GPU       {:10.1f}\n"
@@ -133,11 +143,12 @@ std::string format_benchmark(const ExperimentConfig& config, const BenchmarkResu
       "  peak memory           {:10.2f} GiB\n"
       "  time to first step    {:10.1f} s\n"
       "  loss first/last       {:.4f} / {:.4f}\n",
-      config.model.preset, r.device, t.micro_batch_size, t.seq_length, t.global_batch_size, r.parameters, r.step_ms,
+      config.model.preset, r.device, r.world_size > 1 ? fmt::format(" x {} ranks", r.world_size) : "", t.micro_batch_size, t.seq_length, t.global_batch_size, r.parameters, r.step_ms,
       r.step_ms_min, r.step_ms_max, r.tokens_per_s, r.tflops_per_gpu, r.mfu, r.mem_peak_gib, r.time_to_first_step_s,
       r.first_loss, r.last_loss);
   nlohmann::json line = {{"model", config.model.preset},
                          {"device", r.device},
+                         {"world_size", r.world_size},
                          {"micro_batch_size", t.micro_batch_size},
                          {"global_batch_size", t.global_batch_size},
                          {"seq_length", t.seq_length},

@@ -17,13 +17,14 @@ struct BenchmarkOptions {
 
 struct BenchmarkResult {
   std::string device;
+  int world_size = 1;          // ranks (data parallel) the global batch was split over
   int64_t parameters = 0;
   int64_t tokens_per_step = 0;
   double step_ms = 0.0;        // median of the timed steps
   double step_ms_min = 0.0;
   double step_ms_max = 0.0;
-  double tokens_per_s = 0.0;
-  double tflops_per_gpu = 0.0; // by LlamaModel::flops_per_token
+  double tokens_per_s = 0.0;   // the whole job's
+  double tflops_per_gpu = 0.0; // by the model family's flops_per_token, per rank
   double mfu = 0.0;            // against kPeakBf16Tflops (GPU only)
   double mem_peak_gib = 0.0;   // device allocator peak (GPU only)
   double time_to_first_step_s = 0.0;  // from process start to the end of step 1

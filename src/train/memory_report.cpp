@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "layers/basic_layers.h"
+#include "parallel/grad_reducer.h"
 #if PRIMUS_WITH_CUDA
 #include "backend/cuda/device_memory.h"
 #endif
@@ -18,16 +19,6 @@ namespace {
 constexpr double kKiB = 1024.0;
 constexpr double kMiB = 1024.0 * 1024.0;
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-
-// The layers [first, end) recomputed together with layer i, first == end when layer i keeps its activations:
-// the chunking LlamaModel::forward applies for the same RecomputeConfig.
-std::pair<int64_t, int64_t> recompute_chunk(const RecomputeConfig& r, int64_t i, int64_t layers) {
-  if (r.granularity != RecomputeConfig::Granularity::kFull) return {i, i};
-  const int64_t n = std::max<int64_t>(1, r.num_layers);
-  if (r.block) return i < n ? std::pair{i, i + 1} : std::pair{i, i};
-  const int64_t first = i / n * n;
-  return {first, std::min(first + n, layers)};
-}
 
 // Rows of one logits chunk, as LmLoss sizes it: as many as fit max_bytes, a multiple of 64 when there is room.
 int64_t logits_chunk_rows(int64_t max_bytes, int64_t rows, int64_t vocab, int64_t element_bytes) {
@@ -51,7 +42,7 @@ std::string describe_recompute(const RecomputeConfig& r) {
 
 int64_t parameter_count(const ModelArgs& args) {
   int64_t total = 0;
-  for (const ParamSpec& spec : LlamaModel::param_specs(args)) total += shape_numel(spec.shape);
+  for (const ParamSpec& spec : model_family(args).param_specs(args)) total += shape_numel(spec.shape);
   return total;
 }
 
@@ -85,7 +76,7 @@ ActivationEstimate estimate_activations(const ModelArgs& m, int64_t micro_batch_
   int64_t kept = 0, peak = 0;
   std::vector<int64_t> kept_by_layer(static_cast<size_t>(L));
   for (int64_t i = 0; i < L; ++i) {
-    const auto [first, end] = recompute_chunk(recompute, i, L);
+    const auto [first, end] = recompute.chunk(i, L);  // the chunking the model applies
     const bool recomputed = first != end;
     if (recomputed) peak = std::max(peak, kept + e.layer_bytes);
     kept_by_layer[static_cast<size_t>(i)] = !recomputed ? e.layer_bytes : (i == first ? row_block : 0);
@@ -102,7 +93,7 @@ ActivationEstimate estimate_activations(const ModelArgs& m, int64_t micro_batch_
   // recomputed chunk from its top replaces the chunk's input by its layers whole.
   int64_t live = kept + final_norm;
   for (int64_t i = L - 1; i >= 0; --i) {
-    const auto [first, end] = recompute_chunk(recompute, i, L);
+    const auto [first, end] = recompute.chunk(i, L);  // the chunking the model applies
     if (first != end && i == end - 1) {
       live += (end - first) * e.layer_bytes - row_block;
       peak = std::max(peak, live);
@@ -129,7 +120,23 @@ MemoryPlan plan_memory(const ModelArgs& args, const TrainingArgs& t, Device devi
   plan.compute_copy_bytes =
       compute_dtype == DType::kF32 ? 0 : static_cast<int64_t>(dtype_size(compute_dtype)) * plan.parameters;
   plan.grad_bytes = 4 * plan.parameters;
-  plan.optimizer_bytes = 2 * 4 * plan.parameters;
+  // The distributed optimizer keeps the moments of this rank's shards only (parallel/grad_reducer.h), plus a
+  // staging buffer for the one bucket the data-parallel size does not divide.
+  plan.data_parallel_size = t.data_parallel_size;
+  plan.sharded_optimizer =
+      t.use_distributed_optimizer || (t.use_megatron_fsdp && t.data_parallel_sharding_strategy == "optim");
+  if (plan.sharded_optimizer) {
+    const BucketLayout layout(plan.parameters, std::max<int64_t>(t.ddp_bucket_size, 1),
+                              static_cast<int>(t.data_parallel_size));
+    int64_t owned = 0;
+    for (const FlatRange& r : layout.owned(0)) owned += r.size();  // rank 0 owns the largest shards
+    plan.optimizer_bytes = 2 * 4 * owned;
+    for (size_t k = 0; k < layout.buckets().size(); ++k) {
+      if (layout.buckets()[k].size() % layout.dp() != 0) plan.comm_bytes = 4 * layout.shard_size(k) * layout.dp();
+    }
+  } else {
+    plan.optimizer_bytes = 2 * 4 * plan.parameters;
+  }
   plan.activations = estimate_activations(args, t.micro_batch_size, t.seq_length, compute_dtype, recompute);
   return plan;
 }
@@ -160,7 +167,10 @@ std::vector<std::string> format_memory_table(const MemoryPlan& p) {
   lines.push_back(row("parameters (fp32 master)", p.param_bytes));
   if (p.compute_copy_bytes > 0) lines.push_back(row(fmt::format("compute copy ({})", act), p.compute_copy_bytes));
   lines.push_back(row("gradients (fp32)", p.grad_bytes));
-  lines.push_back(row("optimizer state (AdamW, fp32)", p.optimizer_bytes));
+  lines.push_back(row(p.sharded_optimizer ? fmt::format("optimizer state (AdamW, fp32, 1/{} shard)", p.data_parallel_size)
+                                          : std::string("optimizer state (AdamW, fp32)"),
+                      p.optimizer_bytes));
+  if (p.comm_bytes > 0) lines.push_back(row("communication buffers", p.comm_bytes));
   lines.push_back(
       row("activations per micro-batch (peak)", p.activations.peak_bytes,
           fmt::format("(kept for backward {}, logits chunk {})", format_memory_bytes(p.activations.saved_bytes),
@@ -198,8 +208,8 @@ std::string out_of_memory_message(const OutOfMemoryError& error, const MemoryPla
     text += fmt::format(
         "The parameters, gradients and optimizer state alone need {}, more than the device's {}: no batch or "
         "recompute setting fits this model on one device.\n"
-        "What to try: a smaller model, or sharding parameters, gradients and optimizer state over several GPUs "
-        "(ZeRO/FSDP), once Primus has it",
+        "What to try: a smaller model, or several GPUs with use_distributed_optimizer: true (the optimizer state "
+        "divided by the data-parallel size; sharding gradients and weights too is not implemented yet)",
         format_memory_bytes(plan.static_bytes()), format_memory_bytes(plan.device_total_bytes));
     return text;
   }
@@ -240,7 +250,7 @@ std::string out_of_memory_message(const OutOfMemoryError& error, const MemoryPla
                                 .peak_bytes));
   }
   text += fmt::format("  - a shorter seq_length (now {}; activations scale with it)\n", t.seq_length);
-  text += "  - sharding parameters, gradients and optimizer state over several GPUs (ZeRO/FSDP), once Primus has it";
+  text += "  - on several GPUs, use_distributed_optimizer: true (the optimizer state divided by the data-parallel size)";
   return text;
 }
 

@@ -35,7 +35,7 @@
 
 #include "config/experiment.h"
 #include "core/error.h"
-#include "models/llama.h"
+#include "models/model.h"
 
 namespace primus {
 
@@ -62,12 +62,15 @@ struct MemoryPlan {
   int64_t param_bytes = 0;
   int64_t compute_copy_bytes = 0;
   int64_t grad_bytes = 0;
-  int64_t optimizer_bytes = 0;
+  int64_t optimizer_bytes = 0;       // this rank's: 1/dp of it with the distributed optimizer
+  int64_t comm_bytes = 0;            // the distributed optimizer's staging buffer
+  int64_t data_parallel_size = 1;
+  bool sharded_optimizer = false;
   ActivationEstimate activations;
   int64_t device_total_bytes = 0;  // CUDA: as the driver reports it; 0 on the CPU
   int64_t device_free_bytes = 0;   // CUDA: free when the plan was made
 
-  int64_t static_bytes() const { return param_bytes + compute_copy_bytes + grad_bytes + optimizer_bytes; }
+  int64_t static_bytes() const { return param_bytes + compute_copy_bytes + grad_bytes + optimizer_bytes + comm_bytes; }
   int64_t total_bytes() const { return static_bytes() + activations.peak_bytes; }
 };
 

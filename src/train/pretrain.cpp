@@ -8,12 +8,14 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <csignal>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/sharded_checkpoint.h"
 #include "core/file_io.h"
 #include "core/rng.h"
 #include "data/blended_dataset.h"
@@ -21,9 +23,7 @@
 #include "data/prefetch_loader.h"
 #include "data/text_corpus.h"
 #include "data/tokenizer.h"
-#include "observe/metrics_log.h"
-#include "observe/mlflow_store.h"
-#include "observe/tensorboard.h"
+#include "observe/metric_sinks.h"
 #include "ops/profile.h"
 #include "optim/lr_schedule.h"
 #include "train/sampling.h"
@@ -31,7 +31,10 @@
 #include "train/memory_report.h"
 #include "train/signals.h"
 #include "train/step_monitor.h"
+#include "train/run_schedule.h"
 #include "train/train_step.h"
+#include "parallel/distributed_env.h"
+#include "parallel/parallel_dims.h"
 
 namespace primus {
 
@@ -39,9 +42,6 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-// This process's rank; 0 until data parallelism lands.
-constexpr int64_t kRank = 0;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
@@ -125,12 +125,13 @@ DataSources make_data(const TrainingArgs& t, const Tokenizer& tokenizer, const P
 // Training micro-batches in sample order, prefetched on a thread when the source allows it.
 class MicroBatchStream {
  public:
-  MicroBatchStream(const DataSources& data, const TrainingArgs& t, int64_t consumed, const PackingOptions& packing) {
+  MicroBatchStream(const DataSources& data, const TrainingArgs& t, int64_t consumed, const PackingOptions& packing,
+                   DataShard shard) {
     if (data.thread_safe) {
       prefetch_ = std::make_unique<PrefetchLoader>(*data.train, t.micro_batch_size, t.seq_length, consumed,
-                                                   kPrefetchDepth, packing);
+                                                   kPrefetchDepth, packing, shard);
     } else {
-      direct_ = std::make_unique<BatchLoader>(*data.train, t.micro_batch_size, t.seq_length, consumed, packing);
+      direct_ = std::make_unique<BatchLoader>(*data.train, t.micro_batch_size, t.seq_length, consumed, packing, shard);
     }
   }
   std::vector<Batch> next_global_batch(int64_t micro_batches) {
@@ -170,11 +171,16 @@ int run_training(const ExperimentConfig& config, const RunOptions& options, std:
   const Clock::time_point start = Clock::now();
   const TrainingArgs& t = config.train;
   const std::string run_dir = config.run_dir();
+  // The torchrun environment of a multi-process job (primus-cli direct --nproc-per-node, Slurm), or a world of
+  // one. Rank 0 writes the run's files and metrics; every rank logs to its own file in the run directory.
+  const DistributedEnv env = DistributedEnv::from_environment();
+  const int rank = env.rank;
+  const bool rank0 = rank == 0;
   fs::create_directories(run_dir + "/logs");
-  const RunLogSink log_sink(run_dir + "/logs/train.log");
-  write_file_atomic(run_dir + "/config.yaml", config.effective_yaml);
+  const RunLogSink log_sink(rank0 ? run_dir + "/logs/train.log" : fmt::format("{}/logs/rank{}.log", run_dir, rank));
+  if (rank0) write_file_atomic(run_dir + "/config.yaml", config.effective_yaml);
   spdlog::info("run directory: {}", fs::absolute(run_dir).lexically_normal().string());
-  const Device device = select_device(t.device);
+  const Device device = select_device(t.device, env.local_rank);
   if (device.is_cpu()) {
     spdlog::info("device: cpu ({} OpenMP threads)", omp_get_max_threads());
   } else {
@@ -192,13 +198,35 @@ int run_training(const ExperimentConfig& config, const RunOptions& options, std:
     spdlog::warn("reset_attention_mask: bf16 attention runs on the simple native CUDA kernels instead of cuDNN "
                  "(exact, but much slower; docs/training.md)");
   }
+  const auto timeout = std::chrono::duration_cast<DistributedTimeout>(
+      std::chrono::duration<double, std::ratio<60>>(t.distributed_timeout_minutes));
+  std::shared_ptr<Communicator> world = make_world_communicator(env, device, timeout);
+  const ParallelDims dims = ParallelDims::make(
+      world->size(),
+      ParallelSizes{static_cast<int>(t.tensor_model_parallel_size), static_cast<int>(t.pipeline_model_parallel_size),
+                    static_cast<int>(t.context_parallel_size)},
+      ParallelModelShape{model_args.num_attention_heads, model_args.num_query_groups, model_args.num_layers,
+                         t.seq_length});
+  if (dims.dp() != t.data_parallel_size) {
+    throw UsageError(fmt::format("[distributed] the config was resolved for a data-parallel size of {} but the job "
+                                 "has {} (WORLD_SIZE {})",
+                                 t.data_parallel_size, dims.dp(), world->size()));
+  }
+  const ProcessGroups groups = ProcessGroups::build(world, dims);
+  if (world->size() > 1) {
+    spdlog::info("distributed: rank {} of {} ({}), {}, {}", rank, world->size(), world->backend_name(),
+                 dims.describe(), t.use_distributed_optimizer ? "distributed optimizer" : "replicated optimizer");
+  }
   DataSources data = make_data(t, *tokenizer, packing);
   plan = plan_memory(model_args, t, device, compute_dtype(t, device));
   add_device_memory(*plan, device);
   log_memory_plan(*plan);
-  LlamaModel model(model_args, t.seq_length, device, compute_dtype(t, device));
+  const std::unique_ptr<Model> model_owner = make_model(model_args, t.seq_length, device, compute_dtype(t, device));
+  Model& model = *model_owner;
   model.set_recompute(RecomputeConfig::from(t));
-  AdamW optimizer(model.params(), AdamWConfig{t.adam_beta1, t.adam_beta2, t.adam_eps, t.weight_decay});
+  const std::unique_ptr<DataParallel> dp = make_data_parallel(groups.dp, model, t);
+  AdamW optimizer(model.params(), AdamWConfig{t.adam_beta1, t.adam_beta2, t.adam_eps, t.weight_decay},
+                  dp->optimizer_ranges());
   const LrSchedule schedule{t.lr, t.min_lr, t.lr_warmup_iters, t.lr_decay_iters, t.lr_decay_style};
 
   const std::string save_dir = t.save.empty() ? run_dir + "/checkpoints" : t.save;
@@ -225,39 +253,52 @@ int run_training(const ExperimentConfig& config, const RunOptions& options, std:
                model_args.num_query_groups, model_args.kv_channels, model_args.ffn_hidden_size, model_args.vocab_size,
                model.params().numel());
 
-  MicroBatchStream loader(data, t, state.consumed_train_samples, packing);
-  MetricsLog metrics(run_dir + "/metrics.jsonl", state.iteration);
-  std::unique_ptr<TensorBoardWriter> tensorboard;
-  if (!t.tensorboard_dir.empty()) {
-    tensorboard = std::make_unique<TensorBoardWriter>(t.tensorboard_dir);
-    spdlog::info("TensorBoard: {}", tensorboard->path());
+  MicroBatchStream loader(data, t, state.consumed_train_samples, packing, DataShard{dp->rank(), dp->size()});
+  // Metric sinks on rank 0 only: every rank computes the same global loss and norm.
+  MetricSinks sinks;
+  if (rank0) {
+    sinks.add(make_console_sink());
+    sinks.add(make_jsonl_sink(run_dir + "/metrics.jsonl", state.iteration));
+    if (!t.tensorboard_dir.empty()) {
+      sinks.add(make_tensorboard_sink(
+          t.tensorboard_dir,
+          TensorBoardSwitches{.learning_rate = t.log_learning_rate_to_tensorboard, .throughput = t.log_throughput,
+                              .timers = t.log_timers_to_tensorboard, .memory = t.log_memory_to_tensorboard,
+                              .validation_ppl = t.log_validation_ppl_to_tensorboard}));
+    }
+    if (!t.mlflow_tracking_dir.empty()) {
+      auto mlflow = std::make_unique<MlflowRun>(MlflowRunOptions{
+          .tracking_dir = t.mlflow_tracking_dir, .experiment_name = t.mlflow_experiment_name,
+          .run_name = config.exp_name, .user = config.user_name, .resume_file = run_dir + "/mlflow_run.json",
+          .keep_through_step = state.iteration, .params = mlflow_config_params(config.effective_yaml),
+          .tags = {{"primus.run_dir", fs::absolute(run_dir).string()}}});
+      spdlog::info("MLflow: {} run {}", mlflow->reopened() ? "continuing" : "new", mlflow->run_path());
+      sinks.add(make_mlflow_sink(std::move(mlflow)));
+    }
   }
-  std::unique_ptr<MlflowRun> mlflow;  // destroyed unfinished by an exception: the MLflow run is marked FAILED
-  if (!t.mlflow_tracking_dir.empty()) {
-    mlflow = std::make_unique<MlflowRun>(MlflowRunOptions{
-        .tracking_dir = t.mlflow_tracking_dir, .experiment_name = t.mlflow_experiment_name, .run_name = config.exp_name,
-        .user = config.user_name, .resume_file = run_dir + "/mlflow_run.json", .keep_through_step = state.iteration,
-        .params = mlflow_config_params(config.effective_yaml),
-        .tags = {{"primus.run_dir", fs::absolute(run_dir).string()}}});
-    spdlog::info("MLflow: {} run {}", mlflow->reopened() ? "continuing" : "new", mlflow->run_path());
-  }
+  int64_t saved_iteration = -1;  // a stop signal on a save_interval step must not save the same iteration twice
   auto save = [&]() {
+    if (saved_iteration == state.iteration) return;
+    saved_iteration = state.iteration;
     state.consumed_train_samples = loader.consumed_samples();
     state.optimizer_steps = optimizer.steps_taken();
     const Clock::time_point save_start = Clock::now();
-    const int64_t bytes = save_checkpoint(save_dir, model, optimizer, state, config.effective_yaml, checkpoint_bars);
+    // Each data-parallel rank writes its shard in parallel; rank 0 commits once all are on disk (a world of one
+    // writes the single-file format Hugging Face reads).
+    const int64_t bytes = save_sharded_checkpoint(save_dir, model, optimizer, dp->shard_ranges(), dp->group(), state,
+                                                  config.effective_yaml, checkpoint_bars);
     const double save_s = seconds_since(save_start);
     spdlog::info("saved checkpoint {}/{} ({:.1f} MB in {:.1f} s, {:.0f} MB/s)", save_dir,
                  checkpoint_dir_name(state.iteration), static_cast<double>(bytes) / 1e6, save_s,
                  static_cast<double>(bytes) / 1e6 / std::max(save_s, 1e-9));
   };
 
-  // profile_ranks names ranks; this process is rank 0 until data parallelism lands.
   const bool profile_this_rank =
-      t.profile && std::find(t.profile_ranks.begin(), t.profile_ranks.end(), kRank) != t.profile_ranks.end();
-  SlowStepMonitor slow_steps(kRank);
+      t.profile && std::find(t.profile_ranks.begin(), t.profile_ranks.end(), rank) != t.profile_ranks.end();
+  const RunSchedule when(t, data.valid != nullptr, profile_this_rank);
+  SlowStepMonitor slow_steps(rank);
   install_stop_handlers();
-  const double flops_per_token = LlamaModel::flops_per_token(model_args, t.seq_length);
+  const double flops_per_token = model_family(model_args).flops_per_token(model_args, t.seq_length);
   double window_loss = 0.0, window_s = 0.0;
   int64_t window_steps = 0, window_tokens = 0;
   // Between log lines, on a terminal only (elsewhere the log lines are the progress): step of train_iters,
@@ -275,9 +316,8 @@ int run_training(const ExperimentConfig& config, const RunOptions& options, std:
   while (state.iteration < t.train_iters) {
     const int64_t step = state.iteration + 1;
     const double lr = schedule.at(step);
-    const bool profiling = profile_this_rank && step >= t.profile_step_start && step < t.profile_step_end;
-    if (profiling && !ops::Trace::active()) ops::Trace::start(device);
-    const bool log_step = step % t.log_interval == 0 || step == t.train_iters;
+    if (when.profile_at(step) && !ops::Trace::active()) ops::Trace::start(device);
+    const bool log_step = when.log_at(step);
     const Clock::time_point step_start = Clock::now();
     std::vector<Batch> batches;
     {
@@ -286,10 +326,10 @@ int run_training(const ExperimentConfig& config, const RunOptions& options, std:
     }
     const double data_ms = 1000.0 * seconds_since(step_start);
     StepTimes times;
-    const StepResult r = train_step(model, optimizer, batches, t, lr, log_step ? &times : nullptr);
+    const StepResult r = train_step(model, optimizer, *dp, batches, t, lr, log_step ? &times : nullptr);
     const double step_s = seconds_since(step_start);
-    if (ops::Trace::active() && step + 1 >= t.profile_step_end) {
-      const std::string trace_path = fmt::format("{}/profile/trace_rank{}.json", run_dir, kRank);
+    if (ops::Trace::active() && when.profile_ends_after(step)) {
+      const std::string trace_path = fmt::format("{}/profile/trace_rank{}.json", run_dir, rank);
       std::filesystem::create_directories(run_dir + "/profile");
       const int64_t scopes = ops::Trace::stop_and_write(trace_path);
       spdlog::info("profile: iterations {}..{} ({} scopes) written to {} (open in https://ui.perfetto.dev)",
@@ -306,88 +346,53 @@ int run_training(const ExperimentConfig& config, const RunOptions& options, std:
     window_tokens += t.global_batch_size * t.seq_length;
     ++window_steps;
 
-    nlohmann::json record;
     std::optional<double> eval_loss;
-    if (data.valid && t.eval_interval > 0 && (step % t.eval_interval == 0 || step == t.train_iters)) {
-      eval_loss = evaluate(model, *data.valid, t, packing);
+    if (when.eval_at(step)) {
+      eval_loss = evaluate(model, *dp, *data.valid, t, packing);
     }
     if (log_step || eval_loss) {
-      const double loss = window_loss / static_cast<double>(window_steps);
-      const double tokens_per_s = static_cast<double>(window_tokens) / window_s;
-      const double tflops = tokens_per_s * flops_per_token / 1e12;
-      record = {{"step", step},
-                {"loss", loss},
-                {"lr", lr},
-                {"grad_norm", r.grad_norm},
-                {"tokens_per_s", tokens_per_s},
-                {"step_ms", 1000.0 * window_s / static_cast<double>(window_steps)},
-                {"tflops_per_gpu", tflops},
-                {"consumed_samples", loader.consumed_samples()},
-                {"elapsed_s", seconds_since(start)}};
+      StepMetrics m;
+      m.step = step;
+      m.train_iters = t.train_iters;
+      m.loss = window_loss / static_cast<double>(window_steps);
+      m.lr = lr;
+      m.grad_norm = r.grad_norm;
+      m.tokens_per_s = static_cast<double>(window_tokens) / window_s;
+      m.step_ms = 1000.0 * window_s / static_cast<double>(window_steps);
+      m.tflops_per_gpu = m.tokens_per_s * flops_per_token / static_cast<double>(world->size()) / 1e12;
+      m.consumed_samples = loader.consumed_samples();
+      m.elapsed_s = seconds_since(start);
       if (!device.is_cpu()) {
-        record["mfu"] = tflops / kPeakBf16Tflops;
-        record["mem_peak_gib"] = device_peak_memory_gib(device);
+        m.mfu = m.tflops_per_gpu / kPeakBf16Tflops;
+        m.mem_peak_gib = device_peak_memory_gib(device);
       }
-      if (eval_loss) record["eval_loss"] = *eval_loss;
-      if (log_step) {  // the phases of this step (device time; data: host wait for the batch)
-        record["data_ms"] = data_ms;
-        record["forward_ms"] = times.forward_ms;
-        record["backward_ms"] = times.backward_ms;
-        record["optimizer_ms"] = times.optimizer_ms;
-      }
-      metrics.write(record);
-      if (mlflow) mlflow->log_metrics(record);
-      if (tensorboard) {
-        // Megatron's tag names, so existing dashboards keep working.
-        tensorboard->add_scalar("lm loss", loss, step);
-        tensorboard->add_scalar("grad-norm", r.grad_norm, step);
-        if (t.log_learning_rate_to_tensorboard) tensorboard->add_scalar("learning-rate", lr, step);
-        if (eval_loss) tensorboard->add_scalar("lm loss validation", *eval_loss, step);
-        if (eval_loss && t.log_validation_ppl_to_tensorboard) {
-          tensorboard->add_scalar("lm loss validation ppl", std::exp(std::min(*eval_loss, 20.0)), step);
-        }
-        if (t.log_throughput) {
-          tensorboard->add_scalar("tokens-per-sec", tokens_per_s, step);
-          tensorboard->add_scalar("tflops-per-gpu", tflops, step);
-          if (!device.is_cpu()) tensorboard->add_scalar("mfu", tflops / kPeakBf16Tflops, step);
-        }
-        if (t.log_memory_to_tensorboard && !device.is_cpu()) {
-          tensorboard->add_scalar("mem-peak-gib", device_peak_memory_gib(device), step);
-        }
-        if (t.log_timers_to_tensorboard && log_step) {
-          tensorboard->add_scalar("data-wait-ms", data_ms, step);
-          tensorboard->add_scalar("forward-time-ms", times.forward_ms, step);
-          tensorboard->add_scalar("backward-time-ms", times.backward_ms, step);
-          tensorboard->add_scalar("optimizer-time-ms", times.optimizer_ms, step);
-        }
-        tensorboard->flush();
-      }
-      spdlog::info(" iteration {:>6}/{:<6} | loss {:.4f} |{} lr {:.3e} | grad norm {:.3f} | {:.1f} ms/step | {:.0f} tokens/s | {:.2f} TFLOP/s{}",
-                   step, t.train_iters, loss, eval_loss ? fmt::format(" eval loss {:.4f} |", *eval_loss) : "", lr,
-                   r.grad_norm, 1000.0 * window_s / window_steps, tokens_per_s, tflops,
-                   device.is_cpu() ? "" : fmt::format(" | MFU {:.3f} | peak {:.1f} GiB", tflops / kPeakBf16Tflops,
-                                                      device_peak_memory_gib(device)));
+      m.eval_loss = eval_loss;
+      if (log_step) m.phases = StepMetrics::Phases{data_ms, times.forward_ms, times.backward_ms, times.optimizer_ms};
+      sinks.write(m);
       window_loss = window_s = 0.0;
       window_steps = window_tokens = 0;
     }
-    if (t.save_interval > 0 && step % t.save_interval == 0 && step != t.train_iters) save();
+    if (when.save_at(step)) save();
     if (step_bar) step_bar->update(step);
-    if (stop_requested()) {
-      spdlog::warn("signal {} received: saving a checkpoint at iteration {} and stopping", stop_signal(), step);
+    // Every rank stops at the same step when any rank saw a signal, so they save one consistent checkpoint.
+    if (dp->any(stop_requested())) {
+      const int signal = stop_requested() ? stop_signal() : SIGTERM;
+      spdlog::warn("signal {} received{}: saving a checkpoint at iteration {} and stopping", signal,
+                   stop_requested() ? "" : " by another rank", step);
       save();
-      if (mlflow) mlflow->finish(MlflowRunStatus::kKilled);
-      return 128 + stop_signal();
+      sinks.finish(MlflowRunStatus::kKilled);
+      return 128 + signal;
     }
   }
   if (step_bar) step_bar->finish();
   save();
-  if (t.sample_length > 0) {
+  if (rank0 && t.sample_length > 0) {
     const std::string text = generate_sample(model, *tokenizer, t.sample_prompt, t.sample_length, t.seq_length,
                                              static_cast<uint64_t>(t.seed));
     spdlog::info("sample after {} iterations:\n{}{}", state.iteration, t.sample_prompt, text);
   }
   spdlog::info("done: {} iterations in {:.1f} s; run directory {}", state.iteration, seconds_since(start), run_dir);
-  if (mlflow) mlflow->finish(MlflowRunStatus::kFinished);
+  sinks.finish(MlflowRunStatus::kFinished);
   return kExitOk;
 }
 

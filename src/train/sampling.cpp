@@ -7,7 +7,7 @@
 
 namespace primus {
 
-std::string generate_sample(LlamaModel& model, const Tokenizer& tokenizer, const std::string& prompt, int64_t length,
+std::string generate_sample(Model& model, const Tokenizer& tokenizer, const std::string& prompt, int64_t length,
                             int64_t context_length, uint64_t seed) {
   std::vector<int32_t> tokens = tokenizer.encode(prompt);
   if (tokens.empty()) tokens.push_back(tokenizer.eod_id());

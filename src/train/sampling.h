@@ -5,7 +5,7 @@
 #include <string>
 
 #include "data/tokenizer.h"
-#include "models/llama.h"
+#include "models/model.h"
 
 namespace primus {
 
@@ -13,7 +13,7 @@ inline constexpr double kSampleTemperature = 0.8;
 
 // Samples `length` tokens after `prompt` (temperature kSampleTemperature; the context is the last
 // `context_length` tokens) and returns the decoded continuation. An empty prompt starts from the EOD token.
-std::string generate_sample(LlamaModel& model, const Tokenizer& tokenizer, const std::string& prompt, int64_t length,
+std::string generate_sample(Model& model, const Tokenizer& tokenizer, const std::string& prompt, int64_t length,
                             int64_t context_length, uint64_t seed);
 
 }  // namespace primus

@@ -2,6 +2,9 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <cstdlib>
+
 #include "data/tokenizer.h"
 #include "ops/ops.h"
 #include "ops/profile.h"
@@ -15,11 +18,14 @@ int64_t micro_batches_per_step(const TrainingArgs& t) {
   return t.global_batch_size / (t.micro_batch_size * t.data_parallel_size);
 }
 
-StepResult train_step(LlamaModel& model, AdamW& optimizer, const std::vector<Batch>& batches, const TrainingArgs& t,
-                      double lr, StepTimes* times) {
-  // The global batch's token count scales every micro-batch's gradient.
-  int64_t counted = 0;
-  for (const Batch& batch : batches) counted += LlamaModel::counted_tokens(batch.labels);
+StepResult train_step(Model& model, AdamW& optimizer, DataParallel& dp, const std::vector<Batch>& batches,
+                      const TrainingArgs& t, double lr, StepTimes* times) {
+  PRIMUS_CHECK(!batches.empty(), "a training step without micro-batches");
+  // The global batch's token count scales every micro-batch's gradient, so the reduced sum is the gradient of
+  // the global mean whatever the split of tokens over ranks.
+  int64_t local_tokens = 0;
+  for (const Batch& batch : batches) local_tokens += counted_tokens(batch.labels);
+  const int64_t counted = dp.global_tokens(local_tokens);
   PRIMUS_CHECK(counted > 0, "a global batch without any token to predict");
   const float grad_scale = static_cast<float>(1.0 / static_cast<double>(counted));
   Backend& device = backend_for(model.device());
@@ -31,16 +37,23 @@ StepResult train_step(LlamaModel& model, AdamW& optimizer, const std::vector<Bat
   mark();
   model.params().zero_grads();
   Tensor loss_sum = ops::zeros({1}, DType::kF32, model.device());  // summed on the device: no wait per micro-batch
-  for (const Batch& batch : batches) {
+  for (size_t i = 0; i < batches.size(); ++i) {
+    const Batch& batch = batches[i];
+    std::unique_ptr<MicroBatchContext> ctx;
     {
       const ops::ProfileScope scope("forward");
-      model.forward(ops::to_device(batch.tokens, model.device()), ops::to_device(batch.labels, model.device()),
-                    grad_scale, loss_sum, packed_on(batch, model.device()));
+      ctx = model.forward(ops::to_device(batch.tokens, model.device()), ops::to_device(batch.labels, model.device()),
+                          grad_scale, loss_sum, packed_on(batch, model.device()));
     }
     mark();
     {
       const ops::ProfileScope scope("backward");
-      model.backward();
+      // Only the backward that completes the accumulated gradients reduces them (Megatron's no_sync for the
+      // micro-batches before it).
+      const bool last = i + 1 == batches.size();
+      if (last) dp.before_last_backward();
+      model.backward(*ctx, last ? dp.grads_ready_hook() : GradsReadyFn());
+      if (last) dp.after_backward();
     }
     mark();
   }
@@ -48,11 +61,18 @@ StepResult train_step(LlamaModel& model, AdamW& optimizer, const std::vector<Bat
   result.tokens = counted;
   {
     const ops::ProfileScope scope("optimizer");
-    const GradClip clip = clip_grad_norm(model.params(), t.clip_grad);
+    const GradClip clip = clip_for_norm(dp.grad_norm(), t.clip_grad);
     result.grad_norm = clip.norm;
-    // Read while the device is idle anyway (the norm above waited for it), before the optimizer is queued.
+    dp.sum_losses(loss_sum);
     result.loss = static_cast<double>(ops::to_device(loss_sum, kCpuDevice).f32()[0]) / static_cast<double>(counted);
-    optimizer.step(model.params(), lr, clip.scale, model.compute_weights());
+    if (dp.sharded()) {
+      // Each rank updates its shards of the fp32 weights; the gathered weights then refresh the compute copy.
+      optimizer.step(model.params(), lr, clip.scale);
+      dp.after_optimizer();
+      model.weights_changed();
+    } else {
+      optimizer.step(model.params(), lr, clip.scale, model.compute_weights());
+    }
   }
   mark();
   if (times != nullptr) {
@@ -66,9 +86,10 @@ StepResult train_step(LlamaModel& model, AdamW& optimizer, const std::vector<Bat
   return result;
 }
 
-double evaluate(LlamaModel& model, const SampleSource& source, const TrainingArgs& t, const PackingOptions& packing) {
-  BatchLoader loader(source, t.micro_batch_size, t.seq_length, 0, packing);
-  const int64_t micro_batches = t.eval_iters * t.global_batch_size / t.micro_batch_size;
+double evaluate(Model& model, DataParallel& dp, const SampleSource& source, const TrainingArgs& t,
+                const PackingOptions& packing) {
+  BatchLoader loader(source, t.micro_batch_size, t.seq_length, 0, packing, DataShard{dp.rank(), dp.size()});
+  const int64_t micro_batches = t.eval_iters * micro_batches_per_step(t);
   double loss_sum = 0.0;
   int64_t tokens = 0;
   for (int64_t i = 0; i < micro_batches; ++i) {
@@ -78,7 +99,32 @@ double evaluate(LlamaModel& model, const SampleSource& source, const TrainingArg
     loss_sum += s.loss_sum;
     tokens += s.tokens;
   }
-  return loss_sum / static_cast<double>(std::max<int64_t>(tokens, 1));
+  Tensor sum = Tensor::empty({1}, DType::kF32);
+  sum.f32()[0] = static_cast<float>(loss_sum);
+  Tensor on_group = ops::to_device(sum, dp.group().device());
+  dp.group().all_reduce(on_group, ReduceOp::kSum);
+  const double global_loss = ops::to_device(on_group, kCpuDevice).f32()[0];
+  const int64_t global_tokens = dp.global_tokens(tokens);
+  return global_loss / static_cast<double>(std::max<int64_t>(global_tokens, 1));
+}
+
+std::unique_ptr<DataParallel> make_data_parallel(std::shared_ptr<Communicator> dp, Model& model,
+                                                 const TrainingArgs& t) {
+  const std::string& strategy = t.data_parallel_sharding_strategy;
+  if (t.use_megatron_fsdp && (strategy == "optim_grads" || strategy == "optim_grads_params")) {
+    throw UsageError(fmt::format("[config] data_parallel_sharding_strategy: {} is not implemented yet (gradients and "
+                                 "weights stay whole on every rank); use optim, or use_distributed_optimizer: true",
+                                 strategy));
+  }
+  if (t.overlap_param_gather) {
+    throw UsageError("[config] overlap_param_gather is not implemented yet: the distributed optimizer gathers the "
+                     "weights right after its step; set overlap_param_gather: false");
+  }
+  DataParallelOptions options;
+  options.distributed_optimizer = t.use_distributed_optimizer || (t.use_megatron_fsdp && strategy == "optim");
+  options.overlap_grad_reduce = t.overlap_grad_reduce;
+  options.bucket_size = t.ddp_bucket_size > 0 ? t.ddp_bucket_size : std::max<int64_t>(40'000'000, 1'000'000 * dp->size());
+  return std::make_unique<DataParallel>(std::move(dp), model.params(), options);
 }
 
 PackingOptions packing_options(const TrainingArgs& t, const Tokenizer& tokenizer) {
@@ -97,14 +143,20 @@ PackedSequence packed_on(const Batch& batch, Device device) {
   return packed;
 }
 
-Device select_device(const std::string& device_key) {
+Device select_device(const std::string& device_key, int local_rank) {
   if (device_key == "cpu") return kCpuDevice;
 #if PRIMUS_WITH_CUDA
   std::string why;
   const int count = cuda_device_count(&why);
   if (count > 0) {
-    start_cuda_backend(0);
-    return Device{DeviceType::kCuda, 0};
+    if (local_rank >= count) {
+      throw UsageError(fmt::format("[distributed] LOCAL_RANK {} needs GPU {}, but only {} are visible "
+                                   "(CUDA_VISIBLE_DEVICES={}); start at most {} processes per node",
+                                   local_rank, local_rank, count, std::getenv("CUDA_VISIBLE_DEVICES") != nullptr
+                                       ? std::getenv("CUDA_VISIBLE_DEVICES") : "unset", count));
+    }
+    start_cuda_backend(local_rank);
+    return Device{DeviceType::kCuda, local_rank};
   }
   if (device_key == "cuda") throw UsageError(fmt::format("[config] device: cuda, but no CUDA device is usable: {}", why));
   spdlog::info("device auto: no usable CUDA device ({}), so the CPU", why);

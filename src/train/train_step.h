@@ -4,8 +4,9 @@
 
 #include "config/experiment.h"
 #include "data/loader.h"
-#include "models/llama.h"
+#include "models/model.h"
 #include "optim/adamw.h"
+#include "parallel/data_parallel.h"
 
 namespace primus {
 
@@ -29,19 +30,29 @@ struct StepTimes {
   double optimizer_ms = 0.0;
 };
 
-// Micro-batches per optimizer step: global_batch_size / (micro_batch_size × data-parallel size).
+// Micro-batches per optimizer step on one data-parallel rank: global_batch_size / (micro_batch_size × dp size).
 int64_t micro_batches_per_step(const TrainingArgs& t);
 
-// One optimizer step over a global batch of host micro-batches: each is moved to the model's device, fp32
-// gradients of the global batch's mean token loss accumulate, then clipping and one AdamW step with `lr`.
-// With `times`, also measures the phases (one wait for the device at the end of the step).
-StepResult train_step(LlamaModel& model, AdamW& optimizer, const std::vector<Batch>& micro_batches,
+// One optimizer step over this rank's share of a global batch (host micro-batches): each is moved to the
+// model's device, fp32 gradients of the global batch's mean token loss accumulate (the token count is global),
+// the last backward reduces them across the data-parallel group bucket by bucket, then the global-norm clip
+// and one AdamW step with `lr` over this rank's optimizer ranges, then the weights are gathered (distributed
+// optimizer). The result (loss, norm, tokens) is the global batch's, the same on every rank. With `times`,
+// also measures the phases (one wait for the device at the end of the step).
+StepResult train_step(Model& model, AdamW& optimizer, DataParallel& dp, const std::vector<Batch>& micro_batches,
                       const TrainingArgs& t, double lr, StepTimes* times = nullptr);
 
 // Mean token loss over eval_iters global batches read from the start of `source` (the same samples each time),
-// with the same packed-document masks as training.
-double evaluate(LlamaModel& model, const SampleSource& source, const TrainingArgs& t,
+// with the same packed-document masks as training; each data-parallel rank evaluates its share and the sums
+// are combined, so every rank returns the loss one rank alone would.
+double evaluate(Model& model, DataParallel& dp, const SampleSource& source, const TrainingArgs& t,
                 const PackingOptions& packing = {});
+
+// The data-parallel side of a run for `model`: the options of `t` (use_distributed_optimizer, FSDP's optim
+// strategy, overlap_grad_reduce, ddp_bucket_size) over the group `dp`. Throws UsageError naming a key the engine
+// does not implement yet (overlap_param_gather, the optim_grads and optim_grads_params strategies).
+std::unique_ptr<DataParallel> make_data_parallel(std::shared_ptr<Communicator> dp, Model& model,
+                                                 const TrainingArgs& t);
 
 // The packing switches of `t` (reset_position_ids, reset_attention_mask, eod_mask_loss) with the tokenizer's EOD
 // id. Throws UsageError naming the key when one is on but the tokenizer has no EOD id.
@@ -51,8 +62,9 @@ PackingOptions packing_options(const TrainingArgs& t, const Tokenizer& tokenizer
 PackedSequence packed_on(const Batch& batch, Device device);
 
 // `device` key: cpu, cuda (error when not built or no GPU), or auto (cuda when usable, else cpu). Starts the
-// device backend.
-Device select_device(const std::string& device_key);
+// device backend. local_rank picks the GPU among the visible ones (torchrun's LOCAL_RANK); an error names it
+// when there are fewer GPUs than local ranks.
+Device select_device(const std::string& device_key, int local_rank = 0);
 // The model's compute dtype for `bf16`; throws UsageError for bf16 on the CPU.
 DType compute_dtype(const TrainingArgs& t, Device device);
 // Peak bytes allocated on the device since start, in GiB; 0 for the CPU (not tracked).

@@ -51,11 +51,11 @@ TEST(TorchParityGpu, Bf16TrainingTracksPyTorchFor300Steps) {
     }
   }
 
-  LlamaModel model(args, T, gpu, DType::kBF16);
-  model.params().initialize(77);
-  model.weights_changed();
+  const std::unique_ptr<Model> model = make_model(args, T, gpu, DType::kBF16);
+  model->params().initialize(77);
+  model->weights_changed();
   const std::string dir = testing::temp_dir("parity_gpu");
-  export_hf_model(dir + "/model", model);
+  export_hf_model(dir + "/model", *model);
   SafetensorsWriter batch;
   batch.add("input_ids", tokens);
   batch.add("labels", labels);
@@ -68,17 +68,17 @@ TEST(TorchParityGpu, Bf16TrainingTracksPyTorchFor300Steps) {
   const Tensor reference = SafetensorsFile::open(dir + "/out.safetensors").read_f32("losses");
   ASSERT_EQ(reference.numel(), kSteps);
 
-  AdamW optimizer(model.params(), AdamWConfig{kBeta1, kBeta2, kEps, kWeightDecay});
+  AdamW optimizer(model->params(), AdamWConfig{kBeta1, kBeta2, kEps, kWeightDecay});
   std::vector<double> losses;
   for (int step = 0; step < kSteps; ++step) {
-    model.params().zero_grads();
+    model->params().zero_grads();
     const int64_t first = step * B * T;
     const Tensor step_tokens = Tensor::empty({B, T}, DType::kI32), step_labels = Tensor::empty({B, T}, DType::kI32);
     std::copy_n(tokens.i32() + first, B * T, step_tokens.i32());
     std::copy_n(labels.i32() + first, B * T, step_labels.i32());
-    const LossSum s = testing::train_micro_batch(model, step_tokens, step_labels);
+    const LossSum s = testing::train_micro_batch(*model, step_tokens, step_labels);
     losses.push_back(s.loss_sum / static_cast<double>(s.tokens));
-    optimizer.step(model.params(), kLr, clip_grad_norm(model.params(), kClip).scale, model.compute_weights());
+    optimizer.step(model->params(), kLr, clip_grad_norm(model->params(), kClip).scale, model->compute_weights());
   }
   EXPECT_LT(losses.back(), 0.6 * losses.front()) << "the run must actually learn for the comparison to mean much";
   double worst = 0.0;

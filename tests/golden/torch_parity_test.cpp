@@ -23,15 +23,15 @@ void check_parity(ModelArgs args, uint64_t seed) {
   ASSERT_TRUE(std::filesystem::exists(kPython)) << kPython << " is missing: run scripts/setup.sh --test";
   const int64_t B = 2, T = 12;
   args.init_method_std = 0.1;  // livelier activations than the 0.02 default, so every gradient is well above noise
-  LlamaModel model(args, T);
-  model.params().initialize(seed);
+  const std::unique_ptr<Model> model = make_model(args, T);
+  model->params().initialize(seed);
   Rng rng(seed + 7);
   Tensor tokens = testing::random_ids({B, T}, args.vocab_size, rng);
   Tensor labels = testing::random_ids({B, T}, args.vocab_size, rng);
   labels.i32()[5] = -100;  // an ignored position, as in HF's loss masking
 
   const std::string dir = testing::temp_dir("parity");
-  export_hf_model(dir + "/model", model);
+  export_hf_model(dir + "/model", *model);
   SafetensorsWriter batch;
   batch.add("input_ids", tokens);
   batch.add("labels", labels);
@@ -44,27 +44,27 @@ void check_parity(ModelArgs args, uint64_t seed) {
   SafetensorsFile reference = SafetensorsFile::open(dir + "/out.safetensors");
 
   // Step 0: loss and every gradient.
-  model.params().zero_grads();
-  LossSum s = testing::train_micro_batch(model, tokens, labels);
+  model->params().zero_grads();
+  LossSum s = testing::train_micro_batch(*model, tokens, labels);
   const double loss = s.loss_sum / s.tokens;
   const double ref_loss = reference.read_f32("loss").f32()[0];
   EXPECT_NEAR(loss, ref_loss, 1e-5 * std::fabs(ref_loss));
-  for (size_t i = 0; i < model.params().specs().size(); ++i) {
-    const std::string& name = model.params().specs()[i].name;
+  for (size_t i = 0; i < model->params().specs().size(); ++i) {
+    const std::string& name = model->params().specs()[i].name;
     Tensor ref_grad = reference.read_f32("grad." + name);
-    EXPECT_LE(testing::relative_error(model.params().grad(i), ref_grad), 1e-5) << name;
+    EXPECT_LE(testing::relative_error(model->params().grad(i), ref_grad), 1e-5) << name;
   }
 
   // 10 AdamW steps on the same batch: losses before each update.
   Tensor ref_losses = reference.read_f32("losses");
   ASSERT_EQ(ref_losses.numel(), kSteps);
-  AdamW optimizer(model.params(), AdamWConfig{kBeta1, kBeta2, kEps, kWeightDecay});
+  AdamW optimizer(model->params(), AdamWConfig{kBeta1, kBeta2, kEps, kWeightDecay});
   for (int step = 0; step < kSteps; ++step) {
-    model.params().zero_grads();
-    LossSum ls = testing::train_micro_batch(model, tokens, labels);
+    model->params().zero_grads();
+    LossSum ls = testing::train_micro_batch(*model, tokens, labels);
     const double step_loss = ls.loss_sum / ls.tokens;
     EXPECT_NEAR(step_loss, ref_losses.f32()[step], 1e-5 * std::fabs(ref_losses.f32()[step])) << "step " << step;
-    optimizer.step(model.params(), kLr, clip_grad_norm(model.params(), kClip).scale);
+    optimizer.step(model->params(), kLr, clip_grad_norm(model->params(), kClip).scale);
   }
 }
 

@@ -7,45 +7,45 @@
 
 #include <fmt/format.h>
 
-#include "models/llama.h"
+#include "models/model.h"
 #include "support/test_support.h"
 #include "support/tiny_models.h"
 
 namespace primus {
 namespace {
 
-double mean_loss(LlamaModel& model, const Tensor& tokens, const Tensor& labels) {
+double mean_loss(Model& model, const Tensor& tokens, const Tensor& labels) {
   LossSum s = model.evaluate(tokens, labels);
   return s.loss_sum / static_cast<double>(s.tokens);
 }
 
 void check_model_gradients(const ModelArgs& args, uint64_t seed) {
   const int64_t B = 2, T = 7;
-  LlamaModel model(args, T);
-  model.params().initialize(seed);
+  const std::unique_ptr<Model> model = make_model(args, T);
+  model->params().initialize(seed);
   // Larger weights than the 0.02 init so every path carries gradient well above fp32 noise.
   Rng rng(seed + 1);
-  float* p = model.params().flat_params().f32();
-  for (int64_t i = 0; i < model.params().numel(); ++i) p[i] += static_cast<float>(rng.normal() * 0.3);
+  float* p = model->params().flat_params().f32();
+  for (int64_t i = 0; i < model->params().numel(); ++i) p[i] += static_cast<float>(rng.normal() * 0.3);
   Tensor tokens = testing::random_ids({B, T}, args.vocab_size, rng);
   Tensor labels = testing::random_ids({B, T}, args.vocab_size, rng);
   labels.i32()[3] = -1;  // one ignored position
 
-  model.params().zero_grads();
-  testing::train_micro_batch(model, tokens, labels);
+  model->params().zero_grads();
+  testing::train_micro_batch(*model, tokens, labels);
 
   const double h = 1e-2;
-  for (size_t i = 0; i < model.params().specs().size(); ++i) {
-    const ParamSpec& spec = model.params().specs()[i];
-    Tensor param = model.params().param(i);
-    Tensor grad = model.params().grad(i);
+  for (size_t i = 0; i < model->params().specs().size(); ++i) {
+    const ParamSpec& spec = model->params().specs()[i];
+    Tensor param = model->params().param(i);
+    Tensor grad = model->params().grad(i);
     for (int sample = 0; sample < 3; ++sample) {
       const int64_t k = static_cast<int64_t>(rng.below(param.numel()));
       const float saved = param.f32()[k];
       param.f32()[k] = saved + static_cast<float>(h);
-      const double up = mean_loss(model, tokens, labels);
+      const double up = mean_loss(*model, tokens, labels);
       param.f32()[k] = saved - static_cast<float>(h);
-      const double down = mean_loss(model, tokens, labels);
+      const double down = mean_loss(*model, tokens, labels);
       param.f32()[k] = saved;
       const double numeric = (up - down) / (2 * h);
       const double analytic = grad.f32()[k];
@@ -63,23 +63,23 @@ TEST(ModelGrad, TinyQwen3MatchesFiniteDifferences) { check_model_gradients(testi
 TEST(ModelGrad, GradientAccumulationEqualsOneBigBatch) {
   const ModelArgs args = testing::tiny_llama_args();
   const int64_t T = 6;
-  LlamaModel model(args, T);
-  model.params().initialize(5);
+  const std::unique_ptr<Model> model = make_model(args, T);
+  model->params().initialize(5);
   Rng rng(6);
   Tensor tokens = testing::random_ids({4, T}, args.vocab_size, rng);
   Tensor labels = testing::random_ids({4, T}, args.vocab_size, rng);
-  model.params().zero_grads();
-  testing::train_micro_batch(model, tokens, labels, 1.0f / (4 * T));
-  Tensor whole = Tensor::empty({model.params().numel()}, DType::kF32);
-  whole.copy_from(model.params().flat_grads());
+  model->params().zero_grads();
+  testing::train_micro_batch(*model, tokens, labels, 1.0f / (4 * T));
+  Tensor whole = Tensor::empty({model->params().numel()}, DType::kF32);
+  whole.copy_from(model->params().flat_grads());
 
-  model.params().zero_grads();
+  model->params().zero_grads();
   for (int half = 0; half < 2; ++half) {
     Tensor t = tokens.slice_elements(half * 2 * T, {2, T});
     Tensor l = labels.slice_elements(half * 2 * T, {2, T});
-    testing::train_micro_batch(model, t, l, 1.0f / (4 * T));
+    testing::train_micro_batch(*model, t, l, 1.0f / (4 * T));
   }
-  EXPECT_LT(testing::relative_error(model.params().flat_grads(), whole), 1e-5);
+  EXPECT_LT(testing::relative_error(model->params().flat_grads(), whole), 1e-5);
 }
 
 // Recompute changes what is kept, never the numbers: every mode gives the same gradients bit for bit.
@@ -91,13 +91,13 @@ TEST(ModelGrad, RecomputeGivesIdenticalGradients) {
   Tensor tokens = testing::random_ids({2, T}, args.vocab_size, rng);
   Tensor labels = testing::random_ids({2, T}, args.vocab_size, rng);
   auto gradients = [&](const RecomputeConfig& recompute) {
-    LlamaModel model(args, T);
-    model.params().initialize(9);
-    model.set_recompute(recompute);
-    model.params().zero_grads();
-    const LossSum s = testing::train_micro_batch(model, tokens, labels);
-    Tensor grads = Tensor::empty({model.params().numel()}, DType::kF32);
-    grads.copy_from(model.params().flat_grads());
+    const std::unique_ptr<Model> model = make_model(args, T);
+    model->params().initialize(9);
+    model->set_recompute(recompute);
+    model->params().zero_grads();
+    const LossSum s = testing::train_micro_batch(*model, tokens, labels);
+    Tensor grads = Tensor::empty({model->params().numel()}, DType::kF32);
+    grads.copy_from(model->params().flat_grads());
     return std::pair{s.loss_sum, grads};
   };
   using G = RecomputeConfig::Granularity;

@@ -3,7 +3,7 @@
 #pragma once
 
 #include "config/experiment.h"
-#include "models/llama.h"
+#include "models/model.h"
 #include "ops/ops.h"
 
 namespace primus::testing {
@@ -45,17 +45,17 @@ inline ModelArgs tiny_qwen3_args() {
 // One training micro-batch (host tokens and labels [B, T]) through `model`: forward with the loss gradient, then
 // backward, gradients accumulating. grad_scale 0 means 1 / this batch's counted tokens. Returns Σ token losses
 // and the counted tokens. `packed` holds host tensors (moved to the model's device here).
-inline LossSum train_micro_batch(LlamaModel& model, const Tensor& tokens, const Tensor& labels,
+inline LossSum train_micro_batch(Model& model, const Tensor& tokens, const Tensor& labels,
                                  float grad_scale = 0.0f, const PackedSequence& packed = {}) {
-  const int64_t counted = LlamaModel::counted_tokens(labels);
+  const int64_t counted = counted_tokens(labels);
   if (grad_scale == 0.0f) grad_scale = static_cast<float>(1.0 / static_cast<double>(counted));
   Tensor loss_sum = ops::zeros({1}, DType::kF32, model.device());
   PackedSequence on_device;
   if (packed.position_ids.defined()) on_device.position_ids = ops::to_device(packed.position_ids, model.device());
   if (packed.segment_start.defined()) on_device.segment_start = ops::to_device(packed.segment_start, model.device());
-  model.forward(ops::to_device(tokens, model.device()), ops::to_device(labels, model.device()), grad_scale, loss_sum,
-                on_device);
-  model.backward();
+  const std::unique_ptr<MicroBatchContext> ctx = model.forward(
+      ops::to_device(tokens, model.device()), ops::to_device(labels, model.device()), grad_scale, loss_sum, on_device);
+  model.backward(*ctx);
   return LossSum{static_cast<double>(ops::to_device(loss_sum, kCpuDevice).f32()[0]), counted};
 }
 

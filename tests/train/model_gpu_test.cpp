@@ -7,7 +7,7 @@
 #include <sstream>
 
 #include "core/file_io.h"
-#include "models/llama.h"
+#include "models/model.h"
 #include "ops/ops.h"
 #include "support/test_support.h"
 #include "support/tiny_models.h"
@@ -21,13 +21,13 @@ constexpr Device kGpu{DeviceType::kCuda, 0};
 // Loss and flat fp32 gradients of one micro-batch, computed on `device` in `dtype`.
 std::pair<double, Tensor> loss_and_grads(const ModelArgs& args, Device device, DType dtype, const Tensor& tokens,
                                          const Tensor& labels, const RecomputeConfig& recompute = {}) {
-  LlamaModel model(args, tokens.dim(1), device, dtype);
-  model.set_recompute(recompute);
-  model.params().initialize(31);
-  model.weights_changed();
-  model.params().zero_grads();
-  LossSum s = testing::train_micro_batch(model, tokens, labels);
-  return {s.loss_sum / s.tokens, ops::to_device(model.params().flat_grads(), kCpuDevice)};
+  const std::unique_ptr<Model> model = make_model(args, tokens.dim(1), device, dtype);
+  model->set_recompute(recompute);
+  model->params().initialize(31);
+  model->weights_changed();
+  model->params().zero_grads();
+  LossSum s = testing::train_micro_batch(*model, tokens, labels);
+  return {s.loss_sum / s.tokens, ops::to_device(model->params().flat_grads(), kCpuDevice)};
 }
 
 void check_against_cpu(DType dtype, double loss_tolerance, double grad_tolerance) {

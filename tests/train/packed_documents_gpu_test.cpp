@@ -8,7 +8,7 @@
 #include <algorithm>
 
 #include "data/loader.h"
-#include "models/llama.h"
+#include "models/model.h"
 #include "ops/ops.h"
 #include "support/fixed_samples.h"
 #include "support/test_support.h"
@@ -54,12 +54,12 @@ struct Result {
 
 Result run(const ModelArgs& args, Device device, DType dtype, const Tensor& tokens, const Tensor& labels,
            const PackedSequence& packed = {}) {
-  LlamaModel model(args, kSeq, device, dtype);
-  model.params().initialize(41);
-  model.weights_changed();
-  model.params().zero_grads();
-  const LossSum s = testing::train_micro_batch(model, tokens, labels, 1.0f, packed);
-  return {s.loss_sum, s.tokens, ops::to_device(model.params().flat_grads(), kCpuDevice)};
+  const std::unique_ptr<Model> model = make_model(args, kSeq, device, dtype);
+  model->params().initialize(41);
+  model->weights_changed();
+  model->params().zero_grads();
+  const LossSum s = testing::train_micro_batch(*model, tokens, labels, 1.0f, packed);
+  return {s.loss_sum, s.tokens, ops::to_device(model->params().flat_grads(), kCpuDevice)};
 }
 
 void expect_gpu_tracks_cpu(DType dtype, double loss_tolerance, double grad_tolerance) {

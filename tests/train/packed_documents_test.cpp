@@ -20,7 +20,7 @@
 #include "data/indexed_dataset.h"
 #include "data/loader.h"
 #include "data/tokenizer.h"
-#include "models/llama.h"
+#include "models/model.h"
 #include "support/fixed_samples.h"
 #include "support/test_support.h"
 #include "support/tiny_models.h"
@@ -64,16 +64,16 @@ struct Result {
 // for every call with the same args.
 Result run(const ModelArgs& args, const Tensor& tokens, const Tensor& labels, const PackedSequence& packed = {},
            const RecomputeConfig& recompute = {}) {
-  LlamaModel model(args, kSeq);
-  model.params().initialize(21);
+  const std::unique_ptr<Model> model = make_model(args, kSeq);
+  model->params().initialize(21);
   Rng rng(22);
-  float* p = model.params().flat_params().f32();
-  for (int64_t i = 0; i < model.params().numel(); ++i) p[i] += static_cast<float>(rng.normal() * 0.3);
-  model.set_recompute(recompute);
-  model.params().zero_grads();
-  const LossSum s = testing::train_micro_batch(model, tokens, labels, 1.0f, packed);  // gradient of Σ losses
-  Result r{s.loss_sum, s.tokens, Tensor::empty({model.params().numel()}, DType::kF32)};
-  r.grads.copy_from(model.params().flat_grads());
+  float* p = model->params().flat_params().f32();
+  for (int64_t i = 0; i < model->params().numel(); ++i) p[i] += static_cast<float>(rng.normal() * 0.3);
+  model->set_recompute(recompute);
+  model->params().zero_grads();
+  const LossSum s = testing::train_micro_batch(*model, tokens, labels, 1.0f, packed);  // gradient of Σ losses
+  Result r{s.loss_sum, s.tokens, Tensor::empty({model->params().numel()}, DType::kF32)};
+  r.grads.copy_from(model->params().flat_grads());
   return r;
 }
 
@@ -204,12 +204,12 @@ TEST(PackedDocuments, RecomputeAndEvaluateSeeThePacking) {
   EXPECT_EQ(recomputed.loss_sum, kept.loss_sum);
   EXPECT_EQ(std::memcmp(recomputed.grads.data(), kept.grads.data(), kept.grads.nbytes()), 0);
 
-  LlamaModel model(args, kSeq);
-  model.params().initialize(21);
+  const std::unique_ptr<Model> model = make_model(args, kSeq);
+  model->params().initialize(21);
   Rng rng(22);
-  float* p = model.params().flat_params().f32();
-  for (int64_t i = 0; i < model.params().numel(); ++i) p[i] += static_cast<float>(rng.normal() * 0.3);
-  const LossSum eval = model.evaluate(batch.tokens, batch.labels, packed_of(batch));
+  float* p = model->params().flat_params().f32();
+  for (int64_t i = 0; i < model->params().numel(); ++i) p[i] += static_cast<float>(rng.normal() * 0.3);
+  const LossSum eval = model->evaluate(batch.tokens, batch.labels, packed_of(batch));
   EXPECT_EQ(eval.tokens, kept.tokens);
   EXPECT_NEAR(eval.loss_sum, kept.loss_sum, 1e-6 * kept.loss_sum);
 }

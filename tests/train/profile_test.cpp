@@ -6,7 +6,7 @@
 #include <sstream>
 
 #include "core/file_io.h"
-#include "models/llama.h"
+#include "models/model.h"
 #include "ops/profile.h"
 #include "support/test_support.h"
 #include "support/tiny_models.h"
@@ -49,16 +49,16 @@ void check_trace_format(const json& trace) {
 
 TEST(Profile, TraceNestsOpsUnderLayersOnBothTracks) {
   const ModelArgs args = testing::tiny_llama_args();
-  LlamaModel model(args, 8);
-  model.params().initialize(3);
+  const std::unique_ptr<Model> model = make_model(args, 8);
+  model->params().initialize(3);
   Rng rng(4);
   const Tensor tokens = testing::random_ids({2, 8}, args.vocab_size, rng);
   const Tensor labels = testing::random_ids({2, 8}, args.vocab_size, rng);
-  testing::train_micro_batch(model, tokens, labels);  // untraced: leaves nothing behind
+  testing::train_micro_batch(*model, tokens, labels);  // untraced: leaves nothing behind
 
   ops::Trace::start(kCpuDevice);
   EXPECT_TRUE(ops::Trace::active());
-  testing::train_micro_batch(model, tokens, labels);
+  testing::train_micro_batch(*model, tokens, labels);
   const std::string path = testing::temp_dir("profile") + "/trace.json";
   EXPECT_GT(ops::Trace::stop_and_write(path), 50);
   EXPECT_FALSE(ops::Trace::active());

@@ -27,15 +27,15 @@ struct Report {
 
 struct TinyRun {
   ModelArgs args = testing::tiny_llama_args();
-  LlamaModel model{args, 16};
-  AdamW optimizer{model.params(), AdamWConfig{}};
+  std::unique_ptr<Model> model = make_model(args, 16);
+  AdamW optimizer{model->params(), AdamWConfig{}};
   TinyRun() {
-    model.params().initialize(11);
+    model->params().initialize(11);
     // One step, so the moments are not all zero.
     Rng rng(5);
-    testing::train_micro_batch(model, testing::random_ids({2, 8}, args.vocab_size, rng),
+    testing::train_micro_batch(*model, testing::random_ids({2, 8}, args.vocab_size, rng),
                                testing::random_ids({2, 8}, args.vocab_size, rng));
-    optimizer.step(model.params(), 1e-3);
+    optimizer.step(model->params(), 1e-3);
   }
 };
 
@@ -63,7 +63,7 @@ TEST(CheckpointProgress, SaveVerifyAndLoadReportBytesUpToTheirTotals) {
   std::vector<Report> reports;
   auto record = [&](const CheckpointProgress& p) { reports.push_back({p.phase, p.done_bytes, p.total_bytes}); };
   TrainerState state{.iteration = 3, .consumed_train_samples = 6, .optimizer_steps = 1, .seed = 9};
-  const int64_t written = save_checkpoint(dir, run.model, run.optimizer, state, "exp_name: tiny\n", record);
+  const int64_t written = save_checkpoint(dir, *run.model, run.optimizer, state, "exp_name: tiny\n", record);
 
   const std::string ckpt = dir + "/iter_0000003";
   const auto size = [&](const char* name) { return static_cast<int64_t>(fs::file_size(ckpt + "/" + name)); };
@@ -85,12 +85,12 @@ TEST(CheckpointProgress, SaveVerifyAndLoadReportBytesUpToTheirTotals) {
 
   reports.clear();
   TinyRun fresh;
-  fresh.model.params().initialize(99);
-  const TrainerState loaded = load_checkpoint(ckpt, fresh.model, fresh.optimizer, record);
+  fresh.model->params().initialize(99);
+  const TrainerState loaded = load_checkpoint(ckpt, *fresh.model, fresh.optimizer, record);
   EXPECT_EQ(loaded.iteration, 3);
-  const int64_t numel = run.model.params().numel();
+  const int64_t numel = run.model->params().numel();
   expect_phases(reports, {{"verify", all_files}, {"load", 3 * 4 * numel}});
-  EXPECT_EQ(testing::max_abs_diff(fresh.model.params().flat_params(), run.model.params().flat_params()), 0.0);
+  EXPECT_EQ(testing::max_abs_diff(fresh.model->params().flat_params(), run.model->params().flat_params()), 0.0);
   EXPECT_EQ(testing::max_abs_diff(fresh.optimizer.exp_avg_sq(), run.optimizer.exp_avg_sq()), 0.0);
 
   // One flipped byte deep in the optimizer file: the streamed CRC check refuses the checkpoint.
@@ -98,7 +98,7 @@ TEST(CheckpointProgress, SaveVerifyAndLoadReportBytesUpToTheirTotals) {
   optim[optim.size() - 5] ^= 0x40;
   write_file_atomic(ckpt + "/optimizer.safetensors", optim);
   try {
-    load_checkpoint(ckpt, fresh.model, fresh.optimizer);
+    load_checkpoint(ckpt, *fresh.model, fresh.optimizer);
     FAIL() << "a corrupt checkpoint was loaded";
   } catch (const RuntimeError& e) {
     EXPECT_NE(std::string(e.what()).find("optimizer.safetensors: CRC32C"), std::string::npos) << e.what();
@@ -115,9 +115,9 @@ TEST(CheckpointProgress, BarsOnATerminalAndLinesInALog) {
     // Each look at the clock advances it by a second, so the half-second delay passes and lines are due.
     ProgressOutput output{&out, tty, 0, [&now] { return now += 1.0; }};
     const CheckpointProgressFn bars = checkpoint_progress_bars(output);
-    save_checkpoint(dir, run.model, run.optimizer, state, "exp_name: tiny\n", bars);
+    save_checkpoint(dir, *run.model, run.optimizer, state, "exp_name: tiny\n", bars);
     TinyRun other;
-    load_checkpoint(dir + "/iter_0000001", other.model, other.optimizer, bars);
+    load_checkpoint(dir + "/iter_0000001", *other.model, other.optimizer, bars);
     const std::string text = out.str();
     if (tty) {
       EXPECT_EQ(text.find('\n'), std::string::npos) << "terminal bars leave no lines behind";

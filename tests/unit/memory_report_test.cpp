@@ -76,18 +76,19 @@ Measured measure(const ModelArgs& args, int64_t B, int64_t T, const RecomputeCon
   CountingAllocator& count = counting.counter();
   Measured m;
   {
-    LlamaModel model(args, T);
-    model.set_recompute(recompute);
-    model.params().initialize(1);
+    const std::unique_ptr<Model> model = make_model(args, T);
+    model->set_recompute(recompute);
+    model->params().initialize(1);
     Rng rng(3);
     const Tensor tokens = testing::random_ids({B, T}, args.vocab_size, rng);
     const Tensor labels = testing::random_ids({B, T}, args.vocab_size, rng);
     Tensor loss_sum = Tensor::zeros({1}, DType::kF32);
     const int64_t before = count.live();
     count.reset_peak();
-    model.forward(tokens, labels, 1.0f / static_cast<float>(B * T), loss_sum);
+    const std::unique_ptr<MicroBatchContext> ctx =
+        model->forward(tokens, labels, 1.0f / static_cast<float>(B * T), loss_sum);
     m.saved = count.live() - before;
-    model.backward();
+    model->backward(*ctx);
     m.peak = count.peak() - before;
     EXPECT_EQ(count.live(), before) << "backward frees every activation";
   }
@@ -205,6 +206,38 @@ TEST(MemoryPlan, TableRowsForFp32AndMixedPrecision) {
   EXPECT_EQ(format_memory_bytes(12 * (int64_t{1} << 20)), "12.00 MiB");
 }
 
+// The distributed optimizer keeps 1/dp of the AdamW state per rank (its shards of every bucket), plus the staging
+// buffer of the one bucket dp does not divide; the table says which.
+TEST(MemoryPlan, DistributedOptimizerShardsTheOptimizerStatePerRank) {
+  ModelArgs args;
+  args.num_layers = 2;
+  args.hidden_size = 64;
+  args.ffn_hidden_size = 176;
+  args.num_attention_heads = 4;
+  args.num_query_groups = 2;
+  args.kv_channels = 16;
+  args.vocab_size = 384;
+  TrainingArgs t;
+  t.micro_batch_size = 2;
+  t.seq_length = 32;
+  t.data_parallel_size = 3;
+  t.ddp_bucket_size = 7001;
+  const MemoryPlan replicated = plan_memory(args, t, kCpuDevice, DType::kF32);
+  t.use_distributed_optimizer = true;
+  const MemoryPlan sharded = plan_memory(args, t, kCpuDevice, DType::kF32);
+  const int64_t p = replicated.parameters;
+  EXPECT_EQ(replicated.optimizer_bytes, 8 * p);
+  EXPECT_EQ(replicated.comm_bytes, 0);
+  EXPECT_GE(sharded.optimizer_bytes, 8 * (p / 3));
+  EXPECT_LE(sharded.optimizer_bytes, 8 * (p / 3 + 21 * 3));  // at most one rounding per bucket
+  EXPECT_GT(sharded.comm_bytes, 0) << p << " parameters are not a multiple of 3";
+  EXPECT_EQ(sharded.param_bytes, replicated.param_bytes);
+  std::string table;
+  for (const std::string& line : format_memory_table(sharded)) table += line + "\n";
+  EXPECT_NE(table.find("optimizer state (AdamW, fp32, 1/3 shard)"), std::string::npos) << table;
+  EXPECT_NE(table.find("communication buffers"), std::string::npos) << table;
+}
+
 // A Llama 3.2 1B shape at 4 x 4096 tokens in bf16, on a device of 80 GiB.
 MemoryPlan one_b_plan(int64_t micro_batch_size, const std::string& granularity) {
   ModelArgs args;
@@ -250,7 +283,7 @@ TEST(MemoryPlan, OutOfMemoryMessageHasTheRequestTheTableAndWhatToTry) {
            "  - recompute_granularity: selective (about 15.",
            " or full (about 2.",
            "  - a shorter seq_length (now 4096",
-           "ZeRO/FSDP",
+           "use_distributed_optimizer: true",
        }) {
     EXPECT_NE(message.find(part), std::string::npos) << "missing: " << part << "\nin:\n" << message;
   }
@@ -269,7 +302,9 @@ TEST(MemoryPlan, OutOfMemoryMessageHasTheRequestTheTableAndWhatToTry) {
   const std::string hopeless = out_of_memory_message(OutOfMemoryError("[cuda] cudaMalloc failed", "cuda", 0), small);
   EXPECT_NE(hopeless.find("out of memory on cuda:0.\n"), std::string::npos) << hopeless;
   EXPECT_NE(hopeless.find("alone need 20.7"), std::string::npos) << hopeless;
-  EXPECT_NE(hopeless.find("What to try: a smaller model, or sharding"), std::string::npos) << hopeless;
+  EXPECT_NE(hopeless.find("What to try: a smaller model, or several GPUs with use_distributed_optimizer"),
+            std::string::npos)
+      << hopeless;
   EXPECT_EQ(hopeless.find("recompute_granularity:"), std::string::npos) << "no advice that cannot help";
 }
 

@@ -6,7 +6,7 @@
 #include <fstream>
 
 #include "config/config.h"
-#include "models/llama.h"
+#include "models/model.h"
 #include "support/test_support.h"
 
 namespace primus {
@@ -28,7 +28,7 @@ ModelArgs load_preset(const std::string& name) {
 
 int64_t parameter_count(const ModelArgs& args) {
   int64_t total = 0;
-  for (const ParamSpec& spec : LlamaModel::param_specs(args)) total += shape_numel(spec.shape);
+  for (const ParamSpec& spec : model_family(args).param_specs(args)) total += shape_numel(spec.shape);
   return total;
 }
 

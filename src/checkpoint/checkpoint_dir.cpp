@@ -1,0 +1,168 @@
+// Checkpoint directories: temporaries, manifest, trainer state, commit, and the single-file writer.
+#include "checkpoint/checkpoint_dir.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include "checkpoint/hf_config.h"
+#include "checkpoint/tensor_catalog.h"
+#include "core/error.h"
+#include "core/file_io.h"
+
+namespace primus {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+std::string temporary_checkpoint_dir(const std::string& save_dir, int64_t iteration) {
+  return save_dir + "/" + checkpoint_dir_name(iteration) + ".tmp";
+}
+
+int remove_stale_temporaries(const std::string& save_dir) {
+  int removed = 0;
+  std::error_code error;
+  for (const fs::directory_entry& entry : fs::directory_iterator(save_dir, error)) {
+    const std::string name = entry.path().filename().string();
+    const bool temporary =
+        name.rfind("iter_", 0) == 0 && (name.ends_with(".tmp") || name.find(".tmp.") != std::string::npos);
+    if (!temporary) continue;
+    fs::remove_all(entry.path());
+    ++removed;
+  }
+  if (error) throw RuntimeError(fmt::format("{}: cannot list the save directory: {}", save_dir, error.message()));
+  return removed;
+}
+
+void ManifestFiles::add(const std::string& name, uint64_t bytes, uint32_t crc32c) {
+  files_[name] = {{"bytes", bytes}, {"crc32c", crc32c}};
+}
+
+void ManifestFiles::write_text(const std::string& dir, const std::string& name, const std::string& text) {
+  write_file_atomic(dir + "/" + name, text);
+  add(name, text.size(), crc32c(text));
+}
+
+void ManifestFiles::write_manifest(const std::string& dir, int64_t iteration) const {
+  const json manifest = {{"format_version", kCheckpointFormatVersion}, {"iteration", iteration}, {"files", files_}};
+  write_file_atomic(dir + "/" + kManifestFile, manifest.dump(2) + "\n");
+  fsync_directory(dir);
+}
+
+std::string trainer_state_text(const TrainerState& state) {
+  const json trainer = {{"format_version", kCheckpointFormatVersion},
+                        {"iteration", state.iteration},
+                        {"consumed_train_samples", state.consumed_train_samples},
+                        {"optimizer_steps", state.optimizer_steps},
+                        {"seed", state.seed}};
+  return trainer.dump(2) + "\n";
+}
+
+std::string hf_config_json_text(const ModelArgs& args) { return hf_config_from_model(args).dump(2) + "\n"; }
+
+TrainerState read_trainer_state(const std::string& checkpoint_dir) {
+  const std::string state_file = checkpoint_dir + "/trainer_state.json";
+  TrainerState state;
+  try {
+    const json j = json::parse(read_file(state_file));
+    state.iteration = j.at("iteration").get<int64_t>();
+    state.consumed_train_samples = j.at("consumed_train_samples").get<int64_t>();
+    state.optimizer_steps = j.at("optimizer_steps").get<int64_t>();
+    state.seed = j.at("seed").get<int64_t>();
+  } catch (const json::exception& e) {
+    throw RuntimeError(fmt::format("{}: {}", state_file, e.what()));
+  }
+  return state;
+}
+
+void commit_checkpoint_dir(const std::string& tmp_dir, const std::string& save_dir, int64_t iteration) {
+  const std::string final_dir = save_dir + "/" + checkpoint_dir_name(iteration);
+  if (fs::exists(final_dir)) {
+    const std::string old_dir = final_dir + ".old";
+    fs::remove_all(old_dir);
+    fs::rename(final_dir, old_dir);
+    fs::rename(tmp_dir, final_dir);
+    fs::remove_all(old_dir);
+  } else {
+    fs::rename(tmp_dir, final_dir);
+  }
+  fsync_directory(save_dir);
+  write_file_atomic(save_dir + "/" + kTrackerFile, std::to_string(iteration) + "\n");
+}
+
+int64_t write_single_file_checkpoint(const std::string& save_dir, const SafetensorsWriter& weights,
+                                     const SafetensorsWriter& moments, const std::string& hf_config_json,
+                                     const TrainerState& state, const std::string& config_yaml,
+                                     const CheckpointProgressFn& progress) {
+  fs::create_directories(save_dir);
+  remove_stale_temporaries(save_dir);
+  const std::string tmp_dir = temporary_checkpoint_dir(save_dir, state.iteration);
+  fs::create_directories(tmp_dir);
+
+  const int64_t total = static_cast<int64_t>(weights.file_bytes() + moments.file_bytes());
+  int64_t done = 0;
+  auto on_bytes = [&](uint64_t bytes) {
+    done += static_cast<int64_t>(bytes);
+    if (progress) progress({"save", done, total});
+  };
+  if (progress) progress({"save", 0, total});
+
+  ManifestFiles files;
+  const SafetensorsWriter::Written model = weights.write(tmp_dir + "/model.safetensors", on_bytes);
+  files.add("model.safetensors", model.bytes, model.crc32c);
+  files.write_text(tmp_dir, "config.json", hf_config_json);
+  const SafetensorsWriter::Written optim = moments.write(tmp_dir + "/optimizer.safetensors", on_bytes);
+  files.add("optimizer.safetensors", optim.bytes, optim.crc32c);
+  files.write_text(tmp_dir, "trainer_state.json", trainer_state_text(state));
+  files.write_text(tmp_dir, "config.yaml", config_yaml);
+  files.write_manifest(tmp_dir, state.iteration);
+  commit_checkpoint_dir(tmp_dir, save_dir, state.iteration);
+  return done;
+}
+
+std::vector<Tensor> moment_views(const AdamW& optimizer, bool second, int64_t begin, int64_t end) {
+  // Owned ranges in flat order (the optimizer keeps them in its own order).
+  const std::vector<FlatRange>& owned = optimizer.owned();
+  std::vector<size_t> order(owned.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return owned[a].begin < owned[b].begin; });
+  std::vector<Tensor> views;
+  int64_t pos = begin;
+  for (size_t i : order) {
+    const FlatRange r = owned[i];
+    if (r.end <= pos || pos >= end) continue;
+    if (r.begin > pos) break;  // pos is not owned
+    const int64_t stop = std::min(end, r.end);
+    const Tensor moments = second ? optimizer.exp_avg_sq(i) : optimizer.exp_avg(i);
+    views.push_back(moments.slice_elements(pos - r.begin, {stop - pos}));
+    pos = stop;
+  }
+  if (pos < end) {
+    throw RuntimeError(
+        fmt::format("[checkpoint] the optimizer does not own flat element {} (saving [{}, {})): a "
+                    "rank saves the moments of its own shards only",
+                    pos, begin, end));
+  }
+  return views;
+}
+
+SafetensorsWriter::Producer concatenation(std::vector<Tensor> views) {
+  return [views = std::move(views)](uint64_t offset, uint64_t bytes, void* dst) {
+    int64_t want_begin = static_cast<int64_t>(offset / 4);
+    const int64_t want_end = static_cast<int64_t>((offset + bytes) / 4);
+    float* out = static_cast<float*>(dst);
+    int64_t view_begin = 0;
+    for (const Tensor& view : views) {
+      const int64_t view_end = view_begin + view.numel();
+      const int64_t a = std::max(want_begin, view_begin);
+      const int64_t b = std::min(want_end, view_end);
+      if (a < b) {
+        copy_to_host(view.slice_elements(a - view_begin, {b - a}), out);
+        out += b - a;
+        want_begin = b;
+      }
+      view_begin = view_end;
+    }
+  };
+}
+
+}  // namespace primus

@@ -1,0 +1,68 @@
+// What every checkpoint writer (single-file save, sharded save, Hugging Face import) and reader shares: the
+// file names, the manifest, the trainer state file, the temporary directory and the commit that makes a
+// directory the latest checkpoint. Internal to src/checkpoint.
+//
+// Commit protocol: a directory is built under `<save>/iter_N.tmp`, every file fsync'ed, the manifest last;
+// then renamed to `<save>/iter_N`, the save directory fsync'ed, and the tracker replaced atomically. A crash
+// before the rename leaves only the temporary, which the next save removes; a crash before the tracker
+// leaves the previous iteration as the latest.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/safetensors.h"
+
+namespace primus {
+
+inline constexpr const char* kTrackerFile = "latest_checkpointed_iteration.txt";
+inline constexpr const char* kManifestFile = "manifest.json";
+inline constexpr int kCheckpointFormatVersion = 1;
+
+// `<save>/iter_N.tmp`: one fixed name per iteration, so the ranks of a sharded save agree on it without a
+// message, and a crashed attempt is found (and removed) by the next save.
+std::string temporary_checkpoint_dir(const std::string& save_dir, int64_t iteration);
+// Removes every `iter_*.tmp` (and the `iter_*.tmp.<pid>` of older versions) in save_dir: saves that crashed.
+// Only one job saves into a save directory at a time. Returns how many were removed.
+int remove_stale_temporaries(const std::string& save_dir);
+
+// The manifest's file table, filled as files are written.
+class ManifestFiles {
+ public:
+  void add(const std::string& name, uint64_t bytes, uint32_t crc32c);
+  // Writes `text` as `dir/name` atomically and records it.
+  void write_text(const std::string& dir, const std::string& name, const std::string& text);
+  // Writes dir/manifest.json (last: its presence marks the directory complete) and fsyncs the directory.
+  void write_manifest(const std::string& dir, int64_t iteration) const;
+
+ private:
+  nlohmann::json files_ = nlohmann::json::object();
+};
+
+std::string trainer_state_text(const TrainerState& state);
+// config.json beside fp32 weights: the Hugging Face config of `args`, pretty-printed.
+std::string hf_config_json_text(const ModelArgs& args);
+TrainerState read_trainer_state(const std::string& checkpoint_dir);
+
+// Renames tmp_dir to `<save>/iter_N` (an older directory of the same iteration is replaced only once the new
+// one is complete), fsyncs the save directory and points the tracker at N.
+void commit_checkpoint_dir(const std::string& tmp_dir, const std::string& save_dir, int64_t iteration);
+
+// The single-file format from its two safetensors files' contents: model.safetensors, config.json,
+// optimizer.safetensors, trainer_state.json, config.yaml and the manifest, committed. Progress: "save" over the
+// two safetensors files. Returns their bytes.
+int64_t write_single_file_checkpoint(const std::string& save_dir, const SafetensorsWriter& weights,
+                                     const SafetensorsWriter& moments, const std::string& hf_config_json,
+                                     const TrainerState& state, const std::string& config_yaml,
+                                     const CheckpointProgressFn& progress);
+
+// The optimizer's moment views (exp_avg, or exp_avg_sq when `second`) of flat elements [begin, end), in order,
+// one per owned range they cross. RuntimeError when the optimizer does not own all of them.
+std::vector<Tensor> moment_views(const AdamW& optimizer, bool second, int64_t begin, int64_t end);
+// The bytes of the concatenation of 1-D f32 views on any device, for SafetensorsWriter::add.
+SafetensorsWriter::Producer concatenation(std::vector<Tensor> views);
+
+}  // namespace primus

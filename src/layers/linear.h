@@ -1,0 +1,35 @@
+// Linear projection y = x · Wᵀ (no bias, as every projection of Llama/Qwen3), holding views of its weight and
+// gradient in the flat ParamStore buffers. A module of its own so that code outside the model can replace or wrap
+// one by name (Model::for_each_linear): tensor parallelism with a column- or row-parallel Linear, LoRA with a
+// wrapper around the frozen one, FP8 with another GEMM. It keeps no per-micro-batch state: the caller saves the
+// input (several projections often share one) and hands it back to backward, so any number of micro-batches
+// can be in flight.
+#pragma once
+
+#include "core/tensor.h"
+
+namespace primus {
+
+class Linear {
+ public:
+  Linear() = default;
+  Linear(Tensor weight, Tensor dweight) : weight_(std::move(weight)), dweight_(std::move(dweight)) {}
+  virtual ~Linear() = default;
+
+  // x [N, in] -> [N, out].
+  virtual Tensor forward(const Tensor& x);
+  // dweight += dyᵀ · x; dy · W goes into dx: assigned when dx is undefined, accumulated by the GEMM otherwise (a
+  // layer input that feeds several projections sums their gradients). x [N, in] as given to forward, dy [N, out].
+  virtual void backward(const Tensor& x, const Tensor& dy, Tensor& dx);
+
+  const Tensor& weight() const { return weight_; }    // [out, in]
+  const Tensor& dweight() const { return dweight_; }  // [out, in]
+  int64_t in_features() const { return weight_.dim(1); }
+  int64_t out_features() const { return weight_.dim(0); }
+
+ protected:
+  Tensor weight_;   // the compute weights (a bf16 copy in mixed precision, else the master weights)
+  Tensor dweight_;  // fp32 gradient
+};
+
+}  // namespace primus

@@ -1,0 +1,65 @@
+#include "models/model.h"
+
+#include <algorithm>
+
+#include "models/llama.h"
+
+namespace primus {
+
+namespace {
+
+std::unique_ptr<Model> make_llama(const ModelArgs& args, int64_t max_seq_length, Device device, DType compute_dtype) {
+  return std::make_unique<LlamaModel>(args, max_seq_length, device, compute_dtype);
+}
+
+// Llama and Qwen3 differ only in what the shape keys already say (q/k norms, head_dim, tied head): one class.
+constexpr ModelFamily kFamilies[] = {
+    {"llama", &LlamaModel::param_specs, &LlamaModel::matmul_params, &LlamaModel::flops_per_token, &make_llama},
+    {"qwen3", &LlamaModel::param_specs, &LlamaModel::matmul_params, &LlamaModel::flops_per_token, &make_llama},
+};
+
+}  // namespace
+
+std::string_view model_family_name(const ModelArgs& args) { return args.qk_layernorm ? "qwen3" : "llama"; }
+
+const ModelFamily& find_model_family(std::string_view name) {
+  std::string known;
+  for (const ModelFamily& family : kFamilies) {
+    if (family.name == name) return family;
+    known += fmt::format("{}{}", known.empty() ? "" : ", ", family.name);
+  }
+  throw UsageError(fmt::format("[model] unknown model family \"{}\" (known: {})", name, known));
+}
+
+std::unique_ptr<Model> make_model(const ModelArgs& args, int64_t max_seq_length, Device device, DType compute_dtype) {
+  return model_family(args).make(args, max_seq_length, device, compute_dtype);
+}
+
+int64_t counted_tokens(const Tensor& host_labels) {
+  const int32_t* labels = host_labels.i32();
+  int64_t counted = 0;
+  for (int64_t k = 0; k < host_labels.numel(); ++k) counted += labels[k] >= 0;
+  return counted;
+}
+
+RecomputeConfig RecomputeConfig::from(const TrainingArgs& t) {
+  RecomputeConfig r;
+  if (t.recompute_granularity == "full") {
+    r.granularity = Granularity::kFull;
+    r.block = t.recompute_method == "block";
+    r.num_layers = std::max<int64_t>(1, t.recompute_num_layers);
+  } else if (t.recompute_granularity == "selective") {
+    r.granularity = Granularity::kSelective;
+  }
+  return r;
+}
+
+std::pair<int64_t, int64_t> RecomputeConfig::chunk(int64_t i, int64_t layers) const {
+  if (granularity != Granularity::kFull) return {i, i};
+  const int64_t n = std::max<int64_t>(1, num_layers);
+  if (block) return i < n ? std::pair{i, i + 1} : std::pair{i, i};
+  const int64_t first = i / n * n;
+  return {first, std::min(first + n, layers)};
+}
+
+}  // namespace primus

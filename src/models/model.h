@@ -1,0 +1,136 @@
+// The interface every model family implements, so that training, evaluation, sampling, checkpoints, memory
+// reports and benchmarks take a `Model&` instead of one concrete class, and the factory that builds one from the
+// config. A family (llama, qwen3; mixtral, qwen3_moe, deepseek to come) names a parameter table and an
+// implementation; families can share one (Llama and Qwen3 are both LlamaModel).
+//
+// Per-micro-batch state lives in a MicroBatchContext that forward returns and backward consumes, never in the
+// model: several micro-batches may be in flight at once (a pipeline stage keeps up to pp of them under 1F1B).
+// Parallel code reaches the model's modules from outside (for_each_linear) instead of editing model code.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "config/experiment.h"
+#include "layers/attention.h"
+#include "layers/linear.h"
+#include "ops/param_store.h"
+
+namespace primus {
+
+// [begin, end): elements of the flat gradient buffer whose gradients backward has finished.
+using GradsReadyFn = std::function<void(int64_t begin, int64_t end)>;
+
+// A module slot and its Hugging Face module name ("model.layers.3.self_attn.q_proj"). The visitor may replace
+// the module held in the slot, e.g. wrap it: slot = std::make_unique<LoraLinear>(std::move(slot), ...).
+using LinearVisitor = std::function<void(const std::string& name, std::unique_ptr<Linear>& slot)>;
+
+struct LossSum {
+  double loss_sum = 0.0;     // Σ token losses over counted tokens
+  int64_t tokens = 0;        // counted tokens (labels >= 0)
+};
+
+// Activation recompute, Megatron's recompute_granularity / recompute_method / recompute_num_layers.
+struct RecomputeConfig {
+  enum class Granularity { kNone, kFull, kSelective };
+  Granularity granularity = Granularity::kNone;
+  bool block = false;      // full: only the first num_layers layers; else (uniform) every layer, in chunks
+  int64_t num_layers = 1;  // full: layers recomputed (block) or layers per chunk (uniform)
+
+  static RecomputeConfig from(const TrainingArgs& t);
+  // The layers [first, end) of a `layers`-layer model recomputed together with layer i; first == end when
+  // layer i keeps its activations.
+  std::pair<int64_t, int64_t> chunk(int64_t i, int64_t layers) const;
+};
+
+// What one micro-batch's training forward kept for its backward (activations, its tokens and packing, the
+// recompute setting it ran with). Opaque outside the model that made it; backward frees what it holds.
+class MicroBatchContext {
+ public:
+  virtual ~MicroBatchContext() = default;
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+
+  // The family key: "llama" (Llama 2/3/3.1/3.2) or "qwen3".
+  virtual std::string_view family() const = 0;
+  virtual const ModelArgs& args() const = 0;
+  virtual Device device() const = 0;
+  // fp32 master weights and gradients, one flat buffer each, Hugging Face names (the family's param_specs).
+  virtual ParamStore& params() = 0;
+  virtual const ParamStore& params() const = 0;
+
+  // kF32, or kBF16 for mixed precision: matmuls and activations in bf16 from a bf16 copy of the weights.
+  virtual DType compute_dtype() const = 0;
+  // The bf16 compute copy (null in fp32), for an optimizer that rewrites it as it updates the master weights
+  // (AdamW::step); the copy is then current and weights_changed() is not needed.
+  virtual Tensor* compute_weights() = 0;
+  // Call after the master weights changed (initialisation, loading, an optimizer step): the bf16 copy is
+  // refreshed before the next forward. No-op in fp32.
+  virtual void weights_changed() = 0;
+
+  // Applies to the forwards that follow (a context keeps the setting its forward ran with). Full: a recomputed
+  // layer keeps no activations, only the input of its chunk, and backward runs the chunk's forward again just
+  // before its backward. Selective: every MLP drops its SwiGLU output and recomputes it.
+  virtual void set_recompute(const RecomputeConfig& recompute) = 0;
+
+  // Training forward of one micro-batch: tokens, labels [B, T] i32 on the model's device, T <= max_seq_length.
+  // The loss gradient (grad_scale × Σ token losses) is formed with the loss, chunk by chunk (LmLoss), so
+  // grad_scale is given here: 1 / the tokens counted over the global batch (counted_tokens). Adds Σ token
+  // losses to loss_sum ([1] f32 on the model's device) without waiting for the device. The output layer's
+  // gradient accumulates here already; the rest waits for backward(ctx). `packed` (tensors [B, T] on the
+  // model's device) gives documents packed into a row their own positions (< max_seq_length) and attention;
+  // labels < 0 (e.g. an EOD input under eod_mask_loss) count for nothing. Returns the activations kept for
+  // backward; any number of contexts may be alive, and their backwards may run in any order.
+  virtual std::unique_ptr<MicroBatchContext> forward(const Tensor& tokens, const Tensor& labels, float grad_scale,
+                                                     Tensor& loss_sum, const PackedSequence& packed = {}) = 0;
+  // Accumulates the parameter gradients of ctx's grad_scale × Σ token losses and frees ctx's activations (once
+  // per context: a second backward of the same context is an error). grads_ready (optional) is called as
+  // backward goes, each time the gradients of a range of the flat gradient buffer are final for this backward:
+  // the output layer and final norm first, then each block from the last, the embedding last; the ranges are
+  // disjoint and together cover the buffer (data parallelism starts reducing a bucket as soon as its range is
+  // final).
+  virtual void backward(MicroBatchContext& ctx, const GradsReadyFn& grads_ready = {}) = 0;
+  // Σ token losses and counted tokens of one micro-batch, keeping nothing (evaluation); waits for the device.
+  virtual LossSum evaluate(const Tensor& tokens, const Tensor& labels, const PackedSequence& packed = {}) = 0;
+  // Logits of the last position of `context` ([T] ids, T <= max_seq_length) without keeping activations.
+  virtual std::vector<float> next_token_logits(const std::vector<int32_t>& context) = 0;
+
+  // Every Linear module with its Hugging Face module name, in parameter order, for code outside the model
+  // (tensor parallelism, LoRA, FP8) to inspect, replace or wrap. Replace modules only while no context is alive.
+  virtual void for_each_linear(const LinearVisitor& visit) = 0;
+};
+
+// A family's parameter table, cost figures and constructor.
+struct ModelFamily {
+  std::string_view name;
+  std::vector<ParamSpec> (*param_specs)(const ModelArgs& args);  // `args.vocab_size` resolved
+  // Parameters in the matmuls of one token's forward, the output layer included even when tied.
+  int64_t (*matmul_params)(const ModelArgs& args);
+  // Training FLOPs per token (the MFU numerator).
+  double (*flops_per_token)(const ModelArgs& args, int64_t seq_length);
+  std::unique_ptr<Model> (*make)(const ModelArgs& args, int64_t max_seq_length, Device device, DType compute_dtype);
+};
+
+// The family of a config: "qwen3" when it has Qwen3's q/k RMSNorm, else "llama" (the shape keys carry no model
+// type; hf_config.cpp maps Hugging Face's model_type the same way).
+std::string_view model_family_name(const ModelArgs& args);
+// A family by key; throws UsageError naming an unknown one and the known ones.
+const ModelFamily& find_model_family(std::string_view name);
+inline const ModelFamily& model_family(const ModelArgs& args) { return find_model_family(model_family_name(args)); }
+
+// The model of `args`' family. `args.vocab_size` must be resolved (> 0). Parameters are allocated but not
+// initialised. compute_dtype kBF16 (mixed precision, CUDA) keeps fp32 master weights and gradients too.
+std::unique_ptr<Model> make_model(const ModelArgs& args, int64_t max_seq_length, Device device = kCpuDevice,
+                                  DType compute_dtype = DType::kF32);
+
+// Labels that count (>= 0) in a host [.., ..] i32 tensor.
+int64_t counted_tokens(const Tensor& host_labels);
+
+}  // namespace primus

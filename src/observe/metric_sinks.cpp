@@ -1,0 +1,113 @@
+#include "observe/metric_sinks.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace primus {
+
+nlohmann::json StepMetrics::record() const {
+  nlohmann::json r = {{"step", step},
+                      {"loss", loss},
+                      {"lr", lr},
+                      {"grad_norm", grad_norm},
+                      {"tokens_per_s", tokens_per_s},
+                      {"step_ms", step_ms},
+                      {"tflops_per_gpu", tflops_per_gpu},
+                      {"consumed_samples", consumed_samples},
+                      {"elapsed_s", elapsed_s}};
+  if (mfu) r["mfu"] = *mfu;
+  if (mem_peak_gib) r["mem_peak_gib"] = *mem_peak_gib;
+  if (eval_loss) r["eval_loss"] = *eval_loss;
+  if (phases) {
+    r["data_ms"] = phases->data_ms;
+    r["forward_ms"] = phases->forward_ms;
+    r["backward_ms"] = phases->backward_ms;
+    r["optimizer_ms"] = phases->optimizer_ms;
+  }
+  return r;
+}
+
+namespace {
+
+class ConsoleSink : public MetricSink {
+ public:
+  void write(const StepMetrics& m) override {
+    spdlog::info(
+        " iteration {:>6}/{:<6} | loss {:.4f} |{} lr {:.3e} | grad norm {:.3f} | {:.1f} ms/step | {:.0f} tokens/s | "
+        "{:.2f} TFLOP/s{}",
+        m.step, m.train_iters, m.loss, m.eval_loss ? fmt::format(" eval loss {:.4f} |", *m.eval_loss) : "", m.lr,
+        m.grad_norm, m.step_ms, m.tokens_per_s, m.tflops_per_gpu,
+        m.mfu ? fmt::format(" | MFU {:.3f} | peak {:.1f} GiB", *m.mfu, m.mem_peak_gib.value_or(0.0)) : "");
+  }
+};
+
+class JsonlSink : public MetricSink {
+ public:
+  JsonlSink(const std::string& path, int64_t keep_through_step) : log_(path, keep_through_step) {}
+  void write(const StepMetrics& m) override { log_.write(m.record()); }
+
+ private:
+  MetricsLog log_;
+};
+
+class TensorBoardSink : public MetricSink {
+ public:
+  TensorBoardSink(const std::string& dir, TensorBoardSwitches switches) : writer_(dir), switches_(switches) {
+    spdlog::info("TensorBoard: {}", writer_.path());
+  }
+  // Megatron's tag names, so existing dashboards keep working.
+  void write(const StepMetrics& m) override {
+    writer_.add_scalar("lm loss", m.loss, m.step);
+    writer_.add_scalar("grad-norm", m.grad_norm, m.step);
+    if (switches_.learning_rate) writer_.add_scalar("learning-rate", m.lr, m.step);
+    if (m.eval_loss) writer_.add_scalar("lm loss validation", *m.eval_loss, m.step);
+    if (m.eval_loss && switches_.validation_ppl) {
+      writer_.add_scalar("lm loss validation ppl", std::exp(std::min(*m.eval_loss, 20.0)), m.step);
+    }
+    if (switches_.throughput) {
+      writer_.add_scalar("tokens-per-sec", m.tokens_per_s, m.step);
+      writer_.add_scalar("tflops-per-gpu", m.tflops_per_gpu, m.step);
+      if (m.mfu) writer_.add_scalar("mfu", *m.mfu, m.step);
+    }
+    if (switches_.memory && m.mem_peak_gib) writer_.add_scalar("mem-peak-gib", *m.mem_peak_gib, m.step);
+    if (switches_.timers && m.phases) {
+      writer_.add_scalar("data-wait-ms", m.phases->data_ms, m.step);
+      writer_.add_scalar("forward-time-ms", m.phases->forward_ms, m.step);
+      writer_.add_scalar("backward-time-ms", m.phases->backward_ms, m.step);
+      writer_.add_scalar("optimizer-time-ms", m.phases->optimizer_ms, m.step);
+    }
+    writer_.flush();
+  }
+
+ private:
+  TensorBoardWriter writer_;
+  TensorBoardSwitches switches_;
+};
+
+class MlflowSink : public MetricSink {
+ public:
+  explicit MlflowSink(std::unique_ptr<MlflowRun> run) : run_(std::move(run)) {}
+  void write(const StepMetrics& m) override { run_->log_metrics(m.record()); }
+  void finish(MlflowRunStatus status) override { run_->finish(status); }
+
+ private:
+  std::unique_ptr<MlflowRun> run_;  // destroyed unfinished (an exception): the MLflow run is marked FAILED
+};
+
+}  // namespace
+
+std::unique_ptr<MetricSink> make_console_sink() { return std::make_unique<ConsoleSink>(); }
+std::unique_ptr<MetricSink> make_jsonl_sink(const std::string& path, int64_t keep_through_step) {
+  return std::make_unique<JsonlSink>(path, keep_through_step);
+}
+std::unique_ptr<MetricSink> make_tensorboard_sink(const std::string& dir, TensorBoardSwitches switches) {
+  return std::make_unique<TensorBoardSink>(dir, switches);
+}
+std::unique_ptr<MetricSink> make_mlflow_sink(std::unique_ptr<MlflowRun> run) {
+  return std::make_unique<MlflowSink>(std::move(run));
+}
+
+}  // namespace primus

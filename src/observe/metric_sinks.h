@@ -1,0 +1,80 @@
+// Where a training run's numbers go, behind one interface: the console line, metrics.jsonl, TensorBoard and
+// MLflow each implement MetricSink, and the trainer hands every logged step to all of them at once
+// (MetricSinks). Only rank 0 of a job builds sinks: every rank computes the same global figures.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "observe/metrics_log.h"
+#include "observe/mlflow_store.h"
+#include "observe/tensorboard.h"
+
+namespace primus {
+
+// One logged step: means over the steps since the previous log line, plus this step's phases.
+struct StepMetrics {
+  int64_t step = 0;
+  int64_t train_iters = 0;
+  double loss = 0.0;
+  double lr = 0.0;
+  double grad_norm = 0.0;
+  double tokens_per_s = 0.0;  // the whole job's
+  double step_ms = 0.0;
+  double tflops_per_gpu = 0.0;
+  int64_t consumed_samples = 0;
+  double elapsed_s = 0.0;
+  std::optional<double> mfu;           // GPU runs
+  std::optional<double> mem_peak_gib;  // GPU runs
+  std::optional<double> eval_loss;
+  // Device time of this step's phases (data: the host's wait for the batch); present on log steps.
+  struct Phases {
+    double data_ms = 0.0, forward_ms = 0.0, backward_ms = 0.0, optimizer_ms = 0.0;
+  };
+  std::optional<Phases> phases;
+
+  // The metrics.jsonl record (and MLflow's metrics): docs/training.md lists the fields.
+  nlohmann::json record() const;
+};
+
+class MetricSink {
+ public:
+  virtual ~MetricSink() = default;
+  virtual void write(const StepMetrics& m) = 0;
+  // The run ended (finished, stopped by a signal); a sink destroyed without it saw a failure.
+  virtual void finish(MlflowRunStatus status) {}
+};
+
+// Megatron's TensorBoard switches (log_*_to_tensorboard, log_throughput).
+struct TensorBoardSwitches {
+  bool learning_rate = true;
+  bool throughput = false;
+  bool timers = false;
+  bool memory = false;
+  bool validation_ppl = false;
+};
+
+std::unique_ptr<MetricSink> make_console_sink();
+std::unique_ptr<MetricSink> make_jsonl_sink(const std::string& path, int64_t keep_through_step);
+std::unique_ptr<MetricSink> make_tensorboard_sink(const std::string& dir, TensorBoardSwitches switches);
+std::unique_ptr<MetricSink> make_mlflow_sink(std::unique_ptr<MlflowRun> run);
+
+class MetricSinks {
+ public:
+  void add(std::unique_ptr<MetricSink> sink) { sinks_.push_back(std::move(sink)); }
+  void write(const StepMetrics& m) {
+    for (auto& sink : sinks_) sink->write(m);
+  }
+  void finish(MlflowRunStatus status) {
+    for (auto& sink : sinks_) sink->finish(status);
+  }
+
+ private:
+  std::vector<std::unique_ptr<MetricSink>> sinks_;
+};
+
+}  // namespace primus
