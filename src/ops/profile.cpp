@@ -1,8 +1,11 @@
 #include "ops/profile.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -23,14 +26,21 @@ struct ScopeRecord {
   std::unique_ptr<DeviceMark> device_begin, device_end;
 };
 
+struct Span {
+  std::string track, name;
+  Clock::time_point begin, end;
+};
+
 struct TraceState {
-  bool active = false;
+  std::atomic<bool> active = false;
   Device device = kCpuDevice;
   Backend* backend = nullptr;
   Clock::time_point host_start;
   std::unique_ptr<DeviceMark> device_start;
   std::vector<ScopeRecord> records;
   int depth = 0;
+  std::mutex spans_mutex;  // add_span comes from other threads
+  std::vector<Span> spans;
 };
 
 TraceState& trace() {
@@ -73,7 +83,12 @@ ProfileScope::~ProfileScope() {
 void Trace::start(Device device) {
   TraceState& t = trace();
   PRIMUS_CHECK(!t.active, "[profile] a trace is already recording");
-  t = TraceState();
+  t.records.clear();
+  t.depth = 0;
+  {
+    std::lock_guard lock(t.spans_mutex);
+    t.spans.clear();
+  }
   t.device = device;
   t.backend = &backend_for(device);
   t.host_start = Clock::now();
@@ -108,10 +123,31 @@ int64_t Trace::stop_and_write(const std::string& path) {
                       {"dur", std::max(0.0, end - begin)}, {"args", args}});
     ++written;
   }
+  {
+    std::lock_guard lock(t.spans_mutex);
+    std::map<std::string, int> track_pids;
+    for (const Span& span : t.spans) {
+      auto [it, added] = track_pids.emplace(span.track, 3 + static_cast<int>(track_pids.size()));
+      if (added) track(it->second, span.track);
+      events.push_back({{"name", span.name}, {"ph", "X"}, {"pid", it->second}, {"tid", 0},
+                        {"ts", micros(t.host_start, span.begin)}, {"dur", micros(span.begin, span.end)}});
+      ++written;
+    }
+    t.spans.clear();
+  }
   const nlohmann::json doc = {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}};
   write_file_atomic(path, doc.dump());
-  t = TraceState();
+  t.records.clear();
+  t.device_start.reset();
+  t.backend = nullptr;
   return written;
+}
+
+void Trace::add_span(const std::string& track, std::string name, Clock::time_point begin, Clock::time_point end) {
+  TraceState& t = trace();
+  if (!t.active) return;
+  std::lock_guard lock(t.spans_mutex);
+  t.spans.push_back({track, std::move(name), begin, end});
 }
 
 }  // namespace primus::ops

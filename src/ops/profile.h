@@ -8,6 +8,7 @@
 // call per end and no device work.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 
@@ -34,6 +35,11 @@ class Trace {
   // Stops recording, waits for the device's marks and writes the trace to `path` (atomically). Returns the
   // number of scopes written.
   static int64_t stop_and_write(const std::string& path);
+  // Work that ran on another host thread (the Gloo communication thread's collectives) as one span on a track
+  // of its own, so a trace shows it beside the compute it overlapped. Safe from any thread; ignored when no
+  // trace records.
+  static void add_span(const std::string& track, std::string name, std::chrono::steady_clock::time_point begin,
+                       std::chrono::steady_clock::time_point end);
 };
 
 }  // namespace primus::ops

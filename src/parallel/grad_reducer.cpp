@@ -1,6 +1,9 @@
 #include "parallel/grad_reducer.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <chrono>
 
 #include "core/error.h"
 #include "ops/ops.h"
@@ -140,13 +143,15 @@ void GradReducer::launch(size_t k) {
   const FlatRange b = layout_.buckets()[k];
   Tensor bucket = grads_.slice_elements(b.begin, {b.size()});
   if (mode_ == Mode::kAllReduce) {
-    on_comm_stream([this, bucket](Stream stream) mutable { dp_.all_reduce(bucket, ReduceOp::kSum, stream); });
+    on_comm_stream(fmt::format("all_reduce bucket {} ({} elements)", k, b.size()),
+                   [this, bucket](Stream stream) mutable { dp_.all_reduce(bucket, ReduceOp::kSum, stream); });
     return;
   }
   const int64_t s = layout_.shard_size(k);
   if (!padded(k)) {
     Tensor out = grads_.slice_elements(b.begin + dp_.rank() * s, {s});
-    on_comm_stream([this, bucket, out](Stream stream) mutable {
+    on_comm_stream(fmt::format("reduce_scatter bucket {} ({} elements)", k, b.size()),
+                   [this, bucket, out](Stream stream) mutable {
       dp_.reduce_scatter(bucket, out, ReduceOp::kSum, stream);
     });
     return;
@@ -157,7 +162,8 @@ void GradReducer::launch(size_t k) {
   Tensor head = staging_.slice_elements(0, {b.size()});
   ops::copy(head, bucket);
   Tensor out = staging_.slice_elements(dp_.rank() * s, {s});
-  on_comm_stream([this, out](Stream stream) mutable { dp_.reduce_scatter(staging_, out, ReduceOp::kSum, stream); });
+  on_comm_stream(fmt::format("reduce_scatter bucket {} ({} elements, padded)", k, b.size()),
+                 [this, out](Stream stream) mutable { dp_.reduce_scatter(staging_, out, ReduceOp::kSum, stream); });
 }
 
 void GradReducer::all_gather_shards(Tensor& flat) {
@@ -171,7 +177,8 @@ void GradReducer::all_gather_shards(Tensor& flat) {
     Tensor bucket = flat.slice_elements(b.begin, {b.size()});
     if (!padded(k)) {
       Tensor in = flat.slice_elements(b.begin + dp_.rank() * s, {s});
-      on_comm_stream([this, in, bucket](Stream stream) mutable { dp_.all_gather(in, bucket, stream); });
+      on_comm_stream(fmt::format("all_gather weights bucket {}", k),
+                     [this, in, bucket](Stream stream) mutable { dp_.all_gather(in, bucket, stream); });
       continue;
     }
     const FlatRange mine = layout_.shard(k, dp_.rank());
@@ -181,7 +188,8 @@ void GradReducer::all_gather_shards(Tensor& flat) {
       Tensor dst = in.slice_elements(0, {mine.size()});
       ops::copy(dst, flat.slice_elements(mine.begin, {mine.size()}));
     }
-    on_comm_stream([this, in](Stream stream) mutable { dp_.all_gather(in, staging_, stream); });
+    on_comm_stream(fmt::format("all_gather weights bucket {} (padded)", k),
+                   [this, in](Stream stream) mutable { dp_.all_gather(in, staging_, stream); });
   }
   wait_comm_stream();
   if (padded_bucket_) {
@@ -191,9 +199,13 @@ void GradReducer::all_gather_shards(Tensor& flat) {
   }
 }
 
-void GradReducer::on_comm_stream(std::function<void(Stream)> collective) {
+void GradReducer::on_comm_stream(std::string name, std::function<void(Stream)> collective) {
   if (host_queue_) {
-    host_queue_->submit([collective = std::move(collective)] { collective(Stream{}); });
+    host_queue_->submit([name = std::move(name), collective = std::move(collective)] {
+      const auto begin = std::chrono::steady_clock::now();
+      collective(Stream{});
+      ops::Trace::add_span("communication (gloo thread)", name, begin, std::chrono::steady_clock::now());
+    });
     return;
   }
   // A device communicator: the communication stream waits for the compute work queued so far (the

@@ -20,6 +20,7 @@
 #include <functional>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -102,7 +103,8 @@ class GradReducer {
   void launch(size_t k);
   bool padded(size_t k) const;
   // Runs `collective` on the communication stream (a thread for the host) after the compute work queued so far.
-  void on_comm_stream(std::function<void(Stream)> collective);
+  // `name` labels it in a profile's communication track.
+  void on_comm_stream(std::string name, std::function<void(Stream)> collective);
   void wait_comm_stream();
 
   Communicator& dp_;

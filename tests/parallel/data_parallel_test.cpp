@@ -227,6 +227,41 @@ TEST_F(DataParallel, OverlappedBucketsEqualOneRank) {
   check("overlap2", 2, {"overlap_grad_reduce=true", "ddp_bucket_size=5000"});
 }
 
+// A Perfetto trace of a 2-rank step with overlap_grad_reduce: bucket all-reduces run on the communication
+// thread while backward still computes the layers below (a span starts before the step's last backward ends).
+TEST_F(DataParallel, TraceShowsBucketReductionOverlappingBackward) {
+  Job job{testing::temp_dir("dp_trace"),
+          {"overlap_grad_reduce=true", "ddp_bucket_size=5000", "micro_batch_size=4", "train_iters=4", "profile=true",
+           "profile_step_start=2", "profile_step_end=4"},
+          2};
+  run_job(job);
+  if (HasFatalFailure()) return;
+  const nlohmann::json trace = nlohmann::json::parse(testing::read_text(job.workspace + "/dp/profile/trace_rank0.json"));
+  int comm_pid = -1;
+  for (const nlohmann::json& e : trace["traceEvents"]) {
+    if (e["ph"] == "M" && e["name"] == "process_name" && e["args"]["name"] == "communication (gloo thread)") {
+      comm_pid = e["pid"];
+    }
+  }
+  ASSERT_GE(comm_pid, 0) << "no communication track";
+  std::vector<std::pair<double, double>> backward, reductions;
+  for (const nlohmann::json& e : trace["traceEvents"]) {
+    if (e["ph"] != "X") continue;
+    const double begin = e["ts"], end = begin + e["dur"].get<double>();
+    if (e["pid"] == 1 && e["name"] == "backward") backward.emplace_back(begin, end);
+    if (e["pid"] == comm_pid && e["name"].get<std::string>().starts_with("all_reduce bucket")) {
+      reductions.emplace_back(begin, end);
+    }
+  }
+  ASSERT_FALSE(backward.empty());
+  ASSERT_GE(reductions.size(), 4u) << "several buckets per step";
+  int overlapped = 0;
+  for (const auto& [rb, re] : reductions) {
+    for (const auto& [bb, be] : backward) overlapped += rb >= bb && rb < be;
+  }
+  EXPECT_GT(overlapped, 0) << "no bucket reduction started while a backward was running";
+}
+
 // The distributed optimizer: reduce-scatter, AdamW on each rank's shards, all-gather. The top bucket (the rest
 // of the buffer) here divides evenly; the next test covers the padded one.
 TEST_F(DataParallel, DistributedOptimizerEqualsOneRank) {
