@@ -22,9 +22,6 @@
 
 namespace primus {
 
-// [begin, end): elements of the flat gradient buffer whose gradients backward has finished.
-using GradsReadyFn = std::function<void(int64_t begin, int64_t end)>;
-
 // A module slot and its Hugging Face module name ("model.layers.3.self_attn.q_proj"). The visitor may replace
 // the module held in the slot, e.g. wrap it: slot = std::make_unique<LoraLinear>(std::move(slot), ...).
 using LinearVisitor = std::function<void(const std::string& name, std::unique_ptr<Linear>& slot)>;

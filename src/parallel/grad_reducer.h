@@ -6,7 +6,7 @@
 //
 // Bucket layout (BucketLayout): boundaries at multiples of B = ddp_bucket_size rounded up to the dp size,
 // from offset 0 up; the top bucket holds the rest. Backward finishes gradients from the top of the buffer
-// down (the output layer first, the embedding last: LlamaModel::backward), so buckets are launched top
+// down (the output layer first, the embedding last: Model::backward), so buckets are launched top
 // first. A bucket of n elements is split into dp equal shards of ceil(n / dp); rank r owns shard r (cut at
 // the bucket's end). Only a bucket whose size dp does not divide (the top one) goes through a padded copy.
 //
