@@ -21,18 +21,6 @@ namespace {
 
 using namespace std::chrono_literals;
 
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
 // Sets (or, with nullopt, removes) environment variables for the guard's lifetime.
 class ScopedEnv {
  public:
@@ -157,7 +145,7 @@ TEST(CommBenchmark, CliAtAWorldOfOne) {
 TEST(CommBenchmark, CliAtAWorldOfTwo) {
   ScopedEnv env;
   clear_torchrun(env);
-  const int port = free_port();
+  const int port = testing::free_port();
   const std::string jsonl = testing::temp_dir("comm_bench_2_out") + "/comm.jsonl";
   env.set("WORLD_SIZE", "2");
   env.set("LOCAL_WORLD_SIZE", "2");

@@ -27,6 +27,7 @@
 #include "parallel/distributed_env.h"
 #include "parallel/gloo_communicator.h"
 #include "parallel/store.h"
+#include "support/test_support.h"
 
 namespace primus {
 namespace {
@@ -35,20 +36,6 @@ using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
-
-// A port nobody listens on right now (the kernel's pick for port 0).
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
 
 struct RankResult {
   int status = -1;      // exit code; 1000 + signal when killed; -1 when it ran past the deadline
@@ -162,7 +149,7 @@ TEST(Communicator, WorldOfOneIsARealCommunicatorWithoutNetwork) {
 
 void collectives_on(int size) {
   const uint64_t seed = std::random_device{}();
-  const int port = free_port();
+  const int port = testing::free_port();
   auto results = run_ranks(size, 60s, [&](int rank) {
     std::unique_ptr<Communicator> comm = make_world_communicator(torchrun_env(rank, size, port), kCpuDevice, 20s);
     if (comm->rank() != rank || comm->size() != size) throw std::runtime_error("wrong rank or size");
@@ -179,7 +166,7 @@ TEST(Communicator, EveryCollectiveOnFourRanks) { collectives_on(4); }
 // Groups of one and of three out of four: both run every collective among their members only.
 TEST(Communicator, SplitIntoTwoGroupsRunsCollectivesInEach) {
   const uint64_t seed = std::random_device{}();
-  const int port = free_port();
+  const int port = testing::free_port();
   auto results = run_ranks(4, 60s, [&](int rank) {
     auto world = make_world_communicator(torchrun_env(rank, 4, port), kCpuDevice, 20s);
     const int color = rank == 2 ? 0 : 1;
@@ -200,7 +187,7 @@ TEST(Communicator, SplitIntoTwoGroupsRunsCollectivesInEach) {
 // --- failures: each names what it waited for, none hangs --------------------------------------------------------
 
 TEST(Communicator, RankThatNeverArrivesFailsTheOthersWithinTheTimeout) {
-  const int port = free_port();
+  const int port = testing::free_port();
   auto results = run_ranks(3, 20s, [&](int rank) -> std::string {
     if (rank == 2) return "";  // never joins
     const auto start = Clock::now();
@@ -229,7 +216,7 @@ TEST(Communicator, RankThatNeverArrivesFailsTheOthersWithinTheTimeout) {
 }
 
 TEST(Communicator, CollectiveTimesOutOnAStalledPeer) {
-  const int port = free_port();
+  const int port = testing::free_port();
   auto results = run_ranks(3, 20s, [&](int rank) -> std::string {
     auto comm = make_world_communicator(torchrun_env(rank, 3, port), kCpuDevice, 1s);
     Tensor buf = Tensor::zeros({256}, DType::kF32);
@@ -257,7 +244,7 @@ TEST(Communicator, CollectiveTimesOutOnAStalledPeer) {
 }
 
 TEST(Communicator, PeerDyingMidCollectiveFailsTheOthers) {
-  const int port = free_port();
+  const int port = testing::free_port();
   auto results = run_ranks(3, 20s, [&](int rank) -> std::string {
     auto comm = make_world_communicator(torchrun_env(rank, 3, port), kCpuDevice, 5s);
     Tensor buf = Tensor::zeros({1024}, DType::kF32);
@@ -293,7 +280,7 @@ TEST(Communicator, PeerDyingMidCollectiveFailsTheOthers) {
 // --- the store alone ----------------------------------------------------------------------------------------------
 
 TEST(TcpStore, SetGetAddWaitBetweenClients) {
-  const int port = free_port();
+  const int port = testing::free_port();
   std::unique_ptr<Store> server = make_tcp_store("127.0.0.1", port, true, 5s);
   std::unique_ptr<Store> client = make_tcp_store("localhost", port, false, 5s);
   server->set("a", {'x', 'y'});
@@ -324,7 +311,7 @@ TEST(TcpStore, SetGetAddWaitBetweenClients) {
 }
 
 TEST(TcpStore, UnreachableStoreFailsAfterTheTimeoutNamingTheAddress) {
-  const int port = free_port();
+  const int port = testing::free_port();
   const auto start = Clock::now();
   try {
     make_tcp_store("127.0.0.1", port, false, 500ms);

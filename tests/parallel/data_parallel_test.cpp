@@ -32,20 +32,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// A TCP port nobody listens on now (the kernel's pick for port 0), for one job's rendezvous.
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
-
 struct Job {
   std::string workspace;
   std::vector<std::string> overrides;
@@ -85,7 +71,7 @@ std::string write_config(const std::string& dir) {
 void run_job(const Job& job) {
   fs::create_directories(job.workspace);
   const std::string config = write_config(job.workspace);
-  const int port = free_port();
+  const int port = testing::free_port();
   std::vector<pid_t> pids;
   for (int rank = 0; rank < job.ranks; ++rank) {
     std::vector<std::string> env_strings;

@@ -86,20 +86,6 @@ class MemoryStore : public Store {
   std::map<std::string, int64_t> counters_;
 };
 
-// A TCP port nobody listens on now (the kernel's pick for port 0).
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
-
 Backend& gpu_backend() { return start_cuda_backend(0); }
 
 // One world-of-one communicator for the whole binary (creating one takes NCCL a while). Never destroyed, as
@@ -327,7 +313,7 @@ TEST_F(Nccl, BadArgumentsThrowNamingTheCollective) {
 }
 
 TEST_F(Nccl, RendezvousThroughTheTcpStore) {
-  const int port = free_port();
+  const int port = testing::free_port();
   std::unique_ptr<Store> store = make_tcp_store("127.0.0.1", port, /*serve=*/true, 30s);
   std::unique_ptr<Communicator> comm = make_nccl_communicator(0, 1, *store, kGpu, kTimeout);
   const Tensor x = random_on_gpu(33, DType::kF32, rng_);

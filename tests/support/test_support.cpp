@@ -1,5 +1,9 @@
 #include "support/test_support.h"
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -98,6 +102,21 @@ struct TempDirs {
 };
 TempDirs g_temp_dirs;
 }  // namespace
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  PRIMUS_CHECK(fd >= 0, "socket() failed");
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+  ::close(fd);
+  PRIMUS_CHECK(ok, "no free loopback port");
+  return ntohs(addr.sin_port);
+}
 
 std::string temp_dir(const std::string& label) {
   std::string pattern = (std::filesystem::temp_directory_path() / ("primus-" + label + "-XXXXXX")).string();

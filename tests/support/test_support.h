@@ -28,6 +28,8 @@ std::string shakespeare_path();
 std::string assets_dir();
 // A fresh empty directory under the system temp dir, removed at process exit.
 std::string temp_dir(const std::string& label);
+// A loopback TCP port nobody listens on now (the kernel's pick for port 0), for one test job's MASTER_PORT.
+int free_port();
 // Empty when a CUDA GPU is usable, else why not (GPU tests skip with it).
 std::string why_no_gpu();
 

@@ -46,18 +46,6 @@ constexpr int64_t kSeed = 1234;
 
 // --- ranks as processes -------------------------------------------------------------------------------------------
 
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
 struct RankResult {
   int status = -1;      // exit code; 1000 + signal; -1 when killed at the deadline
   std::string message;  // the exception's message (status 1), or what the body returned: empty when all is well
@@ -66,7 +54,7 @@ struct RankResult {
 // Forks `size` children running body(rank, port); a body returns an empty string when its checks passed.
 std::vector<RankResult> run_ranks(int size, const std::function<std::string(int rank, int port)>& body,
                                   std::chrono::seconds limit = 90s) {
-  const int port = free_port();
+  const int port = testing::free_port();
   std::vector<pid_t> pids(size);
   std::vector<int> pipes(size);
   for (int rank = 0; rank < size; ++rank) {
