@@ -313,5 +313,40 @@ TEST_F(DataParallel, AnInterruptedSaveLeavesThePreviousCheckpoint) {
   expect_same_run(*baseline_, read_run(job.workspace), "2 ranks resumed after an interrupted save");
 }
 
+
+// Settings that contradict the job exit 2 naming the key, before any rendezvous: a global batch that
+// micro_batch_size × dp does not divide (dp from WORLD_SIZE), a model-parallel size that does not divide WORLD_SIZE
+// (only 1 is implemented), a sharding strategy without FSDP, a ZeRO-3 strategy that is not implemented yet.
+TEST(DataParallelConfig, InconsistentSettingsExitTwoNamingTheKey) {
+  const std::string dir = testing::temp_dir("dp_bad");
+  const std::string config = write_config(dir);
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"WORLD_SIZE=3 RANK=0", "global_batch_size"},
+      {"WORLD_SIZE=4 RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 tensor_model_parallel_size=2",
+       "tensor_model_parallel_size"},
+      {"WORLD_SIZE=1 data_parallel_sharding_strategy=optim", "use_megatron_fsdp"},
+      {"WORLD_SIZE=1 use_megatron_fsdp=true data_parallel_sharding_strategy=optim_grads_params",
+       "data_parallel_sharding_strategy"},
+      {"WORLD_SIZE=1 use_distributed_optimizer=true overlap_param_gather=true", "overlap_param_gather"},
+      {"WORLD_SIZE=two RANK=0", "WORLD_SIZE"},
+  };
+  for (const auto& [settings, key] : cases) {
+    // Environment words go before the command, key=value overrides after it.
+    std::string env, overrides;
+    std::istringstream words(settings);
+    for (std::string word; words >> word;) {
+      const std::string name = word.substr(0, word.find('='));
+      (name.find_first_of("abcdefghijklmnopqrstuvwxyz") == std::string::npos ? env : overrides) += " " + word;
+    }
+    const std::string out = dir + "/bad.out";
+    const std::string command = fmt::format("env{} '{}' -- train pretrain --config '{}'{} >'{}' 2>&1", env,
+                                            testing::cli_path().string(), config, overrides, out);
+    const int status = std::system(command.c_str());
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << settings << ": status " << status << "\n"
+                                                                << testing::read_text(out);
+    EXPECT_NE(testing::read_text(out).find(key), std::string::npos) << settings << ":\n" << testing::read_text(out);
+  }
+}
+
 }  // namespace
 }  // namespace primus
