@@ -46,6 +46,10 @@ int64_t DataParallel::global_tokens(int64_t local_tokens) {
 
 void DataParallel::sum_losses(Tensor& loss_sum) { dp_->all_reduce(loss_sum, ReduceOp::kSum); }
 
+double DataParallel::sum(double local) {
+  return all_reduce_value<float>(*dp_, static_cast<float>(local), ReduceOp::kSum);
+}
+
 bool DataParallel::any(bool flag) { return all_reduce_value<int64_t>(*dp_, flag ? 1 : 0, ReduceOp::kMax) != 0; }
 
 GradsReadyFn DataParallel::grads_ready_hook() {
@@ -58,8 +62,7 @@ double DataParallel::grad_norm() {
   if (!sharded()) return std::sqrt(ops::sum_squares(grads));
   double local = 0.0;
   for (const FlatRange& r : optimizer_ranges()) local += ops::sum_squares(grads.slice_elements(r.begin, {r.size()}));
-  // Summed in f32 over the group (NCCL reduces device memory): 1e-7 relative, far below what clipping resolves.
-  return std::sqrt(static_cast<double>(all_reduce_value<float>(*dp_, static_cast<float>(local), ReduceOp::kSum)));
+  return std::sqrt(sum(local));
 }
 
 void DataParallel::after_optimizer() {

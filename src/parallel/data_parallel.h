@@ -37,6 +37,9 @@ class DataParallel {
   std::vector<FlatRange> shard_ranges() const { return reducer_.layout().owned(dp_->rank()); }
 
   int64_t global_tokens(int64_t local_tokens);
+  // Σ over the group of a host value, carried in f32 (NCCL reduces device memory; there is no f64 tensor):
+  // 1e-7 relative, far below what a logged loss or the clip factor resolves.
+  double sum(double local);
   // loss_sum [1] f32 on the group's device: summed over the group in place.
   void sum_losses(Tensor& loss_sum);
   // True on every rank when `flag` is true on any (a stop signal seen by one rank stops all at one step).

@@ -12,7 +12,6 @@
 #include "data/tokenizer.h"
 #include "ops/ops.h"
 #include "train/memory_report.h"
-#include "parallel/distributed_env.h"
 #include "train/train_step.h"
 
 namespace primus {
@@ -103,10 +102,8 @@ BenchmarkResult run_benchmark_train(const ExperimentConfig& config, const Benchm
 
   BenchmarkResult result;
   try {
-    const auto timeout = std::chrono::duration_cast<DistributedTimeout>(
-        std::chrono::duration<double, std::ratio<60>>(t.distributed_timeout_minutes));
     // Data parallelism only (the same global batch split over the ranks); a world of one without a job.
-    std::shared_ptr<Communicator> world = make_world_communicator(env, device, timeout);
+    const std::shared_ptr<Communicator> world = connect_world(env, device, t);
     const std::unique_ptr<Model> model = make_model(args, t.seq_length, device, compute_dtype(t, device));
     model->set_recompute(RecomputeConfig::from(t));
     model->params().initialize(static_cast<uint64_t>(t.seed));

@@ -8,6 +8,7 @@
 
 #include "layers/basic_layers.h"
 #include "parallel/grad_reducer.h"
+#include "train/train_step.h"
 #if PRIMUS_WITH_CUDA
 #include "backend/cuda/device_memory.h"
 #endif
@@ -126,8 +127,7 @@ MemoryPlan plan_memory(const ModelArgs& args, const TrainingArgs& t, Device devi
   plan.sharded_optimizer =
       t.use_distributed_optimizer || (t.use_megatron_fsdp && t.data_parallel_sharding_strategy == "optim");
   if (plan.sharded_optimizer) {
-    const BucketLayout layout(plan.parameters, std::max<int64_t>(t.ddp_bucket_size, 1),
-                              static_cast<int>(t.data_parallel_size));
+    const BucketLayout layout(plan.parameters, ddp_bucket_size(t), static_cast<int>(t.data_parallel_size));
     int64_t owned = 0;
     for (const FlatRange& r : layout.owned(0)) owned += r.size();  // rank 0 owns the largest shards
     plan.optimizer_bytes = 2 * 4 * owned;

@@ -33,7 +33,6 @@
 #include "train/step_monitor.h"
 #include "train/run_schedule.h"
 #include "train/train_step.h"
-#include "parallel/distributed_env.h"
 #include "parallel/parallel_dims.h"
 
 namespace primus {
@@ -198,9 +197,7 @@ int run_training(const ExperimentConfig& config, const RunOptions& options, std:
     spdlog::warn("reset_attention_mask: bf16 attention runs on the simple native CUDA kernels instead of cuDNN "
                  "(exact, but much slower; docs/training.md)");
   }
-  const auto timeout = std::chrono::duration_cast<DistributedTimeout>(
-      std::chrono::duration<double, std::ratio<60>>(t.distributed_timeout_minutes));
-  std::shared_ptr<Communicator> world = make_world_communicator(env, device, timeout);
+  const std::shared_ptr<Communicator> world = connect_world(env, device, t);
   const ParallelDims dims = ParallelDims::make(
       world->size(),
       ParallelSizes{static_cast<int>(t.tensor_model_parallel_size), static_cast<int>(t.pipeline_model_parallel_size),
@@ -213,10 +210,6 @@ int run_training(const ExperimentConfig& config, const RunOptions& options, std:
                                  t.data_parallel_size, dims.dp(), world->size()));
   }
   const ProcessGroups groups = ProcessGroups::build(world, dims);
-  if (world->size() > 1) {
-    spdlog::info("distributed: rank {} of {} ({}), {}, {}", rank, world->size(), world->backend_name(),
-                 dims.describe(), t.use_distributed_optimizer ? "distributed optimizer" : "replicated optimizer");
-  }
   DataSources data = make_data(t, *tokenizer, packing);
   plan = plan_memory(model_args, t, device, compute_dtype(t, device));
   add_device_memory(*plan, device);
@@ -227,6 +220,10 @@ int run_training(const ExperimentConfig& config, const RunOptions& options, std:
   const std::unique_ptr<DataParallel> dp = make_data_parallel(groups.dp, model, t);
   AdamW optimizer(model.params(), AdamWConfig{t.adam_beta1, t.adam_beta2, t.adam_eps, t.weight_decay},
                   dp->optimizer_ranges());
+  if (world->size() > 1) {
+    spdlog::info("distributed: rank {} of {} ({}), {}, {} optimizer", rank, world->size(), world->backend_name(),
+                 dims.describe(), dp->sharded() ? "distributed" : "replicated");
+  }
   const LrSchedule schedule{t.lr, t.min_lr, t.lr_warmup_iters, t.lr_decay_iters, t.lr_decay_style};
 
   const std::string save_dir = t.save.empty() ? run_dir + "/checkpoints" : t.save;

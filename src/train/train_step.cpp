@@ -99,13 +99,17 @@ double evaluate(Model& model, DataParallel& dp, const SampleSource& source, cons
     loss_sum += s.loss_sum;
     tokens += s.tokens;
   }
-  Tensor sum = Tensor::empty({1}, DType::kF32);
-  sum.f32()[0] = static_cast<float>(loss_sum);
-  Tensor on_group = ops::to_device(sum, dp.group().device());
-  dp.group().all_reduce(on_group, ReduceOp::kSum);
-  const double global_loss = ops::to_device(on_group, kCpuDevice).f32()[0];
-  const int64_t global_tokens = dp.global_tokens(tokens);
-  return global_loss / static_cast<double>(std::max<int64_t>(global_tokens, 1));
+  return dp.sum(loss_sum) / static_cast<double>(std::max<int64_t>(dp.global_tokens(tokens), 1));
+}
+
+int64_t ddp_bucket_size(const TrainingArgs& t) {
+  return t.ddp_bucket_size > 0 ? t.ddp_bucket_size : std::max<int64_t>(40'000'000, 1'000'000 * t.data_parallel_size);
+}
+
+std::shared_ptr<Communicator> connect_world(const DistributedEnv& env, Device device, const TrainingArgs& t) {
+  const auto timeout = std::chrono::duration_cast<DistributedTimeout>(
+      std::chrono::duration<double, std::ratio<60>>(t.distributed_timeout_minutes));
+  return make_world_communicator(env, device, timeout);
 }
 
 std::unique_ptr<DataParallel> make_data_parallel(std::shared_ptr<Communicator> dp, Model& model,
@@ -123,7 +127,7 @@ std::unique_ptr<DataParallel> make_data_parallel(std::shared_ptr<Communicator> d
   DataParallelOptions options;
   options.distributed_optimizer = t.use_distributed_optimizer || (t.use_megatron_fsdp && strategy == "optim");
   options.overlap_grad_reduce = t.overlap_grad_reduce;
-  options.bucket_size = t.ddp_bucket_size > 0 ? t.ddp_bucket_size : std::max<int64_t>(40'000'000, 1'000'000 * dp->size());
+  options.bucket_size = ddp_bucket_size(t);
   return std::make_unique<DataParallel>(std::move(dp), model.params(), options);
 }
 
@@ -150,10 +154,10 @@ Device select_device(const std::string& device_key, int local_rank) {
   const int count = cuda_device_count(&why);
   if (count > 0) {
     if (local_rank >= count) {
+      const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
       throw UsageError(fmt::format("[distributed] LOCAL_RANK {} needs GPU {}, but only {} are visible "
                                    "(CUDA_VISIBLE_DEVICES={}); start at most {} processes per node",
-                                   local_rank, local_rank, count, std::getenv("CUDA_VISIBLE_DEVICES") != nullptr
-                                       ? std::getenv("CUDA_VISIBLE_DEVICES") : "unset", count));
+                                   local_rank, local_rank, count, visible != nullptr ? visible : "unset", count));
     }
     start_cuda_backend(local_rank);
     return Device{DeviceType::kCuda, local_rank};

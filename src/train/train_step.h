@@ -7,6 +7,7 @@
 #include "models/model.h"
 #include "optim/adamw.h"
 #include "parallel/data_parallel.h"
+#include "parallel/distributed_env.h"
 
 namespace primus {
 
@@ -51,6 +52,14 @@ double evaluate(Model& model, DataParallel& dp, const SampleSource& source, cons
 // The data-parallel side of a run for `model`: the options of `t` (use_distributed_optimizer, FSDP's optim
 // strategy, overlap_grad_reduce, ddp_bucket_size) over the group `dp`. Throws UsageError naming a key the engine
 // does not implement yet (overlap_param_gather, the optim_grads and optim_grads_params strategies).
+// ddp_bucket_size as the config resolves it (Megatron-Core's max(40M, 1M × dp) when not given), also for
+// TrainingArgs built in code.
+int64_t ddp_bucket_size(const TrainingArgs& t);
+
+// The job's world communicator on `device` (a world of one without a launcher), every wait bounded by
+// distributed_timeout_minutes.
+std::shared_ptr<Communicator> connect_world(const DistributedEnv& env, Device device, const TrainingArgs& t);
+
 std::unique_ptr<DataParallel> make_data_parallel(std::shared_ptr<Communicator> dp, Model& model,
                                                  const TrainingArgs& t);
 
