@@ -30,16 +30,6 @@ SafetensorsWriter model_writer(const Model& model) {
   return writer;
 }
 
-// One moment tensor whole: a view when one owned range holds it, else its pieces concatenated as they are
-// written (an optimizer that owns several ranges, e.g. the shards of every bucket of a world of one).
-void add_moment(SafetensorsWriter& writer, const std::string& name, const Shape& shape, std::vector<Tensor> views) {
-  if (views.size() == 1) {
-    writer.add(name, views.front().reshape(shape));
-  } else {
-    writer.add(name, DType::kF32, shape, concatenation(std::move(views)));
-  }
-}
-
 // Size and CRC32C of a file read in pieces (a checkpoint file can be larger than the host memory);
 // `on_bytes` hears of each piece.
 SafetensorsWriter::Written checksum_file(const std::string& path, const std::function<void(uint64_t)>& on_bytes) {
@@ -82,8 +72,10 @@ int64_t save_checkpoint(const std::string& save_dir, const Model& model, const A
     const ParamSpec& spec = params.specs()[i];
     const int64_t begin = params.offset(i);
     const int64_t end = begin + shape_numel(spec.shape);
-    add_moment(moments, "exp_avg." + spec.name, spec.shape, moment_views(optimizer, false, begin, end));
-    add_moment(moments, "exp_avg_sq." + spec.name, spec.shape, moment_views(optimizer, true, begin, end));
+    // One view when one owned range holds the tensor, else several (an optimizer that owns several ranges,
+    // e.g. the shards of every bucket of a world of one).
+    add_views(moments, "exp_avg." + spec.name, spec.shape, moment_views(optimizer, false, begin, end));
+    add_views(moments, "exp_avg_sq." + spec.name, spec.shape, moment_views(optimizer, true, begin, end));
   }
   return write_single_file_checkpoint(save_dir, weights, moments, hf_config_text(model), state, config_yaml, progress);
 }

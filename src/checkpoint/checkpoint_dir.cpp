@@ -98,13 +98,9 @@ int64_t write_single_file_checkpoint(const std::string& save_dir, const Safetens
   const std::string tmp_dir = temporary_checkpoint_dir(save_dir, state.iteration);
   fs::create_directories(tmp_dir);
 
-  const int64_t total = static_cast<int64_t>(weights.file_bytes() + moments.file_bytes());
   int64_t done = 0;
-  auto on_bytes = [&](uint64_t bytes) {
-    done += static_cast<int64_t>(bytes);
-    if (progress) progress({"save", done, total});
-  };
-  if (progress) progress({"save", 0, total});
+  const auto on_bytes =
+      save_progress(progress, static_cast<int64_t>(weights.file_bytes() + moments.file_bytes()), done);
 
   ManifestFiles files;
   const SafetensorsWriter::Written model = weights.write(tmp_dir + "/model.safetensors", on_bytes);
@@ -145,6 +141,9 @@ std::vector<Tensor> moment_views(const AdamW& optimizer, bool second, int64_t be
   return views;
 }
 
+namespace {
+
+// The bytes of the concatenation of 1-D f32 views on any device.
 SafetensorsWriter::Producer concatenation(std::vector<Tensor> views) {
   return [views = std::move(views)](uint64_t offset, uint64_t bytes, void* dst) {
     int64_t want_begin = static_cast<int64_t>(offset / 4);
@@ -162,6 +161,24 @@ SafetensorsWriter::Producer concatenation(std::vector<Tensor> views) {
       }
       view_begin = view_end;
     }
+  };
+}
+
+}  // namespace
+
+void add_views(SafetensorsWriter& writer, const std::string& name, const Shape& shape, std::vector<Tensor> views) {
+  if (views.size() == 1) {
+    writer.add(name, views.front().reshape(shape));
+  } else {
+    writer.add(name, DType::kF32, shape, concatenation(std::move(views)));
+  }
+}
+
+std::function<void(uint64_t)> save_progress(const CheckpointProgressFn& progress, int64_t total, int64_t& done) {
+  if (progress) progress({"save", done, total});
+  return [&progress, total, &done](uint64_t bytes) {
+    done += static_cast<int64_t>(bytes);
+    if (progress) progress({"save", done, total});
   };
 }
 

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -62,7 +63,12 @@ int64_t write_single_file_checkpoint(const std::string& save_dir, const Safetens
 // The optimizer's moment views (exp_avg, or exp_avg_sq when `second`) of flat elements [begin, end), in order,
 // one per owned range they cross. RuntimeError when the optimizer does not own all of them.
 std::vector<Tensor> moment_views(const AdamW& optimizer, bool second, int64_t begin, int64_t end);
-// The bytes of the concatenation of 1-D f32 views on any device, for SafetensorsWriter::add.
-SafetensorsWriter::Producer concatenation(std::vector<Tensor> views);
+// Adds `name` (f32, `shape`) from 1-D f32 views on any device that together hold its elements in order: the
+// view itself when there is one, else their concatenation, assembled piece by piece as the file is written.
+void add_views(SafetensorsWriter& writer, const std::string& name, const Shape& shape, std::vector<Tensor> views);
+
+// The on_bytes callback of SafetensorsWriter::write reporting "save" progress over `total` bytes, `done` of
+// them already written (it reports that first, at once).
+std::function<void(uint64_t)> save_progress(const CheckpointProgressFn& progress, int64_t total, int64_t& done);
 
 }  // namespace primus

@@ -30,15 +30,6 @@ SafetensorsWriter::Producer from_catalog(const TensorCatalog& catalog, std::stri
 
 void zeros(uint64_t, uint64_t bytes, void* dst) { std::memset(dst, 0, bytes); }
 
-// "save" progress over the bytes of the files written.
-std::function<void(uint64_t)> save_progress(const CheckpointProgressFn& progress, int64_t total, int64_t& done) {
-  if (progress) progress({"save", 0, total});
-  return [&progress, total, &done](uint64_t bytes) {
-    done += static_cast<int64_t>(bytes);
-    if (progress) progress({"save", done, total});
-  };
-}
-
 }  // namespace
 
 std::string resolve_checkpoint_dir(const std::string& path) {

@@ -95,16 +95,6 @@ std::vector<std::string> piece_keys(const ParamStore& params, const std::vector<
   return keys;
 }
 
-void add_slice(SafetensorsWriter& writer, const std::string& key, std::vector<Tensor> views) {
-  if (views.size() == 1) {
-    writer.add(key, views.front());
-  } else {
-    int64_t n = 0;
-    for (const Tensor& v : views) n += v.numel();
-    writer.add(key, DType::kF32, {n}, concatenation(std::move(views)));
-  }
-}
-
 SafetensorsWriter::Written write_shard(const std::string& path, const ParamStore& params, const AdamW& optimizer,
                                        const std::vector<FlatRange>& pieces, const CheckpointProgressFn& progress) {
   SafetensorsWriter writer;
@@ -112,16 +102,11 @@ SafetensorsWriter::Written write_shard(const std::string& path, const ParamStore
   for (size_t k = 0; k < pieces.size(); ++k) {
     const FlatRange p = pieces[k];
     writer.add(keys[k], params.flat_params().slice_elements(p.begin, {p.size()}));
-    add_slice(writer, "exp_avg." + keys[k], moment_views(optimizer, false, p.begin, p.end));
-    add_slice(writer, "exp_avg_sq." + keys[k], moment_views(optimizer, true, p.begin, p.end));
+    add_views(writer, "exp_avg." + keys[k], {p.size()}, moment_views(optimizer, false, p.begin, p.end));
+    add_views(writer, "exp_avg_sq." + keys[k], {p.size()}, moment_views(optimizer, true, p.begin, p.end));
   }
-  const auto total = static_cast<int64_t>(writer.file_bytes());
   int64_t done = 0;
-  if (progress) progress({"save", 0, total});
-  return writer.write(path, [&](uint64_t bytes) {
-    done += static_cast<int64_t>(bytes);
-    if (progress) progress({"save", done, total});
-  });
+  return writer.write(path, save_progress(progress, static_cast<int64_t>(writer.file_bytes()), done));
 }
 
 std::string index_text(const ParamStore& params, const std::vector<std::vector<FlatRange>>& pieces_of,

@@ -47,33 +47,22 @@ void copy_to_host(const Tensor& src, float* dst) {
   std::memcpy(dst, staging.data(), src.nbytes());
 }
 
-void copy_from_host(const float* src, const Tensor& dst) {
-  PRIMUS_CHECK(dst.dtype() == DType::kF32, "[checkpoint] copy_from_host into a {} tensor", dst.describe());
-  if (dst.device().is_cpu()) {
-    std::memcpy(dst.data(), src, dst.nbytes());
-    return;
-  }
-  Tensor staging = Tensor::empty(dst.shape(), DType::kF32);
-  std::memcpy(staging.data(), src, dst.nbytes());
-  Tensor target = dst;
-  ops::copy(target, staging);
-}
-
 const SafetensorsFile& TensorCatalog::file(const std::string& path) const {
   auto it = files_.find(path);
   if (it == files_.end()) it = files_.emplace(path, SafetensorsFile::open(path)).first;
   return it->second;
 }
 
-void TensorCatalog::add_whole_tensors(const std::string& path, const std::string& only) {
-  for (const SafetensorsEntry& entry : file(path).entries()) {
-    if (!only.empty() && entry.name != only) continue;
-    if (tensors_.count(entry.name) != 0) {
-      throw RuntimeError(
-          fmt::format("{}: tensor '{}' is also in {}", path, entry.name, tensors_.at(entry.name).slices.front().file));
-    }
-    tensors_[entry.name] = CatalogTensor{entry.shape, {TensorSlice{path, entry.name, 0, shape_numel(entry.shape)}}};
+void TensorCatalog::add_whole_tensor(const std::string& path, const SafetensorsEntry& entry) {
+  if (tensors_.count(entry.name) != 0) {
+    throw RuntimeError(
+        fmt::format("{}: tensor '{}' is also in {}", path, entry.name, tensors_.at(entry.name).slices.front().file));
   }
+  tensors_[entry.name] = CatalogTensor{entry.shape, {TensorSlice{path, entry.name, 0, shape_numel(entry.shape)}}};
+}
+
+void TensorCatalog::add_whole_tensors(const std::string& path) {
+  for (const SafetensorsEntry& entry : file(path).entries()) add_whole_tensor(path, entry);
 }
 
 TensorCatalog TensorCatalog::open_checkpoint(const std::string& dir) {
@@ -183,10 +172,11 @@ TensorCatalog TensorCatalog::open_hf_folder(const std::string& dir) {
       throw UsageError(fmt::format("{}: weight_map.{} is not a file name: {}", index_path, name, file.dump()));
     }
     const std::string path = dir + "/" + file.get<std::string>();
-    if (catalog.file(path).find(name) == nullptr) {
+    const SafetensorsEntry* entry = catalog.file(path).find(name);
+    if (entry == nullptr) {
       throw RuntimeError(fmt::format("{}: no tensor named '{}' ({} maps it there)", path, name, index_path));
     }
-    catalog.add_whole_tensors(path, name);
+    catalog.add_whole_tensor(path, *entry);
   }
   return catalog;
 }

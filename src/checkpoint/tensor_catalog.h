@@ -62,7 +62,8 @@ class TensorCatalog {
 
  private:
   const SafetensorsFile& file(const std::string& path) const;
-  void add_whole_tensors(const std::string& path, const std::string& only = {});
+  void add_whole_tensor(const std::string& path, const SafetensorsEntry& entry);
+  void add_whole_tensors(const std::string& path);
 
   std::string source_;
   bool sharded_ = false;
@@ -70,9 +71,8 @@ class TensorCatalog {
   mutable std::map<std::string, SafetensorsFile> files_;
 };
 
-// Host <-> any device for 1-D f32 views: a CPU tensor is read or written in place, a device one through a
-// host staging copy.
+// A 1-D f32 view on any device into host memory: a CPU tensor is read in place, a device one through a host
+// staging copy.
 void copy_to_host(const Tensor& src, float* dst);
-void copy_from_host(const float* src, const Tensor& dst);
 
 }  // namespace primus
