@@ -286,33 +286,26 @@ int run_cli(int argc, char** argv) {
       ->add_option("--log-file,--log_file", launch.log_file,
                    "Also write all log output to FILE, appending (parent folders are created)")
       ->type_name("FILE");
-  int nproc_per_node = 0;
-  int nnodes = 0;
-  int node_rank = 0;
-  std::string master_addr;
-  int master_port = 0;
-  CLI::Option* nproc_option =
-      direct
-          ->add_option("--nproc-per-node,--nproc_per_node", nproc_per_node,
-                       "Worker processes on this node (default for train and benchmark: the visible GPUs, from "
-                       "CUDA_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES or /dev/nvidia*, else 1; other commands: 1)")
-          ->type_name("N");
-  CLI::Option* nnodes_option =
-      direct->add_option("--nnodes", nnodes, "Nodes in the job (default: $NNODES, else 1)")->type_name("M");
-  CLI::Option* node_rank_option =
-      direct
-          ->add_option("--node-rank,--node_rank", node_rank, "This node's index, 0..M-1 (default: $NODE_RANK, else 0)")
-          ->type_name("R");
-  CLI::Option* master_addr_option =
-      direct
-          ->add_option("--master-addr,--master_addr", master_addr,
-                       "Address of the rank-0 node for the rendezvous (default: $MASTER_ADDR, else 127.0.0.1)")
-          ->type_name("A");
-  CLI::Option* master_port_option =
-      direct
-          ->add_option("--master-port,--master_port", master_port,
-                       "TCP port of the rendezvous on the master (default: $MASTER_PORT, else 29500)")
-          ->type_name("P");
+  // Unset optionals are what LaunchRequest leaves to the environment and the defaults.
+  LaunchRequest request;
+  direct
+      ->add_option("--nproc-per-node,--nproc_per_node", request.nproc_per_node,
+                   "Worker processes on this node (default for train and benchmark: the visible GPUs, from "
+                   "CUDA_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES or /dev/nvidia*, else 1; other commands: 1)")
+      ->type_name("N");
+  direct->add_option("--nnodes", request.nnodes, "Nodes in the job (default: $NNODES, else 1)")->type_name("M");
+  direct
+      ->add_option("--node-rank,--node_rank", request.node_rank,
+                   "This node's index, 0..M-1 (default: $NODE_RANK, else 0)")
+      ->type_name("R");
+  direct
+      ->add_option("--master-addr,--master_addr", request.master_addr,
+                   "Address of the rank-0 node for the rendezvous (default: $MASTER_ADDR, else 127.0.0.1)")
+      ->type_name("A");
+  direct
+      ->add_option("--master-port,--master_port", request.master_port,
+                   "TCP port of the rendezvous on the master (default: $MASTER_PORT, else 29500)")
+      ->type_name("P");
   direct->fallthrough();  // global flags may follow the mode
   direct->footer(kDirectFooter);
   CLI::App* container =
@@ -339,12 +332,6 @@ int run_cli(int argc, char** argv) {
     }
   }
   launch.command_words = split.command;
-  LaunchRequest request;
-  if (nproc_option->count() > 0) request.nproc_per_node = nproc_per_node;
-  if (nnodes_option->count() > 0) request.nnodes = nnodes;
-  if (node_rank_option->count() > 0) request.node_rank = node_rank;
-  if (master_addr_option->count() > 0) request.master_addr = master_addr;
-  if (master_port_option->count() > 0) request.master_port = master_port;
 
   try {
     return run_command(launch, request, split.command);

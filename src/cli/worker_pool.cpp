@@ -42,6 +42,8 @@ constexpr size_t kTailLines = 20;
 constexpr size_t kMaxLineBytes = 64 * 1024;  // a longer line without a newline is passed on in pieces
 constexpr int kPollIntervalMs = 1000;        // also bounds how late a missed SIGCHLD is noticed
 
+constexpr int kHandledSignals[] = {SIGINT, SIGTERM, SIGCHLD, SIGPIPE};
+
 int g_signal_pipe_write = -1;
 
 void on_launcher_signal(int signal_number) {
@@ -52,41 +54,10 @@ void on_launcher_signal(int signal_number) {
   errno = saved_errno;
 }
 
+// "SIGTERM", from glibc's table; "signal N" for one it does not name (the real-time signals).
 std::string signal_name(int signal_number) {
-  switch (signal_number) {
-    case SIGHUP:
-      return "SIGHUP";
-    case SIGINT:
-      return "SIGINT";
-    case SIGQUIT:
-      return "SIGQUIT";
-    case SIGILL:
-      return "SIGILL";
-    case SIGTRAP:
-      return "SIGTRAP";
-    case SIGABRT:
-      return "SIGABRT";
-    case SIGBUS:
-      return "SIGBUS";
-    case SIGFPE:
-      return "SIGFPE";
-    case SIGKILL:
-      return "SIGKILL";
-    case SIGUSR1:
-      return "SIGUSR1";
-    case SIGSEGV:
-      return "SIGSEGV";
-    case SIGUSR2:
-      return "SIGUSR2";
-    case SIGPIPE:
-      return "SIGPIPE";
-    case SIGALRM:
-      return "SIGALRM";
-    case SIGTERM:
-      return "SIGTERM";
-    default:
-      return fmt::format("signal {}", signal_number);
-  }
+  const char* abbreviation = ::sigabbrev_np(signal_number);
+  return abbreviation != nullptr ? fmt::format("SIG{}", abbreviation) : fmt::format("signal {}", signal_number);
 }
 
 std::string describe_status(int status) {
@@ -172,7 +143,7 @@ class WorkerPool {
   int signal_pipe_[2] = {-1, -1};
   int dev_null_ = -1;
   int log_fd_ = -1;
-  struct sigaction old_actions_[4] = {};
+  struct sigaction old_actions_[std::size(kHandledSignals)] = {};
   bool handlers_installed_ = false;
 
   int stop_signal_ = 0;                       // the first SIGINT/SIGTERM that reached the launcher
@@ -181,8 +152,6 @@ class WorkerPool {
   bool killed_ = false;                       // SIGKILL was sent to every running rank
   std::optional<Clock::time_point> kill_at_;  // when the ranks still running get SIGKILL
 };
-
-constexpr int kHandledSignals[4] = {SIGINT, SIGTERM, SIGCHLD, SIGPIPE};
 
 WorkerPool::~WorkerPool() {
   // Reached with workers running only through an exception: leave none behind.

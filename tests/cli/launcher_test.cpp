@@ -3,11 +3,9 @@
 // environment the workers really got (/proc/<pid>/environ), and how failures and signals end the launch.
 // The workers run commands that share no state (config show/validate, benchmark train), since the trainer
 // does not use the ranks yet.
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,7 +14,6 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <random>
 #include <regex>
 #include <thread>
 
@@ -66,26 +63,9 @@ std::map<std::string, std::string> process_environment(pid_t pid) {
   return env;
 }
 
-// A TCP port free right now, for MASTER_PORT: the workers (benchmark train too) rendezvous there, and tests
-// that run at the same time must not share one. Drawn below the ephemeral range (32768 and up on Linux), where
-// the kernel would hand the same port to other tests' connections and listeners.
-std::string free_port() {
-  std::random_device seed;
-  std::mt19937 draw(seed());
-  for (int attempt = 0; attempt < 100; ++attempt) {
-    int port = std::uniform_int_distribution<int>(20000, 32000)(draw);
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    address.sin_port = htons(static_cast<uint16_t>(port));
-    bool free = fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0;
-    if (fd >= 0) ::close(fd);
-    if (free) return std::to_string(port);
-  }
-  ADD_FAILURE() << "no free TCP port in 20000..32000";
-  return "29500";
-}
+// A TCP port nobody listens on now, for MASTER_PORT: the workers (benchmark train too) rendezvous there, and
+// tests that run at the same time must not share one.
+std::string free_port() { return std::to_string(testing::free_port()); }
 
 bool process_gone(pid_t pid) { return ::kill(pid, 0) != 0 && errno == ESRCH; }
 
@@ -115,10 +95,15 @@ class LauncherTest : public ::testing::Test {
     dir_ = testing::temp_dir("launcher");
   }
 
+  // Workers whose launcher dies become children of this process rather than of init, so that TearDown can
+  // reap them.
+  static void SetUpTestSuite() { ASSERT_EQ(::prctl(PR_SET_CHILD_SUBREAPER, 1), 0); }
+
   void TearDown() override {
-    // A failed assertion may leave a launcher running; its workers die with it (PR_SET_PDEATHSIG).
-    for (pid_t pid : launchers_) {
-      if (::kill(pid, SIGKILL) == 0) ::waitpid(pid, nullptr, 0);
+    // A failed assertion may leave a launcher running: kill it. Its workers die with it (PR_SET_PDEATHSIG),
+    // orphaned into this process, and are reaped here with it, so no test leaves a process behind.
+    for (pid_t pid : launchers_) ::kill(pid, SIGKILL);
+    while (::waitpid(-1, nullptr, 0) > 0 || errno == EINTR) {
     }
   }
 
