@@ -103,7 +103,17 @@ class LauncherTest : public ::testing::Test {
     // A failed assertion may leave a launcher running: kill it. Its workers die with it (PR_SET_PDEATHSIG),
     // orphaned into this process, and are reaped here with it, so no test leaves a process behind.
     for (pid_t pid : launchers_) ::kill(pid, SIGKILL);
-    while (::waitpid(-1, nullptr, 0) > 0 || errno == EINTR) {
+    // Bounded: a worker that failed to die with its launcher fails the test instead of hanging it.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    for (;;) {
+      const pid_t pid = ::waitpid(-1, nullptr, WNOHANG);
+      if (pid > 0 || (pid < 0 && errno == EINTR)) continue;
+      if (pid < 0) break;  // ECHILD: nothing left
+      if (std::chrono::steady_clock::now() > deadline) {
+        ADD_FAILURE() << "a worker process outlived its launcher by 30 s";
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   }
 

@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -96,23 +97,44 @@ void run_job(const Job& job) {
     posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
     pid_t pid = -1;
-    ASSERT_EQ(posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), envp.data()), 0);
+    const int spawned = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), envp.data());
     posix_spawn_file_actions_destroy(&actions);
+    if (spawned != 0) {  // end the ranks already started, which would wait for this one
+      for (pid_t p : pids) kill(p, SIGKILL), waitpid(p, nullptr, 0);
+      FAIL() << "cannot start rank " << rank << ": " << std::strerror(spawned);
+    }
     pids.push_back(pid);
   }
+  // Every rank is waited for, whatever happens: one that fails or outlives the deadline ends the others (they
+  // would wait for it until distributed_timeout_minutes), so no worker outlives the test.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(2);
-  for (int rank = 0; rank < job.ranks; ++rank) {
-    int status = 0;
-    while (waitpid(pids[rank], &status, WNOHANG) == 0) {
-      if (std::chrono::steady_clock::now() > deadline) {
-        for (pid_t p : pids) kill(p, SIGKILL);
-        waitpid(pids[rank], &status, 0);
-        FAIL() << "rank " << rank << " did not finish in 2 minutes";
+  std::vector<int> status(pids.size(), 0);
+  std::vector<bool> done(pids.size(), false);
+  bool timed_out = false;
+  for (size_t left = pids.size(); left > 0;) {
+    for (size_t rank = 0; rank < pids.size(); ++rank) {
+      if (done[rank] || waitpid(pids[rank], &status[rank], WNOHANG) != pids[rank]) continue;
+      done[rank] = true;
+      --left;
+      const bool ok = WIFEXITED(status[rank]) && WEXITSTATUS(status[rank]) == 0;
+      if (!ok) {
+        for (size_t other = 0; other < pids.size(); ++other) {
+          if (!done[other]) kill(pids[other], SIGKILL);
+        }
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
-    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-        << "rank " << rank << " of " << job.ranks << " failed (status " << status << "):\n"
+    if (left > 0 && !timed_out && std::chrono::steady_clock::now() > deadline) {
+      timed_out = true;
+      for (size_t rank = 0; rank < pids.size(); ++rank) {
+        if (!done[rank]) kill(pids[rank], SIGKILL);
+      }
+      ADD_FAILURE() << "the job did not finish in 2 minutes";
+    }
+    if (left > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  for (size_t rank = 0; rank < pids.size(); ++rank) {
+    ASSERT_TRUE(WIFEXITED(status[rank]) && WEXITSTATUS(status[rank]) == 0)
+        << "rank " << rank << " of " << job.ranks << " failed (status " << status[rank] << "):\n"
         << testing::read_text(fmt::format("{}/rank{}.out", job.workspace, rank));
   }
 }
