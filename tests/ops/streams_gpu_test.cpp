@@ -78,8 +78,7 @@ int64_t count_not(const Tensor& t, float value) {
 class Streams : public ::testing::Test {
  protected:
   void SetUp() override {
-    const std::string why = testing::why_no_gpu();
-    if (!why.empty()) GTEST_SKIP() << why;
+    PRIMUS_SKIP_WITHOUT_GPU();
     backend_ = &start_cuda_backend(0);
     compute_ = backend_->stream(StreamKind::kCompute);
     comm_ = backend_->stream(StreamKind::kComm);

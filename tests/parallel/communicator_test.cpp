@@ -1,24 +1,22 @@
 // The Gloo communicator and its rendezvous, across real processes: each multi-rank test forks its ranks at
 // its start (no thread exists yet in the test process), every child joins the world through the TCP store on a
 // port of its own and checks every collective against the result computed locally from everyone's inputs
-// (each rank regenerates all ranks' random inputs from one seed), then _exit()s with 0 or 1 and a message on
-// a pipe. The parent waits with a deadline and names the rank that failed or hung. Failure cases: a rank that
-// never arrives, a peer that stalls, a peer that dies in the middle of a collective, an unreachable store, a
-// port in use.
+// (each rank regenerates all ranks' random inputs from one seed), then reports 0 or 1 and a message
+// (support/multiprocess.h). The parent waits with a deadline and names the rank that failed or hung. Failure
+// cases: a rank that never arrives, a peer that stalls, a peer that dies in the middle of a collective, an
+// unreachable store, a port in use.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
-#include <poll.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -27,6 +25,7 @@
 #include "parallel/distributed_env.h"
 #include "parallel/gloo_communicator.h"
 #include "parallel/store.h"
+#include "support/multiprocess.h"
 #include "support/test_support.h"
 
 namespace primus {
@@ -37,65 +36,8 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
-struct RankResult {
-  int status = -1;      // exit code; 1000 + signal when killed; -1 when it ran past the deadline
-  std::string message;  // what the child wrote: an error, or what it wants the parent to check
-};
-
-// Forks `size` ranks running body(rank); a rank's returned text or exception message comes back in its
-// RankResult. Ranks still running at `limit` are killed (status -1).
-std::vector<RankResult> run_ranks(int size, std::chrono::seconds limit, const std::function<std::string(int)>& body) {
-  std::vector<pid_t> pids(size, -1);
-  std::vector<int> pipes(size, -1);
-  for (int rank = 0; rank < size; ++rank) {
-    int fds[2];
-    if (::pipe(fds) != 0) throw std::runtime_error("pipe failed");
-    pid_t pid = ::fork();
-    if (pid == 0) {
-      ::close(fds[0]);
-      int code = 0;
-      std::string text;
-      try {
-        text = body(rank);
-      } catch (const std::exception& e) {
-        text = e.what();
-        code = 1;
-      }
-      text.resize(std::min<size_t>(text.size(), 16384));  // below the pipe's buffer: the write cannot block
-      [[maybe_unused]] ssize_t n = ::write(fds[1], text.data(), text.size());
-      ::_exit(code);  // no atexit handlers, no gtest teardown in the child
-    }
-    ::close(fds[1]);
-    pids[rank] = pid;
-    pipes[rank] = fds[0];
-  }
-  std::vector<RankResult> results(size);
-  const auto deadline = Clock::now() + limit;
-  int running = size;
-  while (running > 0 && Clock::now() < deadline) {
-    for (int rank = 0; rank < size; ++rank) {
-      int status = 0;
-      if (pids[rank] > 0 && ::waitpid(pids[rank], &status, WNOHANG) == pids[rank]) {
-        results[rank].status = WIFEXITED(status) ? WEXITSTATUS(status) : 1000 + WTERMSIG(status);
-        pids[rank] = -1;
-        --running;
-      }
-    }
-    std::this_thread::sleep_for(5ms);
-  }
-  for (int rank = 0; rank < size; ++rank) {
-    if (pids[rank] > 0) {  // hung: end it (our own child, by its pid)
-      ::kill(pids[rank], SIGKILL);
-      ::waitpid(pids[rank], nullptr, 0);
-      results[rank].message = "still running at the deadline (hung?); ";
-    }
-    char chunk[4096];
-    ssize_t n;
-    while ((n = ::read(pipes[rank], chunk, sizeof(chunk))) > 0) results[rank].message.append(chunk, n);
-    ::close(pipes[rank]);
-  }
-  return results;
-}
+using testing::RankResult;
+using testing::run_ranks;
 
 void expect_all_ok(const std::vector<RankResult>& results, uint64_t seed) {
   for (size_t rank = 0; rank < results.size(); ++rank) {

@@ -126,8 +126,7 @@ const char* name(DType dtype) { return dtype_name(dtype); }
 class Nccl : public ::testing::Test {
  protected:
   void SetUp() override {
-    const std::string why = testing::why_no_gpu();
-    if (!why.empty()) GTEST_SKIP() << why;
+    PRIMUS_SKIP_WITHOUT_GPU();
     gpu_backend();
   }
   Rng rng_{0x5eed};

@@ -11,9 +11,6 @@
 #include "checkpoint/sharded_checkpoint.h"
 
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -21,7 +18,6 @@
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
-#include <thread>
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/convert.h"
@@ -31,6 +27,7 @@
 #include "parallel/distributed_env.h"
 #include "parallel/grad_reducer.h"
 #include "support/cli_process.h"
+#include "support/multiprocess.h"
 #include "support/test_support.h"
 #include "support/tiny_models.h"
 
@@ -46,64 +43,13 @@ constexpr int64_t kSeed = 1234;
 
 // --- ranks as processes -------------------------------------------------------------------------------------------
 
-struct RankResult {
-  int status = -1;      // exit code; 1000 + signal; -1 when killed at the deadline
-  std::string message;  // the exception's message (status 1), or what the body returned: empty when all is well
-};
+using testing::RankResult;
 
-// Forks `size` children running body(rank, port); a body returns an empty string when its checks passed.
-std::vector<RankResult> run_ranks(int size, const std::function<std::string(int rank, int port)>& body,
-                                  std::chrono::seconds limit = 90s) {
+// Forks `size` ranks running body(rank, port) with a MASTER_PORT of their own; a body returns an empty string
+// when its checks passed, else the failed check (status 2).
+std::vector<RankResult> run_ranks(int size, const std::function<std::string(int rank, int port)>& body) {
   const int port = testing::free_port();
-  std::vector<pid_t> pids(size);
-  std::vector<int> pipes(size);
-  for (int rank = 0; rank < size; ++rank) {
-    int fds[2];
-    if (::pipe(fds) != 0) throw std::runtime_error("pipe failed");
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      ::close(fds[0]);
-      int code = 0;
-      std::string text;
-      try {
-        text = body(rank, port);
-        if (!text.empty()) code = 2;
-      } catch (const std::exception& e) {
-        text = e.what();
-        code = 1;
-      }
-      text.resize(std::min<size_t>(text.size(), 16000));  // below a pipe's buffer, so the write cannot block
-      [[maybe_unused]] const ssize_t n = ::write(fds[1], text.data(), text.size());
-      ::_exit(code);
-    }
-    ::close(fds[1]);
-    pids[rank] = pid;
-    pipes[rank] = fds[0];
-  }
-  std::vector<RankResult> results(size);
-  const auto deadline = Clock::now() + limit;
-  for (int running = size; running > 0 && Clock::now() < deadline;) {
-    for (int rank = 0; rank < size; ++rank) {
-      int status = 0;
-      if (pids[rank] > 0 && ::waitpid(pids[rank], &status, WNOHANG) == pids[rank]) {
-        results[rank].status = WIFEXITED(status) ? WEXITSTATUS(status) : 1000 + WTERMSIG(status);
-        pids[rank] = -1;
-        --running;
-      }
-    }
-    std::this_thread::sleep_for(5ms);
-  }
-  for (int rank = 0; rank < size; ++rank) {
-    if (pids[rank] > 0) {  // our own child, hung
-      ::kill(pids[rank], SIGKILL);
-      ::waitpid(pids[rank], nullptr, 0);
-      results[rank].message = "still running at the deadline; ";
-    }
-    char chunk[4096];
-    for (ssize_t n; (n = ::read(pipes[rank], chunk, sizeof(chunk))) > 0;) results[rank].message.append(chunk, n);
-    ::close(pipes[rank]);
-  }
-  return results;
+  return testing::run_ranks(size, 90s, [&](int rank) { return body(rank, port); }, 2);
 }
 
 void expect_all_ok(const std::vector<RankResult>& results, const std::string& what) {
