@@ -30,6 +30,19 @@ SafetensorsWriter model_writer(const Model& model) {
   return writer;
 }
 
+// The same, with the weights from wherever the optimizer's step keeps them (FSDP's shards hold them).
+SafetensorsWriter trained_weights_writer(const Model& model, const AdamW& optimizer) {
+  if (!optimizer.holds_weights()) return model_writer(model);
+  SafetensorsWriter writer;
+  const ParamStore& params = model.params();
+  for (size_t i = 0; i < params.specs().size(); ++i) {
+    const int64_t begin = params.offset(i);
+    const Shape& shape = params.specs()[i].shape;
+    add_views(writer, params.specs()[i].name, shape, weight_views(params, optimizer, begin, begin + shape_numel(shape)));
+  }
+  return writer;
+}
+
 // Size and CRC32C of a file read in pieces (a checkpoint file can be larger than the host memory);
 // `on_bytes` hears of each piece.
 SafetensorsWriter::Written checksum_file(const std::string& path, const std::function<void(uint64_t)>& on_bytes) {
@@ -66,7 +79,7 @@ int64_t save_checkpoint(const std::string& save_dir, const Model& model, const A
                         const TrainerState& state, const std::string& config_yaml,
                         const CheckpointProgressFn& progress) {
   const ParamStore& params = model.params();
-  const SafetensorsWriter weights = model_writer(model);
+  const SafetensorsWriter weights = trained_weights_writer(model, optimizer);
   SafetensorsWriter moments;
   for (size_t i = 0; i < params.specs().size(); ++i) {
     const ParamSpec& spec = params.specs()[i];

@@ -1,4 +1,5 @@
 // Checkpoint directories: temporaries, manifest, trainer state, commit, and the single-file writer.
+#include <functional>
 #include "checkpoint/checkpoint_dir.h"
 
 #include <algorithm>
@@ -115,7 +116,11 @@ int64_t write_single_file_checkpoint(const std::string& save_dir, const Safetens
   return done;
 }
 
-std::vector<Tensor> moment_views(const AdamW& optimizer, bool second, int64_t begin, int64_t end) {
+namespace {
+
+// Views of [begin, end) in per-owned-range tensors of the optimizer (`of(i)` for owned range i).
+std::vector<Tensor> owned_views(const AdamW& optimizer, const std::function<Tensor(size_t)>& of, int64_t begin,
+                                int64_t end, const char* what) {
   // Owned ranges in flat order (the optimizer keeps them in its own order).
   const std::vector<FlatRange>& owned = optimizer.owned();
   std::vector<size_t> order(owned.size());
@@ -128,17 +133,29 @@ std::vector<Tensor> moment_views(const AdamW& optimizer, bool second, int64_t be
     if (r.end <= pos || pos >= end) continue;
     if (r.begin > pos) break;  // pos is not owned
     const int64_t stop = std::min(end, r.end);
-    const Tensor moments = second ? optimizer.exp_avg_sq(i) : optimizer.exp_avg(i);
-    views.push_back(moments.slice_elements(pos - r.begin, {stop - pos}));
+    views.push_back(of(i).slice_elements(pos - r.begin, {stop - pos}));
     pos = stop;
   }
   if (pos < end) {
     throw RuntimeError(
         fmt::format("[checkpoint] the optimizer does not own flat element {} (saving [{}, {})): a "
-                    "rank saves the moments of its own shards only",
-                    pos, begin, end));
+                    "rank saves the {} of its own shards only",
+                    pos, begin, end, what));
   }
   return views;
+}
+
+}  // namespace
+
+std::vector<Tensor> moment_views(const AdamW& optimizer, bool second, int64_t begin, int64_t end) {
+  return owned_views(
+      optimizer, [&](size_t i) { return second ? optimizer.exp_avg_sq(i) : optimizer.exp_avg(i); }, begin, end,
+      "moments");
+}
+
+std::vector<Tensor> weight_views(const ParamStore& params, const AdamW& optimizer, int64_t begin, int64_t end) {
+  if (!optimizer.holds_weights()) return {params.flat_params().slice_elements(begin, {end - begin})};
+  return owned_views(optimizer, [&](size_t i) { return optimizer.weights(i); }, begin, end, "weights");
 }
 
 namespace {

@@ -63,6 +63,9 @@ int64_t write_single_file_checkpoint(const std::string& save_dir, const Safetens
 // The optimizer's moment views (exp_avg, or exp_avg_sq when `second`) of flat elements [begin, end), in order,
 // one per owned range they cross. RuntimeError when the optimizer does not own all of them.
 std::vector<Tensor> moment_views(const AdamW& optimizer, bool second, int64_t begin, int64_t end);
+// The fp32 weights of flat elements [begin, end): from the ParamStore, or from the optimizer when it holds them
+// (FSDP's packed shards, which must own the range).
+std::vector<Tensor> weight_views(const ParamStore& params, const AdamW& optimizer, int64_t begin, int64_t end);
 // Adds `name` (f32, `shape`) from 1-D f32 views on any device that together hold its elements in order: the
 // view itself when there is one, else their concatenation, assembled piece by piece as the file is written.
 void add_views(SafetensorsWriter& writer, const std::string& name, const Shape& shape, std::vector<Tensor> views);

@@ -101,7 +101,7 @@ SafetensorsWriter::Written write_shard(const std::string& path, const ParamStore
   const std::vector<std::string> keys = piece_keys(params, pieces);
   for (size_t k = 0; k < pieces.size(); ++k) {
     const FlatRange p = pieces[k];
-    writer.add(keys[k], params.flat_params().slice_elements(p.begin, {p.size()}));
+    add_views(writer, keys[k], {p.size()}, weight_views(params, optimizer, p.begin, p.end));
     add_views(writer, "exp_avg." + keys[k], {p.size()}, moment_views(optimizer, false, p.begin, p.end));
     add_views(writer, "exp_avg_sq." + keys[k], {p.size()}, moment_views(optimizer, true, p.begin, p.end));
   }

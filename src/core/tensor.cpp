@@ -40,11 +40,31 @@ int64_t shape_numel(const Shape& shape) {
 
 std::string shape_str(const Shape& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
 
-Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device), allocator_(&allocator_for(device)) {
-  data_ = allocator_->allocate(bytes);
+Storage::Storage(size_t bytes, Device device, bool allocate)
+    : bytes_(bytes), device_(device), allocator_(&allocator_for(device)), released_(!allocate) {
+  if (allocate) data_ = allocator_->allocate(bytes);
 }
 
-Storage::~Storage() { allocator_->deallocate(data_, bytes_); }
+Storage::~Storage() { release(); }
+
+void* Storage::data() const {
+  PRIMUS_CHECK(!released_, "access to a released storage of {} bytes on {} (a sharded unit used before it "
+               "was gathered)", bytes_, device_.str());
+  return data_;
+}
+
+void Storage::release() {
+  if (released_) return;
+  allocator_->deallocate(data_, bytes_);
+  data_ = nullptr;
+  released_ = true;
+}
+
+void Storage::materialize() {
+  if (!released_) return;
+  data_ = allocator_->allocate(bytes_);
+  released_ = false;
+}
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   for (int64_t d : shape) PRIMUS_CHECK(d >= 0, "negative dimension in shape {}", shape_str(shape));
@@ -55,6 +75,15 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
 #ifndef NDEBUG
   if (device.is_cpu()) std::memset(t.storage_->data(), 0xFF, t.nbytes());  // NaN for floats: catches reads of unset memory
 #endif
+  return t;
+}
+
+Tensor Tensor::unallocated(const Shape& shape, DType dtype, Device device) {
+  for (int64_t d : shape) PRIMUS_CHECK(d >= 0, "negative dimension in shape {}", shape_str(shape));
+  Tensor t;
+  t.shape_ = shape;
+  t.dtype_ = dtype;
+  t.storage_ = std::make_shared<Storage>(t.nbytes(), device, /*allocate=*/false);
   return t;
 }
 
@@ -73,6 +102,16 @@ int64_t Tensor::dim(int i) const {
 
 std::string Tensor::describe() const {
   return fmt::format("{} {} {}", shape_str(shape_), dtype_name(dtype_), device().str());
+}
+
+void Tensor::release_storage() const {
+  PRIMUS_CHECK(defined(), "release of an undefined tensor");
+  storage_->release();
+}
+
+void Tensor::materialize_storage() const {
+  PRIMUS_CHECK(defined(), "materialize of an undefined tensor");
+  storage_->materialize();
 }
 
 void* Tensor::data() const {

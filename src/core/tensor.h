@@ -18,22 +18,31 @@ using Shape = std::vector<int64_t>;
 int64_t shape_numel(const Shape& shape);
 std::string shape_str(const Shape& shape);  // "[2, 3, 4]"
 
-// Owns one allocation from an Allocator.
+// Owns one allocation from an Allocator. Its memory can be given back and taken again while the Storage (and so
+// every view of it) lives on: fully sharded data parallelism frees a unit's gathered weights and gradients between
+// uses while the model's modules keep their views. A view of a released storage fails when its data is asked for.
 class Storage {
  public:
-  Storage(size_t bytes, Device device);
+  // allocate false: created released.
+  Storage(size_t bytes, Device device, bool allocate = true);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
-  void* data() const { return data_; }
+  void* data() const;
   size_t bytes() const { return bytes_; }
   Device device() const { return device_; }
+  bool resident() const { return !released_; }
+  // Frees the memory (no-op when released); the contents are lost.
+  void release();
+  // Allocates the memory again (no-op when resident); the contents are undefined.
+  void materialize();
 
  private:
   void* data_ = nullptr;
   size_t bytes_ = 0;
   Device device_;
   Allocator* allocator_ = nullptr;
+  bool released_ = false;
 };
 
 class Tensor {
@@ -43,6 +52,8 @@ class Tensor {
   // Uninitialised memory; on CPU debug builds it is poisoned with NaN-like bytes.
   static Tensor empty(const Shape& shape, DType dtype, Device device = kCpuDevice);
   static Tensor zeros(const Shape& shape, DType dtype, Device device = kCpuDevice);
+  // A tensor whose storage is released from the start (materialize_storage allocates it).
+  static Tensor unallocated(const Shape& shape, DType dtype, Device device = kCpuDevice);
 
   bool defined() const { return storage_ != nullptr; }
   const Shape& shape() const { return shape_; }
@@ -68,6 +79,13 @@ class Tensor {
   void zero() const;
   // Copy another tensor's bytes into this one (same dtype and numel; CPU only for now).
   void copy_from(const Tensor& other) const;
+
+  // The memory of the whole storage this tensor views (Storage::release/materialize): for owners of buffers
+  // whose views are held elsewhere (FSDP's gathered units).
+  bool resident() const { return storage_ != nullptr && storage_->resident(); }
+  bool shares_storage(const Tensor& other) const { return storage_ == other.storage_; }
+  void release_storage() const;
+  void materialize_storage() const;
 
  private:
   std::shared_ptr<Storage> storage_;

@@ -109,30 +109,78 @@ LlamaModel::LlamaModel(const ModelArgs& args, int64_t max_seq_length, Device dev
   if (compute_dtype_ != DType::kF32) compute_weights_ = Tensor::empty({params_.numel()}, compute_dtype_, device_);
   RopeTable host_rope = make_rope_table(args_.kv_channels, max_seq_length_, rope_config(args_));
   rope_ = RopeTable{ops::to_device(host_rope.cos, device_), ops::to_device(host_rope.sin, device_)};
-  bind_layers();
+  // Layers compute with the bf16 copy in mixed precision, else with the master weights themselves.
+  const Tensor& compute_flat = compute_dtype_ == DType::kF32 ? params_.flat_params() : compute_weights_;
+  UnitBuffers own;
+  for (const FlatRange& unit : param_units()) {
+    own.compute.push_back(compute_flat.slice_elements(unit.begin, {unit.size()}));
+    own.grads.push_back(params_.flat_grads().slice_elements(unit.begin, {unit.size()}));
+  }
+  bind_layers(own);
 }
 
-void LlamaModel::bind_layers() {
+std::vector<FlatRange> LlamaModel::param_units() const {
+  // The flat layout (param_specs): embedding, blocks 0..L-1, final norm, untied head.
+  auto start_of = [&](const std::string& name) { return params_.offset(params_.index_of(name)); };
+  std::vector<int64_t> starts{0};
+  for (int64_t i = 0; i < args_.num_layers; ++i) starts.push_back(start_of(layer_prefix(i) + "input_layernorm.weight"));
+  starts.push_back(start_of("model.norm.weight"));
+  starts.push_back(params_.numel());
+  std::vector<FlatRange> units;
+  for (size_t u = 0; u + 1 < starts.size(); ++u) units.push_back({starts[u], starts[u + 1]});
+  return units;
+}
+
+size_t LlamaModel::unit_of(size_t i) const {
+  const std::vector<FlatRange> units = param_units();
+  const int64_t offset = params_.offset(i);
+  for (size_t u = 0; u < units.size(); ++u) {
+    if (offset >= units[u].begin && offset < units[u].end) return u;
+  }
+  PRIMUS_CHECK(false, "[model] parameter {} lies in no unit", params_.specs()[i].name);
+  return 0;
+}
+
+void LlamaModel::bind_units(const UnitBuffers& buffers) {
+  const std::vector<FlatRange> units = param_units();
+  PRIMUS_CHECK(buffers.compute.size() == units.size() && buffers.grads.size() == units.size(),
+               "[model] {} unit buffers for {} units", buffers.compute.size(), units.size());
+  for (size_t u = 0; u < units.size(); ++u) {
+    PRIMUS_CHECK(buffers.compute[u].numel() >= units[u].size() && buffers.compute[u].dtype() == compute_dtype_ &&
+                     buffers.grads[u].numel() >= units[u].size() && buffers.grads[u].dtype() == DType::kF32,
+                 "[model] unit {} of {} elements bound to {} and {}", u, units[u].size(), buffers.compute[u].describe(),
+                 buffers.grads[u].describe());
+  }
+  external_units_ = true;
+  compute_weights_stale_ = false;
+  compute_weights_ = Tensor();  // the model's own copy is no longer read
+  bind_layers(buffers);
+}
+
+void LlamaModel::bind_layers(const UnitBuffers& buffers) {
   const float eps = static_cast<float>(args_.norm_epsilon);
-  // Layers compute with the bf16 copy in mixed precision, else with the master weights themselves.
-  auto p = [&](const std::string& name) {
-    if (compute_dtype_ == DType::kF32) return params_.param(name);
+  const std::vector<FlatRange> units = param_units();
+  // A parameter's view in its unit's buffer; `rows` > 0 widens it to that many rows (two adjacent tensors as one).
+  auto view = [&](const std::vector<Tensor>& unit_buffers, const std::string& name, int64_t rows = 0) {
     const size_t i = params_.index_of(name);
-    return compute_weights_.slice_elements(params_.offset(i), params_.specs()[i].shape);
+    const size_t u = unit_of(i);
+    Shape shape = params_.specs()[i].shape;
+    if (rows > 0) shape[0] = rows;
+    return unit_buffers[u].slice_elements(params_.offset(i) - units[u].begin, shape);
   };
-  auto g = [&](const std::string& name) { return params_.grad(name); };
+  auto p = [&](const std::string& name) { return view(buffers.compute, name); };
+  auto g = [&](const std::string& name) { return view(buffers.grads, name); };
   // Two [rows, C] tensors adjacent in the flat buffers (param_specs keeps them so) as one [rows_a + rows_b, C].
-  auto joined = [&](const Tensor& flat, const std::string& a, const std::string& b) {
+  auto joined_rows = [&](const std::string& a, const std::string& b) {
     const size_t ia = params_.index_of(a), ib = params_.index_of(b);
     const Shape& sa = params_.specs()[ia].shape;
     const Shape& sb = params_.specs()[ib].shape;
     PRIMUS_CHECK(params_.offset(ib) == params_.offset(ia) + shape_numel(sa) && sa[1] == sb[1],
                  "[model] {} and {} must be adjacent for one GEMM", a, b);
-    return flat.slice_elements(params_.offset(ia), {sa[0] + sb[0], sa[1]});
+    return sa[0] + sb[0];
   };
-  const Tensor& compute_flat = compute_dtype_ == DType::kF32 ? params_.flat_params() : compute_weights_;
-  auto p2 = [&](const std::string& a, const std::string& b) { return joined(compute_flat, a, b); };
-  auto g2 = [&](const std::string& a, const std::string& b) { return joined(params_.flat_grads(), a, b); };
+  auto p2 = [&](const std::string& a, const std::string& b) { return view(buffers.compute, a, joined_rows(a, b)); };
+  auto g2 = [&](const std::string& a, const std::string& b) { return view(buffers.grads, a, joined_rows(a, b)); };
   embedding_ = Embedding{p("model.embed_tokens.weight"), g("model.embed_tokens.weight")};
   blocks_.resize(args_.num_layers);
   for (int64_t i = 0; i < args_.num_layers; ++i) {
@@ -194,21 +242,31 @@ Tensor LlamaModel::forward_hidden(Context& ctx, const Tensor& tokens, const Pack
   Tensor x;
   {
     const ops::ProfileScope scope("model.embed_tokens");
+    hook_before_forward(0);
     x = embedding_.forward(ctx.tokens);  // [N, C]
+    hook_after_forward(0);
   }
   for (int64_t i = 0; i < args_.num_layers; ++i) {
     BlockSaved& saved = ctx.blocks[i];
     const auto [first, end] = ctx.recompute.chunk(i, args_.num_layers);
-    if (first == end) {
-      x = block_forward(blocks_[i], saved, x, ctx);
-      continue;
-    }
-    if (i == first) saved.chunk_input = x;
+    const size_t unit = static_cast<size_t>(i) + 1;
+    hook_before_forward(unit);
+    if (first != end && i == first) saved.chunk_input = x;
     x = block_forward(blocks_[i], saved, x, ctx);
-    saved.release_activations();  // backward recomputes the chunk from chunk_input
+    if (first != end) saved.release_activations();  // backward recomputes the chunk from chunk_input
+    hook_after_forward(unit);
   }
+  // The final norm's and the output layer's unit stays in use until the caller's loss or logits are done
+  // (end_head_forward).
+  hook_before_forward(last_unit());
+  if (!args_.untie_embeddings_and_output_weights) hook_before_forward(0);
   const ops::ProfileScope scope("model.norm");
   return final_norm_.forward(x, ctx.final_norm);
+}
+
+void LlamaModel::end_head_forward() {
+  if (!args_.untie_embeddings_and_output_weights) hook_after_forward(0);
+  hook_after_forward(last_unit());
 }
 
 Tensor LlamaModel::block_forward(Block& b, BlockSaved& saved, const Tensor& x, const Context& ctx) {
@@ -260,6 +318,7 @@ std::unique_ptr<MicroBatchContext> LlamaModel::forward(const Tensor& tokens, con
   const Tensor losses =
       lm_loss_.forward_with_grad(hidden, labels.reshape({labels.numel()}), grad_scale, ctx->lm_loss);
   ops::sum_into(loss_sum, losses);  // ignored targets have loss 0
+  end_head_forward();
   ctx->awaiting_backward = true;
   return ctx;
 }
@@ -272,6 +331,7 @@ LossSum LlamaModel::evaluate(const Tensor& tokens, const Tensor& labels, const P
     Context ctx;  // freed before the sum, as soon as the losses are queued
     const Tensor hidden = forward_hidden(ctx, tokens, packed);
     losses = lm_loss_.forward(hidden, labels.reshape({labels.numel()}));
+    end_head_forward();
   }
   Tensor sum = ops::zeros({1}, DType::kF32, device_);
   ops::sum_into(sum, losses);
@@ -296,25 +356,35 @@ void LlamaModel::backward(MicroBatchContext& base, const GradsReadyFn& grads_rea
   Tensor dx;
   {
     const ops::ProfileScope scope("model.norm (backward)");
+    hook_before_backward(last_unit());
+    if (!args_.untie_embeddings_and_output_weights) hook_before_backward(0);
     dx = final_norm_.backward(lm_loss_.backward(ctx.lm_loss), ctx.final_norm);
   }
   report_from(start_of("model.norm.weight"));  // with an untied head, lm_head's gradient was final in forward
+  hook_after_backward(last_unit());
   for (int64_t i = args_.num_layers - 1; i >= 0; --i) {
     const auto [first, end] = ctx.recompute.chunk(i, args_.num_layers);
     if (first != end && i == end - 1) {  // entering a recomputed chunk from its top: run its forward again
       const ops::ProfileScope scope("recompute");
       Tensor x = ctx.blocks[first].chunk_input;
       ctx.blocks[first].chunk_input = Tensor();
-      for (int64_t j = first; j < end; ++j) x = block_forward(blocks_[j], ctx.blocks[j], x, ctx);
+      for (int64_t j = first; j < end; ++j) {
+        hook_before_backward(static_cast<size_t>(j) + 1);
+        x = block_forward(blocks_[j], ctx.blocks[j], x, ctx);
+      }
     }
+    hook_before_backward(static_cast<size_t>(i) + 1);
     dx = block_backward(blocks_[i], ctx.blocks[i], dx, ctx);
     report_from(start_of(layer_prefix(i) + "input_layernorm.weight"));
+    hook_after_backward(static_cast<size_t>(i) + 1);
   }
   {
     const ops::ProfileScope scope("model.embed_tokens (backward)");
+    hook_before_backward(0);
     embedding_.backward(ctx.tokens, dx);
   }
   report_from(0);
+  hook_after_backward(0);
   ctx = Context();  // frees every activation; awaiting_backward false
   ctx.model = this;
 }
@@ -330,6 +400,7 @@ std::vector<float> LlamaModel::next_token_logits(const std::vector<int32_t>& con
     hidden = forward_hidden(ctx, ops::to_device(tokens, device_), PackedSequence());
   }
   Tensor last_row = lm_loss_.logits(hidden.slice_elements((T - 1) * hidden.dim(1), {1, hidden.dim(1)}));
+  end_head_forward();
   if (last_row.dtype() != DType::kF32) {
     Tensor f32 = Tensor::empty(last_row.shape(), DType::kF32, device_);
     ops::cast(f32, last_row);

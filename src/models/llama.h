@@ -32,8 +32,10 @@ class LlamaModel final : public Model {
   const ParamStore& params() const override { return params_; }
 
   DType compute_dtype() const override { return compute_dtype_; }
-  Tensor* compute_weights() override { return compute_dtype_ == DType::kF32 ? nullptr : &compute_weights_; }
-  void weights_changed() override { compute_weights_stale_ = true; }
+  Tensor* compute_weights() override {
+    return compute_dtype_ == DType::kF32 || external_units_ ? nullptr : &compute_weights_;
+  }
+  void weights_changed() override { compute_weights_stale_ = !external_units_; }
   void set_recompute(const RecomputeConfig& recompute) override;
 
   std::unique_ptr<MicroBatchContext> forward(const Tensor& tokens, const Tensor& labels, float grad_scale,
@@ -46,6 +48,10 @@ class LlamaModel final : public Model {
   // first) and down_proj, of each layer in order: "model.layers.{i}.self_attn.q_proj", "....mlp.gate_up_proj".
   void for_each_linear(const LinearVisitor& visit) override;
 
+  std::vector<FlatRange> param_units() const override;
+  void bind_units(const UnitBuffers& buffers) override;
+  void set_param_hooks(ParamUnitHooks* hooks) override { hooks_ = hooks; }
+
  private:
   struct Block {
     std::string name;  // "model.layers.{i}", for profiling scopes
@@ -57,9 +63,20 @@ class LlamaModel final : public Model {
   struct BlockSaved;  // one block's activations in a Context
   struct Context;     // one micro-batch's (llama.cpp)
 
-  void bind_layers();
+  // Points every module at its weights and gradients in `buffers` (one tensor per param_units() unit).
+  void bind_layers(const UnitBuffers& buffers);
+  // The unit holding parameter i of the ParamStore.
+  size_t unit_of(size_t i) const;
+  // Hooks, when set.
+  void hook_before_forward(size_t unit) { if (hooks_ != nullptr) hooks_->before_forward(unit); }
+  void hook_after_forward(size_t unit) { if (hooks_ != nullptr) hooks_->after_forward(unit); }
+  void hook_before_backward(size_t unit) { if (hooks_ != nullptr) hooks_->before_backward(unit); }
+  void hook_after_backward(size_t unit) { if (hooks_ != nullptr) hooks_->after_backward(unit); }
+  size_t last_unit() const { return static_cast<size_t>(args_.num_layers) + 1; }
   // Embedding, blocks, final norm into ctx (its tokens, packing and activations): [B·T, C].
+  // The final norm's and the output layer's units stay in use (hooks) until end_head_forward().
   Tensor forward_hidden(Context& ctx, const Tensor& tokens, const PackedSequence& packed);
+  void end_head_forward();
   Tensor block_forward(Block& b, BlockSaved& saved, const Tensor& x, const Context& ctx);
   Tensor block_backward(Block& b, BlockSaved& saved, const Tensor& dx, const Context& ctx);
   // The rope rows a forward of `seq` tokens reads: the first `seq` rows of rope_, or all of them for per-token
@@ -74,6 +91,8 @@ class LlamaModel final : public Model {
   ParamStore params_;
   Tensor compute_weights_;  // [numel] bf16 copy of the master weights (mixed precision only)
   bool compute_weights_stale_ = true;
+  bool external_units_ = false;       // bind_units: the modules use buffers owned elsewhere
+  ParamUnitHooks* hooks_ = nullptr;
   Embedding embedding_;
   std::vector<Block> blocks_;
   RmsNorm final_norm_;

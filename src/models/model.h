@@ -99,6 +99,18 @@ class Model {
   // Logits of the last position of `context` ([T] ids, T <= max_seq_length) without keeping activations.
   virtual std::vector<float> next_token_logits(const std::vector<int32_t>& context) = 0;
 
+  // Parameter units in forward order: ranges of the flat buffers that are used together and tile [0, numel)
+  // (LlamaModel: the embedding, each block, the final norm with the output layer). A tied output layer reads and
+  // writes unit 0 in the loss's forward.
+  virtual std::vector<FlatRange> param_units() const = 0;
+  // From now on the modules compute with and accumulate into these buffers instead of the ParamStore's flat
+  // buffers and the model's compute copy (fully sharded data parallelism owns them and refreshes them itself:
+  // compute_weights() is null and weights_changed() does nothing afterwards). Replaces the Linear modules, so wrap
+  // them (for_each_linear) only afterwards.
+  virtual void bind_units(const UnitBuffers& buffers) = 0;
+  // Hooks called as forward and backward reach each unit (null: none).
+  virtual void set_param_hooks(ParamUnitHooks* hooks) = 0;
+
   // Every Linear module with its Hugging Face module name, in parameter order, for code outside the model
   // (tensor parallelism, LoRA, FP8) to inspect, replace or wrap. Replace modules only while no context is alive.
   virtual void for_each_linear(const LinearVisitor& visit) = 0;

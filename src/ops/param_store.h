@@ -28,6 +28,27 @@ struct FlatRange {
 // finished (data parallelism starts reducing a bucket as soon as its range is final).
 using GradsReadyFn = std::function<void(int64_t begin, int64_t end)>;
 
+// What a fully sharded data-parallel wrapper (parallel/fsdp.h) hears from a model as it runs, per parameter unit
+// (Model::param_units): before a unit's weights are read and after a forward is done with them, before a backward
+// reads them (and writes the unit's gradients) and once it has finished the unit's gradients. Evaluation and
+// sampling call the forward hooks too.
+class ParamUnitHooks {
+ public:
+  virtual ~ParamUnitHooks() = default;
+  virtual void before_forward(size_t unit) = 0;
+  virtual void after_forward(size_t unit) = 0;
+  virtual void before_backward(size_t unit) = 0;  // also before a recomputed forward inside backward
+  virtual void after_backward(size_t unit) = 0;
+};
+
+// Storage for a model's modules given from outside, per parameter unit u: compute weights [>= n_u] in the compute
+// dtype and fp32 gradients [>= n_u], where n_u is the unit's size (its first n_u elements are the unit's, laid out
+// as in the flat buffers).
+struct UnitBuffers {
+  std::vector<Tensor> compute;
+  std::vector<Tensor> grads;
+};
+
 struct ParamSpec {
   std::string name;
   Shape shape;

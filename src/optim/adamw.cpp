@@ -7,18 +7,34 @@
 
 namespace primus {
 
-AdamW::AdamW(const ParamStore& params, AdamWConfig config, std::vector<FlatRange> owned)
-    : config_(config), numel_(params.numel()), owned_(std::move(owned)) {
+AdamW::AdamW(const ParamStore& params, AdamWConfig config, std::vector<FlatRange> owned,
+             std::optional<PackedShards> packed)
+    : config_(config), numel_(params.numel()), owned_(std::move(owned)), packed_(std::move(packed)) {
   if (owned_.empty()) owned_.push_back({0, numel_});
   int64_t total = 0;
-  for (const FlatRange& r : owned_) {
+  for (size_t i = 0; i < owned_.size(); ++i) {
+    const FlatRange& r = owned_[i];
     PRIMUS_CHECK(r.begin >= 0 && r.end <= numel_ && !r.empty(), "[adamw] owned range [{}, {}) outside [0, {})",
                  r.begin, r.end, numel_);
-    moment_offsets_.push_back(total);
-    total += r.size();
+    if (packed_) {
+      PRIMUS_CHECK(packed_->offsets.size() == owned_.size() && packed_->offsets[i] >= 0 &&
+                       packed_->offsets[i] + r.size() <= packed_->master.numel() &&
+                       packed_->grads.numel() == packed_->master.numel(),
+                   "[adamw] packed shards do not hold owned range {} [{}, {})", i, r.begin, r.end);
+      moment_offsets_.push_back(packed_->offsets[i]);
+    } else {
+      moment_offsets_.push_back(total);
+      total += r.size();
+    }
   }
+  if (packed_) total = packed_->master.numel();
   exp_avg_ = ops::zeros({total}, DType::kF32, params.flat_params().device());
   exp_avg_sq_ = ops::zeros({total}, DType::kF32, params.flat_params().device());
+}
+
+Tensor AdamW::weights(size_t i) const {
+  if (!packed_) return Tensor();
+  return packed_->master.slice_elements(moment_offsets_[i], {owned_[i].size()});
 }
 
 Tensor AdamW::exp_avg(size_t i) const { return exp_avg_.slice_elements(moment_offsets_[i], {owned_[i].size()}); }
@@ -37,6 +53,7 @@ const Tensor& AdamW::exp_avg_sq() const {
 }
 
 void AdamW::step(ParamStore& params, double lr, double grad_scale, Tensor* compute_copy) {
+  PRIMUS_CHECK(!packed_ || compute_copy == nullptr, "[adamw] a packed optimizer writes its own compute copy");
   ++steps_taken_;
   const std::vector<ParamSpec>& specs = params.specs();
   for (size_t r = 0; r < owned_.size(); ++r) {
@@ -52,11 +69,17 @@ void AdamW::step(ParamStore& params, double lr, double grad_scale, Tensor* compu
       const bool decay = specs[first].weight_decay;
       first = end;
       if (n <= 0) continue;
-      Tensor p = params.flat_params().slice_elements(offset, {n});
-      Tensor g = params.flat_grads().slice_elements(offset, {n});
-      Tensor m = exp_avg_.slice_elements(moment_offsets_[r] + offset - range.begin, {n});
-      Tensor v = exp_avg_sq_.slice_elements(moment_offsets_[r] + offset - range.begin, {n});
-      Tensor copy = compute_copy != nullptr ? compute_copy->slice_elements(offset, {n}) : Tensor();
+      const int64_t at = moment_offsets_[r] + offset - range.begin;  // in the moments (and packed shards)
+      Tensor p = packed_ ? packed_->master.slice_elements(at, {n}) : params.flat_params().slice_elements(offset, {n});
+      Tensor g = packed_ ? packed_->grads.slice_elements(at, {n}) : params.flat_grads().slice_elements(offset, {n});
+      Tensor m = exp_avg_.slice_elements(at, {n});
+      Tensor v = exp_avg_sq_.slice_elements(at, {n});
+      Tensor copy;
+      if (packed_ && packed_->compute_copy.defined()) {
+        copy = packed_->compute_copy.slice_elements(at, {n});
+      } else if (compute_copy != nullptr) {
+        copy = compute_copy->slice_elements(offset, {n});
+      }
       AdamWArgs args;
       args.param = &p;
       args.grad = &g;
@@ -69,7 +92,7 @@ void AdamW::step(ParamStore& params, double lr, double grad_scale, Tensor* compu
       args.weight_decay = decay ? static_cast<float>(config_.weight_decay) : 0.0f;
       args.step = steps_taken_;
       args.grad_scale = static_cast<float>(grad_scale);
-      args.compute_copy = compute_copy != nullptr ? &copy : nullptr;
+      args.compute_copy = copy.defined() ? &copy : nullptr;
       ops::adamw_step(args);
     }
   }

@@ -3,9 +3,11 @@
 //
 // Sharded (the distributed optimizer, ZeRO-1): the optimizer owns only some ranges of the flat buffers (its
 // data-parallel rank's shards, parallel/grad_reducer.h) and keeps moments for those alone, back to back in
-// the order of the ranges. Unsharded it owns [0, numel).
+// the order of the ranges. Unsharded it owns [0, numel). Fully sharded (parallel/fsdp.h): the weights and
+// gradients of the owned ranges live in packed shard buffers instead of the ParamStore (PackedShards).
 #pragma once
 
+#include <optional>
 #include <vector>
 
 #include "ops/param_store.h"
@@ -19,15 +21,27 @@ struct AdamWConfig {
   double weight_decay = 0.0;
 };
 
+// The fp32 master weights and gradients of an optimizer's owned ranges kept outside the ParamStore (fully
+// sharded data parallelism): owned range i starts at offsets[i] of `master` and `grads`, and of `compute_copy`
+// (the weights in the compute dtype, rewritten by each step; undefined in fp32). The moments use the same offsets.
+struct PackedShards {
+  std::vector<int64_t> offsets;
+  Tensor master;        // [n] f32
+  Tensor grads;         // [n] f32
+  Tensor compute_copy;  // [n] bf16, or undefined
+};
+
 class AdamW {
  public:
-  // owned: disjoint ranges of the flat buffers this optimizer updates; empty: the whole buffer.
-  AdamW(const ParamStore& params, AdamWConfig config, std::vector<FlatRange> owned = {});
+  // owned: disjoint ranges of the flat buffers this optimizer updates; empty: the whole buffer. packed: where their
+  // weights and gradients live when not in `params`' flat buffers.
+  AdamW(const ParamStore& params, AdamWConfig config, std::vector<FlatRange> owned = {},
+        std::optional<PackedShards> packed = std::nullopt);
 
   // One update of the owned ranges with learning rate `lr`, gradients multiplied by grad_scale as they are
   // read (the clip factor); increments the step count used for bias correction. compute_copy (optional,
   // bf16 [numel]) receives the updated weights rounded. Adjacent tensors with the same weight decay share
-  // one launch.
+  // one launch. With packed shards, `params` gives only the layout and compute_copy must be null.
   void step(ParamStore& params, double lr, double grad_scale = 1.0, Tensor* compute_copy = nullptr);
 
   int64_t steps_taken() const { return steps_taken_; }
@@ -37,6 +51,10 @@ class AdamW {
   // The moments of owned range i: [owned()[i].size()] f32 views.
   Tensor exp_avg(size_t i) const;
   Tensor exp_avg_sq(size_t i) const;
+  // With packed shards: the fp32 weights of owned range i ([owned()[i].size()] view); else undefined (the
+  // weights are the ParamStore's).
+  bool holds_weights() const { return packed_.has_value(); }
+  Tensor weights(size_t i) const;
   // Unsharded only: the whole [numel] moment buffers.
   const Tensor& exp_avg() const;
   const Tensor& exp_avg_sq() const;
@@ -46,6 +64,7 @@ class AdamW {
   int64_t numel_ = 0;
   std::vector<FlatRange> owned_;
   std::vector<int64_t> moment_offsets_;  // where owned range i starts in the moment buffers
+  std::optional<PackedShards> packed_;
   int64_t steps_taken_ = 0;
   Tensor exp_avg_;
   Tensor exp_avg_sq_;

@@ -1,16 +1,21 @@
-// Data parallelism for one training step, as Megatron-Core's DDP and distributed optimizer do it: what a
-// data-parallel rank adds to a single-device step. The step calls, in order:
+// Data parallelism for one training step, as Megatron-Core's DDP, distributed optimizer and Megatron-FSDP do it:
+// what a data-parallel rank adds to a single-device step. The step calls, in order:
 //   global_tokens()             the global batch's label count (every rank scales its loss by 1 / it)
-//   before_last_backward() + grads_ready hook on the backward that completes the gradients + after_backward()
+//   zero_grads()
+//   per micro-batch: begin_micro_batch() before its forward; around its backward before_backward(last) with the
+//   grads_ready hook, and after_backward(last)
 //   grad_norm()                 the global gradient norm (from full reduced gradients, or from the shards)
-//   after_optimizer()           all-gathers the updated weights (distributed optimizer)
-// A data-parallel size of 1 goes through the same calls on a one-rank communicator.
+//   after_optimizer()           all-gathers the updated weights (distributed optimizer, FSDP)
+// Fully sharded strategies (parallel/fsdp.h) also need take_weights() once the weights are loaded, and the model
+// calls their unit hooks. A data-parallel size of 1 goes through the same calls on a one-rank communicator.
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "ops/param_store.h"
+#include "parallel/fsdp.h"
 #include "parallel/grad_reducer.h"
 
 namespace primus {
@@ -19,6 +24,11 @@ struct DataParallelOptions {
   bool distributed_optimizer = false;  // use_distributed_optimizer (or FSDP's optim strategy)
   bool overlap_grad_reduce = false;
   int64_t bucket_size = 40'000'000;    // ddp_bucket_size, parameters
+  // use_megatron_fsdp with optim_grads or optim_grads_params: sharded by parameter unit instead of buckets.
+  std::optional<FullyShardedDataParallel::Strategy> fully_sharded;
+  bool overlap_param_gather = false;   // FSDP: gathers after the step overlap the next forward
+  std::vector<FlatRange> units;        // FSDP: the model's parameter units
+  DType compute_dtype = DType::kF32;   // FSDP: the dtype of the gathered weights
 };
 
 class DataParallel {
@@ -29,12 +39,15 @@ class DataParallel {
   Communicator& group() { return *dp_; }
   int rank() const { return dp_->rank(); }
   int size() const { return dp_->size(); }
-  bool sharded() const { return options_.distributed_optimizer; }
+  // The optimizer state is sharded (distributed optimizer or FSDP).
+  bool sharded() const { return options_.distributed_optimizer || fsdp_ != nullptr; }
+  // The fully sharded strategies, or null.
+  FullyShardedDataParallel* fsdp() { return fsdp_.get(); }
   // The ranges whose optimizer state this rank keeps: its shards, or everything.
   std::vector<FlatRange> optimizer_ranges() const;
   // This rank's shards of the bucket layout, distributed optimizer or not: the part of a checkpoint it writes
   // (together the ranks write every element once, in parallel).
-  std::vector<FlatRange> shard_ranges() const { return reducer_.layout().owned(dp_->rank()); }
+  std::vector<FlatRange> shard_ranges() const;
 
   int64_t global_tokens(int64_t local_tokens);
   // Σ over the group of a host value, carried in f32 (NCCL reduces device memory; there is no f64 tensor):
@@ -44,10 +57,17 @@ class DataParallel {
   void sum_losses(Tensor& loss_sum);
   // True on every rank when `flag` is true on any (a stop signal seen by one rank stops all at one step).
   bool any(bool flag);
+  // Before the caller's own collectives on the group (a checkpoint's): every collective launched here is done.
+  void wait_for_communication();
 
-  void before_last_backward() { reducer_.start(); }
-  GradsReadyFn grads_ready_hook();
-  void after_backward() { reducer_.finish(); }
+  // Before the step's first forward: gradients (or FSDP's gradient shards) start from zero.
+  void zero_grads();
+  void begin_micro_batch();
+  // `last`: the backward that completes the step's gradients (buckets reduce only then; FSDP reduces every one).
+  void before_backward(bool last);
+  // The hook for that backward (empty when the reduction does not follow gradient ranges).
+  GradsReadyFn grads_ready_hook(bool last);
+  void after_backward(bool last);
 
   // The L2 norm of the global batch's gradient, the same on every rank.
   double grad_norm();
@@ -56,10 +76,14 @@ class DataParallel {
   void after_optimizer();
 
  private:
+  // FSDP's communication queue, which the group's other collectives follow (null without FSDP).
+  CommStream* comm() { return fsdp_ ? &fsdp_->comm() : nullptr; }
+
   std::shared_ptr<Communicator> dp_;
   ParamStore& params_;
   DataParallelOptions options_;
-  GradReducer reducer_;
+  std::unique_ptr<GradReducer> reducer_;            // buckets: DDP and the distributed optimizer
+  std::unique_ptr<FullyShardedDataParallel> fsdp_;  // or units
 };
 
 }  // namespace primus

@@ -377,11 +377,13 @@ void GlooCommunicator::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op
                                                       std::vector<int>(size_, static_cast<int>(n)),
                                                       algorithm_function<T>(op));
       algorithm.run();
-      // At a size that is not a power of two, the ranks outside the largest binary block send their partial
-      // sums into it without waiting for an acknowledgement: run() can return while the transport still
-      // reads those bytes from the buffer (ours, reused by the next call) through the algorithm's send
-      // buffers. The receivers pass a barrier only after receiving, so after it nothing is in flight.
-      if ((size_ & (size_ - 1)) != 0) {
+      // run() can return while the transport still reads this rank's partial sums from the buffer (ours, reused
+      // by the next call) through the algorithm's send buffers: at a size that is not a power of two the ranks
+      // outside the largest binary block send without waiting for an acknowledgement, and at 2 ranks a
+      // reduce-scatter followed at once by another collective (FSDP's per-unit reduce-scatters between
+      // all-gathers) was seen to corrupt the next one's data about one run in three. The receivers pass a
+      // barrier only after receiving, so after it nothing is in flight.
+      {
         gloo::BarrierOptions opts(context_);
         opts.setTag(barrier_tag);
         gloo::barrier(opts);

@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <chrono>
 
 #include "core/error.h"
 #include "ops/ops.h"
@@ -36,65 +35,12 @@ std::vector<FlatRange> BucketLayout::owned(int rank) const {
   return ranges;
 }
 
-HostCommQueue::HostCommQueue() : thread_([this] { run(); }) {}
-
-HostCommQueue::~HostCommQueue() {
-  {
-    std::lock_guard lock(mutex_);
-    stopping_ = true;
-  }
-  changed_.notify_all();
-  thread_.join();
-}
-
-void HostCommQueue::submit(std::function<void()> task) {
-  {
-    std::lock_guard lock(mutex_);
-    tasks_.push_back(std::move(task));
-  }
-  changed_.notify_all();
-}
-
-void HostCommQueue::wait() {
-  std::unique_lock lock(mutex_);
-  changed_.wait(lock, [this] { return tasks_.empty() && running_ == 0; });
-  if (error_) {
-    std::exception_ptr error = error_;
-    error_ = nullptr;
-    std::rethrow_exception(error);
-  }
-}
-
-void HostCommQueue::run() {
-  std::unique_lock lock(mutex_);
-  for (;;) {
-    changed_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });
-    if (tasks_.empty()) return;  // stopping with nothing left
-    std::function<void()> task = std::move(tasks_.front());
-    tasks_.pop_front();
-    ++running_;
-    const bool skip = error_ != nullptr;  // after a failure the rest would only wait on a broken peer
-    lock.unlock();
-    try {
-      if (!skip) task();
-    } catch (...) {
-      lock.lock();
-      if (!error_) error_ = std::current_exception();
-      lock.unlock();
-    }
-    lock.lock();
-    --running_;
-    changed_.notify_all();
-  }
-}
-
 GradReducer::GradReducer(Communicator& dp, Tensor grads, BucketLayout layout, Mode mode, bool overlap)
-    : dp_(dp), grads_(std::move(grads)), layout_(std::move(layout)), mode_(mode), overlap_(overlap) {
+    : dp_(dp), grads_(std::move(grads)), layout_(std::move(layout)), mode_(mode), overlap_(overlap), comm_(dp.device()) {
   PRIMUS_CHECK(grads_.numel() == layout_.numel() && grads_.dtype() == DType::kF32,
                "[ddp] gradient buffer {} does not match a bucket layout of {} elements", grads_.describe(),
                layout_.numel());
   PRIMUS_CHECK(layout_.dp() == dp_.size(), "[ddp] bucket layout for dp {} on a group of {}", layout_.dp(), dp_.size());
-  if (dp_.device().is_cpu()) host_queue_ = std::make_unique<HostCommQueue>();
   for (size_t k = 0; k < layout_.buckets().size(); ++k) {
     if (mode_ == Mode::kReduceScatter && layout_.buckets()[k].size() % layout_.dp() != 0) {
       PRIMUS_CHECK(!padded_bucket_, "[ddp] only the top bucket may be uneven");
@@ -125,7 +71,7 @@ void GradReducer::finish() {
   PRIMUS_CHECK(ready_from_ == 0, "[ddp] backward reported gradients down to {} only, not to 0", ready_from_);
   while (next_bucket_ < layout_.buckets().size()) launch(next_bucket_++);
   const ops::ProfileScope scope("ddp: wait for gradient reduction");
-  wait_comm_stream();
+  comm_.wait_all();
   if (mode_ == Mode::kReduceScatter && padded_bucket_) {  // this rank's part of the padded bucket
     const size_t k = *padded_bucket_;
     const FlatRange mine = layout_.shard(k, dp_.rank());
@@ -143,14 +89,14 @@ void GradReducer::launch(size_t k) {
   const FlatRange b = layout_.buckets()[k];
   Tensor bucket = grads_.slice_elements(b.begin, {b.size()});
   if (mode_ == Mode::kAllReduce) {
-    on_comm_stream(fmt::format("all_reduce bucket {} ({} elements)", k, b.size()),
+    comm_.launch(fmt::format("all_reduce bucket {} ({} elements)", k, b.size()),
                    [this, bucket](Stream stream) mutable { dp_.all_reduce(bucket, ReduceOp::kSum, stream); });
     return;
   }
   const int64_t s = layout_.shard_size(k);
   if (!padded(k)) {
     Tensor out = grads_.slice_elements(b.begin + dp_.rank() * s, {s});
-    on_comm_stream(fmt::format("reduce_scatter bucket {} ({} elements)", k, b.size()),
+    comm_.launch(fmt::format("reduce_scatter bucket {} ({} elements)", k, b.size()),
                    [this, bucket, out](Stream stream) mutable {
       dp_.reduce_scatter(bucket, out, ReduceOp::kSum, stream);
     });
@@ -162,7 +108,7 @@ void GradReducer::launch(size_t k) {
   Tensor head = staging_.slice_elements(0, {b.size()});
   ops::copy(head, bucket);
   Tensor out = staging_.slice_elements(dp_.rank() * s, {s});
-  on_comm_stream(fmt::format("reduce_scatter bucket {} ({} elements, padded)", k, b.size()),
+  comm_.launch(fmt::format("reduce_scatter bucket {} ({} elements, padded)", k, b.size()),
                  [this, out](Stream stream) mutable { dp_.reduce_scatter(staging_, out, ReduceOp::kSum, stream); });
 }
 
@@ -177,7 +123,7 @@ void GradReducer::all_gather_shards(Tensor& flat) {
     Tensor bucket = flat.slice_elements(b.begin, {b.size()});
     if (!padded(k)) {
       Tensor in = flat.slice_elements(b.begin + dp_.rank() * s, {s});
-      on_comm_stream(fmt::format("all_gather weights bucket {}", k),
+      comm_.launch(fmt::format("all_gather weights bucket {}", k),
                      [this, in, bucket](Stream stream) mutable { dp_.all_gather(in, bucket, stream); });
       continue;
     }
@@ -188,43 +134,15 @@ void GradReducer::all_gather_shards(Tensor& flat) {
       Tensor dst = in.slice_elements(0, {mine.size()});
       ops::copy(dst, flat.slice_elements(mine.begin, {mine.size()}));
     }
-    on_comm_stream(fmt::format("all_gather weights bucket {} (padded)", k),
+    comm_.launch(fmt::format("all_gather weights bucket {} (padded)", k),
                    [this, in](Stream stream) mutable { dp_.all_gather(in, staging_, stream); });
   }
-  wait_comm_stream();
+  comm_.wait_all();
   if (padded_bucket_) {
     const FlatRange b = layout_.buckets()[*padded_bucket_];
     Tensor bucket = flat.slice_elements(b.begin, {b.size()});
     ops::copy(bucket, staging_.slice_elements(0, {b.size()}));
   }
-}
-
-void GradReducer::on_comm_stream(std::string name, std::function<void(Stream)> collective) {
-  if (host_queue_) {
-    host_queue_->submit([name = std::move(name), collective = std::move(collective)] {
-      const auto begin = std::chrono::steady_clock::now();
-      collective(Stream{});
-      ops::Trace::add_span("communication (gloo thread)", name, begin, std::chrono::steady_clock::now());
-    });
-    return;
-  }
-  // A device communicator: the communication stream waits for the compute work queued so far (the
-  // gradients it reduces), then the collective is queued on it.
-  Backend& backend = backend_for(grads_.device());
-  const Stream comm = backend.stream(StreamKind::kComm);
-  const std::unique_ptr<DeviceEvent> produced = backend.record_event(backend.stream(StreamKind::kCompute));
-  backend.wait_event(comm, *produced);
-  collective(comm);
-}
-
-void GradReducer::wait_comm_stream() {
-  if (host_queue_) {
-    host_queue_->wait();
-    return;
-  }
-  Backend& backend = backend_for(grads_.device());
-  const std::unique_ptr<DeviceEvent> done = backend.record_event(backend.stream(StreamKind::kComm));
-  backend.wait_event(backend.stream(StreamKind::kCompute), *done);
 }
 
 }  // namespace primus

@@ -13,18 +13,12 @@
 // Gradients are already scaled by 1 / (tokens of the global batch), so the reduction is a plain sum.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
-#include <exception>
-#include <functional>
-#include <mutex>
 #include <optional>
-#include <string>
-#include <thread>
 #include <vector>
 
 #include "ops/param_store.h"
+#include "parallel/comm_stream.h"
 #include "parallel/communicator.h"
 
 namespace primus {
@@ -49,30 +43,6 @@ class BucketLayout {
   int64_t numel_;
   int dp_;
   std::vector<FlatRange> buckets_;
-};
-
-// Runs collectives of a host communicator (Gloo) on a thread of its own, in order: the host backend's
-// communication stream. wait() returns when every queued task is done and rethrows the first failure.
-class HostCommQueue {
- public:
-  HostCommQueue();
-  ~HostCommQueue();
-  HostCommQueue(const HostCommQueue&) = delete;
-  HostCommQueue& operator=(const HostCommQueue&) = delete;
-
-  void submit(std::function<void()> task);
-  void wait();
-
- private:
-  void run();
-
-  std::mutex mutex_;
-  std::condition_variable changed_;
-  std::deque<std::function<void()>> tasks_;
-  int64_t running_ = 0;
-  bool stopping_ = false;
-  std::exception_ptr error_;
-  std::thread thread_;
 };
 
 class GradReducer {
@@ -102,10 +72,6 @@ class GradReducer {
  private:
   void launch(size_t k);
   bool padded(size_t k) const;
-  // Runs `collective` on the communication stream (a thread for the host) after the compute work queued so far.
-  // `name` labels it in a profile's communication track.
-  void on_comm_stream(std::string name, std::function<void(Stream)> collective);
-  void wait_comm_stream();
 
   Communicator& dp_;
   Tensor grads_;
@@ -114,7 +80,7 @@ class GradReducer {
   bool overlap_;
   int64_t ready_from_ = 0;   // gradients at and above this offset are final
   size_t next_bucket_ = 0;   // next bucket (in layout order) to launch
-  std::unique_ptr<HostCommQueue> host_queue_;  // host communicators only
+  CommStream comm_;
   std::optional<size_t> padded_bucket_;  // the bucket dp does not divide (sharded mode), if any
   Tensor staging_;  // [dp × its shard size] f32 for that bucket
 };

@@ -107,10 +107,9 @@ BenchmarkResult run_benchmark_train(const ExperimentConfig& config, const Benchm
     const std::unique_ptr<Model> model = make_model(args, t.seq_length, device, compute_dtype(t, device));
     model->set_recompute(RecomputeConfig::from(t));
     model->params().initialize(static_cast<uint64_t>(t.seed));
-    model->weights_changed();
     const std::unique_ptr<DataParallel> dp = make_data_parallel(world, *model, t);
-    AdamW optimizer(model->params(), AdamWConfig{t.adam_beta1, t.adam_beta2, t.adam_eps, t.weight_decay},
-                    dp->optimizer_ranges());
+    AdamW optimizer = make_optimizer(*model, *dp, t);
+    weights_ready(*model, *dp);
     result = time_steps(*model, optimizer, *dp, t, device, options);
     result.world_size = world->size();
     result.parameters = model->params().numel();

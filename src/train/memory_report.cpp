@@ -106,6 +106,57 @@ ActivationEstimate estimate_activations(const ModelArgs& m, int64_t micro_batch_
   return e;
 }
 
+namespace {
+
+// The sizes of the parameter units FSDP shards (Model::param_units of the dense family): the embedding, each
+// block, the final norm with the output layer.
+std::vector<int64_t> unit_sizes(const ModelArgs& args) {
+  std::vector<int64_t> sizes{0};
+  std::string block;
+  for (const ParamSpec& spec : model_family(args).param_specs(args)) {
+    const bool layer = spec.name.rfind("model.layers.", 0) == 0;
+    const std::string prefix = layer ? spec.name.substr(0, spec.name.find('.', 13)) : std::string();
+    if ((layer && prefix != block) || spec.name == "model.norm.weight") sizes.push_back(0);
+    block = prefix;
+    sizes.back() += shape_numel(spec.shape);
+  }
+  return sizes;
+}
+
+// Per rank, as parallel/fsdp.h keeps them: shards of every unit (fp32 master, moments, gradients; compute dtype for
+// the gathers), the first and last unit gathered with their gradients throughout, and the blocks' gathered weights
+// and gradients: all of them (ZeRO-2 weights) or the one in use and the one prefetched (ZeRO-3; a recomputed
+// chunk holds its blocks during its backward).
+void plan_fully_sharded(MemoryPlan& plan, const ModelArgs& args, const std::string& zero,
+                        const RecomputeConfig& recompute) {
+  const int64_t d = plan.data_parallel_size;
+  const int64_t c = static_cast<int64_t>(dtype_size(plan.activation_dtype));
+  int64_t shards = 0, outer = 0, all = 0, block = 0;
+  const std::vector<int64_t> sizes = unit_sizes(args);
+  for (size_t u = 0; u < sizes.size(); ++u) {
+    const int64_t s = (sizes[u] + d - 1) / d;
+    shards += s;
+    all += d * s;
+    if (u == 0 || u + 1 == sizes.size()) {
+      outer += d * s;
+    } else {
+      block = std::max(block, d * s);
+    }
+  }
+  const int64_t held_blocks =
+      recompute.granularity == RecomputeConfig::Granularity::kFull ? recompute.num_layers + 1 : 2;
+  plan.fully_sharded = zero;
+  plan.sharded_optimizer = true;
+  plan.param_bytes = 4 * shards;
+  plan.optimizer_bytes = 2 * 4 * shards;
+  plan.comm_bytes = 0;
+  const int64_t gathered = zero == "ZeRO-2" ? all : outer + held_blocks * block;
+  plan.compute_copy_bytes = (c == 4 ? 0 : c * shards) + c * gathered;
+  plan.grad_bytes = 4 * shards + 4 * (outer + 2 * block);
+}
+
+}  // namespace
+
 MemoryPlan plan_memory(const ModelArgs& args, const TrainingArgs& t, Device device, DType compute_dtype) {
   MemoryPlan plan;
   plan.model = args;
@@ -137,6 +188,10 @@ MemoryPlan plan_memory(const ModelArgs& args, const TrainingArgs& t, Device devi
   } else {
     plan.optimizer_bytes = 2 * 4 * plan.parameters;
   }
+  const std::string& strategy = t.data_parallel_sharding_strategy;
+  if (t.use_megatron_fsdp && (strategy == "optim_grads" || strategy == "optim_grads_params")) {
+    plan_fully_sharded(plan, args, strategy == "optim_grads" ? "ZeRO-2" : "ZeRO-3", recompute);
+  }
   plan.activations = estimate_activations(args, t.micro_batch_size, t.seq_length, compute_dtype, recompute);
   return plan;
 }
@@ -164,9 +219,17 @@ std::vector<std::string> format_memory_table(const MemoryPlan& p) {
       fmt::format("memory per device, estimated ({}: {} parameters; micro-batch {} x {} tokens, {} "
                   "activations, recompute {}):",
                   p.device, p.parameters, p.micro_batch_size, p.seq_length, act, p.recompute));
-  lines.push_back(row("parameters (fp32 master)", p.param_bytes));
-  if (p.compute_copy_bytes > 0) lines.push_back(row(fmt::format("compute copy ({})", act), p.compute_copy_bytes));
-  lines.push_back(row("gradients (fp32)", p.grad_bytes));
+  const std::string shard = fmt::format(", 1/{} shard", p.data_parallel_size);
+  if (!p.fully_sharded.empty()) {
+    lines.push_back(row(fmt::format("parameters (fp32 master{})", shard), p.param_bytes,
+                        fmt::format("(FSDP {})", p.fully_sharded)));
+    lines.push_back(row(fmt::format("weights ({}, gathered units)", act), p.compute_copy_bytes));
+    lines.push_back(row("gradients (fp32, shard + units)", p.grad_bytes));
+  } else {
+    lines.push_back(row("parameters (fp32 master)", p.param_bytes));
+    if (p.compute_copy_bytes > 0) lines.push_back(row(fmt::format("compute copy ({})", act), p.compute_copy_bytes));
+    lines.push_back(row("gradients (fp32)", p.grad_bytes));
+  }
   lines.push_back(row(p.sharded_optimizer ? fmt::format("optimizer state (AdamW, fp32, 1/{} shard)", p.data_parallel_size)
                                           : std::string("optimizer state (AdamW, fp32)"),
                       p.optimizer_bytes));

@@ -66,6 +66,10 @@ struct MemoryPlan {
   int64_t comm_bytes = 0;            // the distributed optimizer's staging buffer
   int64_t data_parallel_size = 1;
   bool sharded_optimizer = false;
+  // use_megatron_fsdp optim_grads / optim_grads_params: "ZeRO-2" / "ZeRO-3", else empty. Then param_bytes are
+  // the fp32 master shards, compute_copy_bytes the compute shards (bf16) plus the gathered units' weights held
+  // at once, grad_bytes the gradient shards plus the units' gradients held at once.
+  std::string fully_sharded;
   ActivationEstimate activations;
   int64_t device_total_bytes = 0;  // CUDA: as the driver reports it; 0 on the CPU
   int64_t device_free_bytes = 0;   // CUDA: free when the plan was made

@@ -218,11 +218,10 @@ int run_training(const ExperimentConfig& config, const RunOptions& options, std:
   Model& model = *model_owner;
   model.set_recompute(RecomputeConfig::from(t));
   const std::unique_ptr<DataParallel> dp = make_data_parallel(groups.dp, model, t);
-  AdamW optimizer(model.params(), AdamWConfig{t.adam_beta1, t.adam_beta2, t.adam_eps, t.weight_decay},
-                  dp->optimizer_ranges());
+  AdamW optimizer = make_optimizer(model, *dp, t);
   if (world->size() > 1) {
-    spdlog::info("distributed: rank {} of {} ({}), {}, {} optimizer", rank, world->size(), world->backend_name(),
-                 dims.describe(), dp->sharded() ? "distributed" : "replicated");
+    spdlog::info("distributed: rank {} of {} ({}), {}, {}", rank, world->size(), world->backend_name(),
+                 dims.describe(), data_parallel_description(t));
   }
   const LrSchedule schedule{t.lr, t.min_lr, t.lr_warmup_iters, t.lr_decay_iters, t.lr_decay_style};
 
@@ -244,7 +243,7 @@ int run_training(const ExperimentConfig& config, const RunOptions& options, std:
   } else {
     model.params().initialize(static_cast<uint64_t>(t.seed));
   }
-  model.weights_changed();
+  weights_ready(model, *dp);
   spdlog::info("model: {} layers, hidden {}, heads {}/{} (q/kv), head dim {}, ffn {}, vocab {}, {} parameters",
                model_args.num_layers, model_args.hidden_size, model_args.num_attention_heads,
                model_args.num_query_groups, model_args.kv_channels, model_args.ffn_hidden_size, model_args.vocab_size,
@@ -280,6 +279,7 @@ int run_training(const ExperimentConfig& config, const RunOptions& options, std:
     state.consumed_train_samples = loader.consumed_samples();
     state.optimizer_steps = optimizer.steps_taken();
     const Clock::time_point save_start = Clock::now();
+    dp->wait_for_communication();  // the save's collectives come after every queued one
     // Each data-parallel rank writes its shard in parallel; rank 0 commits once all are on disk (a world of one
     // writes the single-file format Hugging Face reads).
     const int64_t bytes = save_sharded_checkpoint(save_dir, model, optimizer, dp->shard_ranges(), dp->group(), state,

@@ -35,11 +35,12 @@ StepResult train_step(Model& model, AdamW& optimizer, DataParallel& dp, const st
     if (times != nullptr) marks.push_back(device.mark());
   };
   mark();
-  model.params().zero_grads();
+  dp.zero_grads();
   Tensor loss_sum = ops::zeros({1}, DType::kF32, model.device());  // summed on the device: no wait per micro-batch
   for (size_t i = 0; i < batches.size(); ++i) {
     const Batch& batch = batches[i];
     std::unique_ptr<MicroBatchContext> ctx;
+    dp.begin_micro_batch();
     {
       const ops::ProfileScope scope("forward");
       ctx = model.forward(ops::to_device(batch.tokens, model.device()), ops::to_device(batch.labels, model.device()),
@@ -51,9 +52,9 @@ StepResult train_step(Model& model, AdamW& optimizer, DataParallel& dp, const st
       // Only the backward that completes the accumulated gradients reduces them (Megatron's no_sync for the
       // micro-batches before it).
       const bool last = i + 1 == batches.size();
-      if (last) dp.before_last_backward();
-      model.backward(*ctx, last ? dp.grads_ready_hook() : GradsReadyFn());
-      if (last) dp.after_backward();
+      dp.before_backward(last);
+      model.backward(*ctx, dp.grads_ready_hook(last));
+      dp.after_backward(last);
     }
     mark();
   }
@@ -66,7 +67,8 @@ StepResult train_step(Model& model, AdamW& optimizer, DataParallel& dp, const st
     dp.sum_losses(loss_sum);
     result.loss = static_cast<double>(ops::to_device(loss_sum, kCpuDevice).f32()[0]) / static_cast<double>(counted);
     if (dp.sharded()) {
-      // Each rank updates its shards of the fp32 weights; the gathered weights then refresh the compute copy.
+      // Each rank updates its shards of the fp32 weights; the gathered weights then refresh the compute copy
+      // (FSDP gathers its units' compute weights itself).
       optimizer.step(model.params(), lr, clip.scale);
       dp.after_optimizer();
       model.weights_changed();
@@ -115,20 +117,50 @@ std::shared_ptr<Communicator> connect_world(const DistributedEnv& env, Device de
 std::unique_ptr<DataParallel> make_data_parallel(std::shared_ptr<Communicator> dp, Model& model,
                                                  const TrainingArgs& t) {
   const std::string& strategy = t.data_parallel_sharding_strategy;
-  if (t.use_megatron_fsdp && (strategy == "optim_grads" || strategy == "optim_grads_params")) {
-    throw UsageError(fmt::format("[config] data_parallel_sharding_strategy: {} is not implemented yet (gradients and "
-                                 "weights stay whole on every rank); use optim, or use_distributed_optimizer: true",
-                                 strategy));
-  }
-  if (t.overlap_param_gather) {
-    throw UsageError("[config] overlap_param_gather is not implemented yet: the distributed optimizer gathers the "
-                     "weights right after its step; set overlap_param_gather: false");
+  const bool fully_sharded = t.use_megatron_fsdp && (strategy == "optim_grads" || strategy == "optim_grads_params");
+  if (t.overlap_param_gather && !fully_sharded) {
+    throw UsageError("[config] overlap_param_gather is implemented for use_megatron_fsdp with "
+                     "data_parallel_sharding_strategy optim_grads or optim_grads_params only (the distributed "
+                     "optimizer's buckets gather right after its step); set overlap_param_gather: false or use FSDP");
   }
   DataParallelOptions options;
   options.distributed_optimizer = t.use_distributed_optimizer || (t.use_megatron_fsdp && strategy == "optim");
   options.overlap_grad_reduce = t.overlap_grad_reduce;
   options.bucket_size = ddp_bucket_size(t);
+  if (fully_sharded) {
+    options.fully_sharded = strategy == "optim_grads" ? FullyShardedDataParallel::Strategy::kOptimGrads
+                                                      : FullyShardedDataParallel::Strategy::kOptimGradsParams;
+    options.overlap_param_gather = t.overlap_param_gather;
+    options.units = model.param_units();
+    options.compute_dtype = model.compute_dtype();
+  }
   return std::make_unique<DataParallel>(std::move(dp), model.params(), options);
+}
+
+std::string data_parallel_description(const TrainingArgs& t) {
+  const std::string& strategy = t.data_parallel_sharding_strategy;
+  if (t.use_megatron_fsdp && strategy == "optim_grads") return "FSDP optim_grads (ZeRO-2)";
+  if (t.use_megatron_fsdp && strategy == "optim_grads_params") return "FSDP optim_grads_params (ZeRO-3)";
+  if (t.use_distributed_optimizer || (t.use_megatron_fsdp && strategy == "optim")) return "distributed optimizer";
+  return "replicated optimizer";
+}
+
+AdamW make_optimizer(Model& model, DataParallel& dp, const TrainingArgs& t) {
+  const AdamWConfig config{t.adam_beta1, t.adam_beta2, t.adam_eps, t.weight_decay};
+  FullyShardedDataParallel* fsdp = dp.fsdp();
+  if (fsdp == nullptr) return AdamW(model.params(), config, dp.optimizer_ranges());
+  return AdamW(model.params(), config, fsdp->owned(),
+               PackedShards{fsdp->owned_offsets(), fsdp->master_shards(), fsdp->grad_shards(), fsdp->compute_shards()});
+}
+
+void weights_ready(Model& model, DataParallel& dp) {
+  FullyShardedDataParallel* fsdp = dp.fsdp();
+  if (fsdp == nullptr) {
+    model.weights_changed();
+    return;
+  }
+  model.bind_units(fsdp->take_weights());
+  model.set_param_hooks(fsdp);
 }
 
 PackingOptions packing_options(const TrainingArgs& t, const Tokenizer& tokenizer) {

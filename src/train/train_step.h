@@ -49,9 +49,9 @@ StepResult train_step(Model& model, AdamW& optimizer, DataParallel& dp, const st
 double evaluate(Model& model, DataParallel& dp, const SampleSource& source, const TrainingArgs& t,
                 const PackingOptions& packing = {});
 
-// The data-parallel side of a run for `model`: the options of `t` (use_distributed_optimizer, FSDP's optim
-// strategy, overlap_grad_reduce, ddp_bucket_size) over the group `dp`. Throws UsageError naming a key the engine
-// does not implement yet (overlap_param_gather, the optim_grads and optim_grads_params strategies).
+// The data-parallel side of a run for `model`: the options of `t` (use_distributed_optimizer, use_megatron_fsdp
+// with data_parallel_sharding_strategy, overlap_grad_reduce, overlap_param_gather, ddp_bucket_size) over the group
+// `dp`. Throws UsageError for overlap_param_gather without a fully sharded strategy.
 // ddp_bucket_size as the config resolves it (Megatron-Core's max(40M, 1M × dp) when not given), also for
 // TrainingArgs built in code.
 int64_t ddp_bucket_size(const TrainingArgs& t);
@@ -62,6 +62,14 @@ std::shared_ptr<Communicator> connect_world(const DistributedEnv& env, Device de
 
 std::unique_ptr<DataParallel> make_data_parallel(std::shared_ptr<Communicator> dp, Model& model,
                                                  const TrainingArgs& t);
+// "distributed optimizer", "FSDP optim_grads (ZeRO-2)", ... for the log.
+std::string data_parallel_description(const TrainingArgs& t);
+// AdamW over the ranges `dp` gives this rank: everything, the distributed optimizer's shards, or FSDP's packed
+// shards (which then hold the fp32 master weights).
+AdamW make_optimizer(Model& model, DataParallel& dp, const TrainingArgs& t);
+// After the weights were initialised or loaded into the model's ParamStore: the compute copy is refreshed, or FSDP
+// takes the weights (freeing the flat buffers) and the model is bound to its units and hooks.
+void weights_ready(Model& model, DataParallel& dp);
 
 // The packing switches of `t` (reset_position_ids, reset_attention_mask, eod_mask_loss) with the tokenizer's EOD
 // id. Throws UsageError naming the key when one is on but the tokenizer has no EOD id.

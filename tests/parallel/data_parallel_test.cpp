@@ -2,7 +2,8 @@
 // torchrun's environment (as `primus-cli direct --nproc-per-node N` starts them), against one process at the
 // same global batch. Losses of every step, the evaluation loss and the parameters after the run must match one
 // rank's to fp32 rounding (relative 1e-5), for plain data parallelism, the distributed optimizer and FSDP's
-// optim strategy, with gradient accumulation and with bucketed reduction overlapped with backward.
+// optim, optim_grads (ZeRO-2) and optim_grads_params (ZeRO-3) strategies, with gradient accumulation, with
+// bucketed reduction overlapped with backward and with the weight gathers overlapped with forward.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -298,6 +299,61 @@ TEST_F(DataParallel, FsdpOptimStrategyEqualsOneRank) {
   check("fsdp_optim2", 2, {"use_megatron_fsdp=true", "data_parallel_sharding_strategy=optim", "overlap_grad_reduce=true"});
 }
 
+// ZeRO-2: gradients reduce-scattered per micro-batch into shards, fp32 master weights and moments sharded, the
+// weights gathered after each step while the next forward runs (overlap_param_gather).
+const std::vector<std::string> kZero2{"use_megatron_fsdp=true", "data_parallel_sharding_strategy=optim_grads",
+                                      "overlap_param_gather=true"};
+// ZeRO-3: also the blocks' weights sharded, gathered (one block ahead) before each use and freed after it.
+const std::vector<std::string> kZero3{"use_megatron_fsdp=true", "data_parallel_sharding_strategy=optim_grads_params"};
+
+std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// 2 ranks × 4 accumulated micro-batches of 1 (each one's reduce-scatter adds into the shards), and 4 ranks × 1.
+TEST_F(DataParallel, FsdpOptimGradsEqualsOneRank) {
+  check("zero2_2", 2, with(kZero2, {"micro_batch_size=1"}));
+  check("zero2_4", 4, kZero2);
+}
+
+// The units' sizes are not multiples of 4 or 3 (padded shards); full recompute gathers a block again inside
+// backward; a world of one is a real one-rank FSDP (and saves the single-file checkpoint from its shards).
+TEST_F(DataParallel, FsdpOptimGradsParamsEqualsOneRank) {
+  check("zero3_2", 2, with(kZero3, {"micro_batch_size=1", "overlap_param_gather=true"}));
+  check("zero3_4", 4, with(kZero3, {"recompute_granularity=full", "recompute_method=uniform", "recompute_num_layers=2"}));
+  check("zero3_1", 1, kZero3);
+}
+
+// A tied output layer reads and writes the embedding's unit in the loss's forward; 3 ranks pad every unit.
+TEST_F(DataParallel, FsdpWithTiedEmbeddingsOnThreeRanks) {
+  const std::vector<std::string> tied{"global_batch_size=12", "untie_embeddings_and_output_weights=false"};
+  Job one{testing::temp_dir("dp_tied1"), tied, 1};
+  run_job(one);
+  if (HasFatalFailure()) return;
+  const RunResult baseline = read_run(one.workspace);
+  for (const auto& [label, strategy] : {std::pair{"ZeRO-2", kZero2}, std::pair{"ZeRO-3", kZero3}}) {
+    Job three{testing::temp_dir(fmt::format("dp_tied3_{}", label)), with(tied, strategy), 3};
+    run_job(three);
+    if (HasFatalFailure()) return;
+    expect_same_run(baseline, read_run(three.workspace), fmt::format("tied embeddings, {} on 3 ranks", label));
+  }
+}
+
+// A ZeRO-3 checkpoint of 4 ranks resumes under ZeRO-2 on 2 ranks and replicated on 1, on the same curve.
+TEST_F(DataParallel, FsdpCheckpointResumesAtOtherLayouts) {
+  const std::vector<std::pair<int, std::vector<std::string>>> resumes{{2, kZero2}, {1, {}}};
+  for (const auto& [ranks, strategy] : resumes) {
+    Job first{testing::temp_dir(fmt::format("dp_fsdp_resume{}", ranks)), with(kZero3, {"train_iters=10"}), 4};
+    run_job(first);
+    if (HasFatalFailure()) return;
+    Job second{first.workspace, strategy, ranks};
+    run_job(second);
+    if (HasFatalFailure()) return;
+    expect_same_run(*baseline_, read_run(first.workspace), fmt::format("ZeRO-3 on 4 ranks, then {} ranks", ranks));
+  }
+}
+
 // A checkpoint saved by 4 ranks (sharded optimizer state) resumes on 2 ranks and on 1 and continues the same
 // curve: the resumed steps' losses equal the uninterrupted run's.
 TEST_F(DataParallel, CheckpointOf4RanksResumesOn2AndOn1) {
@@ -338,7 +394,8 @@ TEST_F(DataParallel, AnInterruptedSaveLeavesThePreviousCheckpoint) {
 
 // Settings that contradict the job exit 2 naming the key, before any rendezvous: a global batch that
 // micro_batch_size × dp does not divide (dp from WORLD_SIZE), a model-parallel size that does not divide WORLD_SIZE
-// (only 1 is implemented), a sharding strategy without FSDP, a ZeRO-3 strategy that is not implemented yet.
+// (only 1 is implemented), a sharding strategy without FSDP, overlap_param_gather with the distributed optimizer's
+// buckets.
 TEST(DataParallelConfig, InconsistentSettingsExitTwoNamingTheKey) {
   const std::string dir = testing::temp_dir("dp_bad");
   const std::string config = write_config(dir);
@@ -347,8 +404,6 @@ TEST(DataParallelConfig, InconsistentSettingsExitTwoNamingTheKey) {
       {"WORLD_SIZE=4 RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 tensor_model_parallel_size=2",
        "tensor_model_parallel_size"},
       {"WORLD_SIZE=1 data_parallel_sharding_strategy=optim", "use_megatron_fsdp"},
-      {"WORLD_SIZE=1 use_megatron_fsdp=true data_parallel_sharding_strategy=optim_grads_params",
-       "data_parallel_sharding_strategy"},
       {"WORLD_SIZE=1 use_distributed_optimizer=true overlap_param_gather=true", "overlap_param_gather"},
       {"WORLD_SIZE=two RANK=0", "WORLD_SIZE"},
   };
