@@ -167,6 +167,11 @@ ContainerCommand build_container_command(const ContainerRequest& request) {
   if (request.runtime.value != "podman" && request.runtime.value != "docker") {
     throw UsageError(fmt::format("{}: expected podman or docker", named(request.runtime)));
   }
+  const bool image_binary = request.binary.value == "image";
+  if (!image_binary && request.binary.value != "mounted") {
+    throw UsageError(fmt::format("{}: expected mounted (this primus-cli) or image (the image's own primus-cli)",
+                                 named(request.binary)));
+  }
   if (request.image.value.empty()) {
     throw UsageError(
         "container mode needs an image: give --image IMAGE, or container.options.image in the experiment config");
@@ -187,7 +192,9 @@ ContainerCommand build_container_command(const ContainerRequest& request) {
 
   ContainerCommand result;
   MountList mounts;
-  for (const std::string& path : request.program_paths) mounts.add_same_path(path, false, "program");
+  if (!image_binary) {
+    for (const std::string& path : request.program_paths) mounts.add_same_path(path, false, "program");
+  }
   mounts.add_same_path(request.working_dir, true, "working directory");
   for (const std::string& path : request.writable_paths) mounts.add_same_path(path, true, "run directory");
   for (const std::string& path : request.readable_paths) mounts.add_same_path(path, false, "config");
@@ -202,6 +209,8 @@ ContainerCommand build_container_command(const ContainerRequest& request) {
     env.emplace_back(name, value);
   };
   for (const auto& [name, value] : request.host_env) {
+    // The image's own primus-cli finds its own configs/ (its image sets PRIMUS_CONFIGS_DIR), not this machine's.
+    if (image_binary && name == "PRIMUS_CONFIGS_DIR") continue;
     if (is_forwarded(name)) set_env(name, value);
   }
   for (const SourcedValue& entry : request.env) {
@@ -270,7 +279,7 @@ ContainerCommand build_container_command(const ContainerRequest& request) {
   argv.push_back(request.image.value);
 
   // The command runs in direct mode inside; `direct [flags] -- command` is passed as it is.
-  argv.push_back(request.executable);
+  argv.push_back(image_binary ? "primus-cli" : request.executable);
   if (request.debug) argv.push_back("--debug");
   if (request.command.front() != "direct") argv.push_back("--");
   argv.insert(argv.end(), request.command.begin(), request.command.end());

@@ -32,6 +32,9 @@ struct ContainerRequest {
   std::vector<std::pair<std::string, SourcedValue>> options;  // run options from the config (ipc, device, ...)
 
   std::string container_name;
+  // "mounted" (default): `executable` runs in the container, mounted with `program_paths`; "image": the image's
+  // own primus-cli (from its PATH) runs, and nothing of this program is mounted.
+  SourcedValue binary{"mounted", "default"};
   std::string executable;                   // the running primus-cli, absolute; runs in the container
   std::vector<std::string> program_paths;   // the checkout, or the installed binary and its configs/: read-only
   std::string working_dir;                  // absolute; mounted read-write and the container's working dir
@@ -63,9 +66,9 @@ struct ContainerCommand {
 };
 
 // Validates and builds. Throws UsageError naming the flag or config key and the value: a runtime other than
-// podman or docker, a malformed image reference, a volume whose source does not exist or whose destination is
-// not absolute, unknown volume options, a bad variable name, `--env NAME` for a variable this environment
-// lacks, two mounts on one destination.
+// podman or docker, a binary other than mounted or image, a malformed image reference, a volume whose source does not
+// exist or whose destination is not absolute, unknown volume options, a bad variable name, `--env NAME` for a variable
+// this environment lacks, two mounts on one destination.
 ContainerCommand build_container_command(const ContainerRequest& request);
 
 // The same container, named NAME-probe, running `primus-cli --version` instead of the command: whether the binary

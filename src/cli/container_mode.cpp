@@ -279,11 +279,17 @@ void probe_image(const std::string& runtime_path, const ContainerRequest& reques
     throw RuntimeError(fmt::format("container: {} could not start a container from image {} (exit 125):\n{}", runtime,
                                    request.image.value, indented(probe.output)));
   }
+  if (request.binary.value == "image") {
+    throw RuntimeError(fmt::format(
+        "container: the image's own primus-cli (--binary image) could not run in image {} (exit {}):\n{}\n"
+        "  Is it an image built by docker/Dockerfile.cuda or docker/Dockerfile.rocm (primus-cli on its PATH)?",
+        request.image.value, code, indented(probe.output)));
+  }
   throw RuntimeError(fmt::format(
       "container: {} could not be executed in image {} (exit {}):\n{}\n"
-      "  It is mounted from this machine at the same path, so the image must hold its loader and shared libraries: "
-      "build the image with docker/Dockerfile.cuda or docker/Dockerfile.rocm (docs/containers.md), or mount "
-      "them with --volume.",
+      "  It is mounted from this machine at the same path, so the image must hold its loader and shared "
+      "libraries (an image of the distribution it was built on: docs/containers.md), or mount them with --volume; "
+      "or run the image's own primus-cli with --binary image.",
       request.executable, request.image.value, code, indented(probe.output)));
 }
 
@@ -393,12 +399,15 @@ int run_container_mode(const LaunchOptions& launch, const ContainerFlags& flags,
   } else {
     // Podman first: rootless, daemonless, and what HPC sites without Docker have.
     std::string found = !find_in_path("podman").empty() ? "podman" : !find_in_path("docker").empty() ? "docker" : "";
-    if (found.empty()) {
+    if (!found.empty()) {
+      request.runtime = {found, "PATH (podman, else docker)"};
+    } else if (launch.dry_run) {
+      request.runtime = {"podman", "the default; neither podman nor docker is in PATH"};
+    } else {
       throw UsageError(
-          "no container runtime: neither podman nor docker is in PATH (install Debian's podman, or "
-          "give --runtime podman|docker)");
+          "no container runtime: neither podman nor docker is in PATH (install Debian's podman, or give --runtime "
+          "podman|docker)");
     }
-    request.runtime = {found, "PATH (podman, else docker)"};
   }
   if (flags.image) {
     request.image = {*flags.image, "--image"};
@@ -407,6 +416,7 @@ int run_container_mode(const LaunchOptions& launch, const ContainerFlags& flags,
   } else {
     request.image = {"", "--image"};
   }
+  if (flags.binary) request.binary = {*flags.binary, "--binary"};
   request.volumes = section.volumes;
   for (const std::string& volume : flags.volumes) request.volumes.push_back({volume, "--volume"});
   request.env = section.env;
@@ -418,7 +428,11 @@ int run_container_mode(const LaunchOptions& launch, const ContainerFlags& flags,
   if (ec) throw RuntimeError(fmt::format("container: cannot resolve /proc/self/exe: {}", ec.message()));
   request.executable = executable.string();
   std::string checkout = find_checkout(executable);
-  request.program_paths = {checkout.empty() ? executable.string() : checkout, absolute(find_configs_dir())};
+  request.program_paths = {checkout.empty() ? executable.string() : checkout};
+  // The presets directory this binary reads (PRIMUS_CONFIGS_DIR, beside the binary, or the source tree's).
+  if (std::string configs = absolute(find_configs_dir()); fs::is_directory(configs, ec)) {
+    request.program_paths.push_back(configs);
+  }
   request.working_dir = fs::current_path().string();
   std::vector<std::string> made_dirs;
   if (plan.config) {

@@ -15,6 +15,7 @@ namespace primus::cli {
 struct ContainerFlags {
   std::optional<std::string> image;
   std::optional<std::string> runtime;
+  std::optional<std::string> binary;  // mounted | image
   std::vector<std::string> volumes;
   std::vector<std::string> env;
 };

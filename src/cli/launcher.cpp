@@ -97,6 +97,11 @@ CLI::App* add_container_mode(CLI::App& launcher, ContainerFlags& flags) {
                    "else docker)")
       ->type_name("NAME");
   container
+      ->add_option("--binary", flags.binary,
+                   "mounted: run this primus-cli, mounted from here (default); image: the image's own primus-cli "
+                   "(an image built by docker/Dockerfile.*, e.g. for a host of another distribution)")
+      ->type_name("mounted|image");
+  container
       ->add_option("--volume,-v", flags.volumes,
                    "Also mount SRC (a path here, made absolute) at DST, with OPTIONS such as ro; repeatable")
       ->type_name("SRC[:DST[:OPTIONS]]")

@@ -269,6 +269,20 @@ TEST(ContainerCommandTest, DebugAndAnInnerDirectLaunch) {
             "/src/primus/build/primus-cli --debug direct --nproc-per-node 2 -- train pretrain --config e.yaml");
 }
 
+TEST(ContainerCommandTest, TheImagesOwnBinaryMountsNothingOfThisProgram) {
+  ContainerRequest request = base_request();
+  request.binary = {"image", "--binary"};
+  ContainerCommand command = build_container_command(request);
+  EXPECT_EQ(values_of(command.argv, "--volume"),
+            (std::vector<std::string>{"/work/job:/work/job:rw", "/scratch/runs/exp:/scratch/runs/exp:rw"}));
+  auto image = std::find(command.argv.begin(), command.argv.end(), "localhost/primus:cpu");
+  ASSERT_NE(image, command.argv.end());
+  EXPECT_EQ(joined({image + 1, command.argv.end()}), "primus-cli -- train pretrain --config configs/exp.yaml");
+  EXPECT_EQ(probe_argv(command).back(), "--version");
+  request.binary = {"host", "--binary"};
+  EXPECT_CONTAINS(usage_error(request), "--binary 'host': expected mounted (this primus-cli) or image");
+}
+
 TEST(ContainerCommandTest, RuntimeAndImageAreChecked) {
   ContainerRequest request = base_request();
   request.runtime = {"lxc", "--runtime"};

@@ -8,15 +8,18 @@
 // containers here (not root, not installed, the runtime fails). The checks that need no Podman (bad runtime,
 // runtime not installed, secrets in a dry run) are ContainerModeTest and always run.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <array>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <regex>
 #include <set>
+#include <thread>
 
 #include "support/cli_process.h"
 #include "support/test_support.h"
@@ -214,6 +217,30 @@ TEST_F(ContainerPodmanTest, TinyJobTrainsInsideTheImageAndWritesItsRunDirectoryT
   EXPECT_EQ(logged_steps(run_dir / "metrics.jsonl"), (std::vector<int>{1, 2, 3, 4}));
   EXPECT_TRUE(fs::exists(run_dir / "config.yaml"));
   EXPECT_TRUE(fs::is_directory(run_dir / "checkpoints"));
+}
+
+TEST_F(ContainerPodmanTest, SigtermReachesTheTrainerInTheContainerWhichCheckpointsAndExits143) {
+  const std::string dir = case_dir_;
+  pid_t pid =
+      testing::spawn_cli({"container", "--image", image_, "--volume", "/usr:/usr:ro", "--env", "OMP_NUM_THREADS=1",
+                          "--", "train", "pretrain", "--config", kTinyConfig, "exp_name=stopped", "train_iters=100000",
+                          "eval_interval=100000", "save_interval=100000", "sample_length=0"},
+                         dir);
+  ASSERT_GT(pid, 0);
+  // Bounded wait for the first logged step: the trainer is running inside the container then.
+  const fs::path run_dir = fs::path(workspace_) / "stopped";
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+  while (logged_steps(run_dir / "metrics.jsonl").empty() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  bool started = !logged_steps(run_dir / "metrics.jsonl").empty();
+  ::kill(pid, SIGTERM);
+  CliResult result = testing::wait_cli(pid, dir);
+  ASSERT_TRUE(started) << "no step within 90 s:\n" << result.err;
+  EXPECT_EQ(result.exit_code, 128 + SIGTERM) << result.err;
+  // One signal, forwarded once: the trainer saved a checkpoint after its current step.
+  EXPECT_TRUE(fs::exists(run_dir / "checkpoints" / "latest_checkpointed_iteration.txt")) << result.err;
+  EXPECT_CONTAINS(result.err, "container: stopped by signal 15");
 }
 
 TEST_F(ContainerPodmanTest, TheConfigsContainerSectionSuppliesImageVolumesAndEnvAndSecretsStayMasked) {
