@@ -9,6 +9,7 @@
 // runtime not installed, secrets in a dry run) are ContainerModeTest and always run.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <array>
@@ -75,8 +76,25 @@ std::vector<int> logged_steps(const fs::path& metrics) {
   return steps;
 }
 
+// Waits for a primus-cli started by spawn_cli at most timeout_s, then kills it (its runtime gets SIGTERM through
+// PR_SET_PDEATHSIG and stops the container) and fails the test.
+CliResult wait_bounded(pid_t pid, const std::string& dir, int timeout_s = 120) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+  siginfo_t info{};
+  while (pid > 0 && std::chrono::steady_clock::now() < deadline) {
+    info.si_pid = 0;
+    if (::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == pid) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (pid > 0 && info.si_pid != pid) {
+    ::kill(pid, SIGKILL);
+    ADD_FAILURE() << "primus-cli did not finish within " << timeout_s << " s; killed";
+  }
+  return testing::wait_cli(pid, dir);
+}
+
 CliResult run_cli_in(const std::vector<std::string>& args, const std::string& dir) {
-  return testing::wait_cli(testing::spawn_cli(args, dir), dir);
+  return wait_bounded(testing::spawn_cli(args, dir), dir);
 }
 
 // ---- Podman suite ------------------------------------------------------------------------------------------
@@ -118,8 +136,9 @@ class ContainerPodmanTest : public ::testing::Test {
     std::ofstream(rootfs / "etc/passwd") << "root:x:0:0:root:/root:/bin/sh\n";
     std::ofstream(rootfs / "etc/group") << "root:x:0:\n";
     // Debian's /usr/lib links some libraries (OpenBLAS) through /etc/alternatives; the loader's cache helps too.
-    Shell tar = shell("tar -C '" + rootfs.string() + "' -cf '" + dir_ + "/rootfs.tar' . && tar -C / -rf '" + dir_ +
-                      "/rootfs.tar' etc/alternatives etc/ld.so.cache");
+    Shell tar =
+        shell("timeout 60 tar -C '" + rootfs.string() + "' -cf '" + dir_ +
+              "/rootfs.tar' . && timeout 60 tar -C / -rf '" + dir_ + "/rootfs.tar' etc/alternatives etc/ld.so.cache");
     if (tar.code != 0) {
       skip_reason_ = "cannot pack the test image's root file system: " + tar.output;
       return;
@@ -235,7 +254,7 @@ TEST_F(ContainerPodmanTest, SigtermReachesTheTrainerInTheContainerWhichCheckpoin
   }
   bool started = !logged_steps(run_dir / "metrics.jsonl").empty();
   ::kill(pid, SIGTERM);
-  CliResult result = testing::wait_cli(pid, dir);
+  CliResult result = wait_bounded(pid, dir);
   ASSERT_TRUE(started) << "no step within 90 s:\n" << result.err;
   EXPECT_EQ(result.exit_code, 128 + SIGTERM) << result.err;
   // One signal, forwarded once: the trainer saved a checkpoint after its current step.
