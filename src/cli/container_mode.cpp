@@ -376,7 +376,64 @@ void print_plan(const std::string& runtime_path, const ContainerRequest& request
   std::fflush(stdout);
 }
 
+constexpr const char* kContainerFooter =
+    R"(The command runs in direct mode inside IMAGE, through `podman run` or `docker run` (--rm, --pull never,
+--network host, --ipc host), with these mounted at the same path: the checkout this primus-cli was built in
+(read-only; for an installed binary, the binary and its configs/; nothing with --binary image, which runs the
+image's own primus-cli), the working directory (read-write, and the container's working directory), the run
+directory <workspace>/<exp_name> of the command's config (read-write, created first), the config file's
+folder (read-only), and each --volume. GPUs: NVIDIA through
+CDI (--device nvidia.com/gpu=all) when a CDI spec names nvidia.com/gpu, else --gpus all; AMD: /dev/kfd and
+/dev/dri. Variables PRIMUS_*, NCCL_*, RCCL_*, GLOO_*, CUDA/HIP/ROCR_VISIBLE_DEVICES, NNODES, NODE_RANK,
+MASTER_ADDR, MASTER_PORT and OMP_NUM_THREADS are passed on; then the config's container env, then --env.
+Values of variables named *TOKEN*, *KEY*, *SECRET*, *PASSWORD* are passed by name (never on a command line)
+and shown as *** in logs and dry runs. The command is checked (and its config validated) here first. The image
+must exist here: primus-cli never pulls. Before the command, `primus-cli --version` runs in the same setup to
+check that the binary starts in the image.
+Settings may come from the experiment config's container: section (runtime; options.image, options.volume,
+options.env, ...); the flags win (--volume and --env add to the config's).
+
+Exit codes: the command's own code from the container; 2 bad flags, config, image name, an image or
+runtime that is not here; 3 the runtime failed (could not start the container or run primus-cli in it).
+
+Examples:
+  primus-cli container --image localhost/primus:cuda -- train pretrain --config exp.yaml
+  primus-cli container --image localhost/primus:cuda --volume /data:/data:ro --env HF_TOKEN -- train pretrain --config exp.yaml
+  primus-cli --dry-run container --runtime docker --image primus:rocm -- train pretrain --config exp.yaml
+  primus-cli container --image localhost/primus:cuda -- direct --nproc-per-node 8 -- train pretrain --config exp.yaml)";
+
 }  // namespace
+
+CLI::App* add_container_mode(CLI::App& launcher, ContainerFlags& flags) {
+  CLI::App* container = launcher.add_subcommand(
+      "container", "Run the command inside a podman or docker container image (direct mode inside)");
+  container->add_option("--image", flags.image, "Image to run (default: container.options.image of the config)")
+      ->type_name("IMAGE");
+  container
+      ->add_option("--runtime", flags.runtime,
+                   "podman or docker (default: container.runtime of the config, else podman when installed, "
+                   "else docker)")
+      ->type_name("NAME");
+  container
+      ->add_option("--binary", flags.binary,
+                   "mounted: run this primus-cli, mounted from here (default); image: the image's own primus-cli "
+                   "(an image built by docker/Dockerfile.*, e.g. for a host of another distribution)")
+      ->type_name("mounted|image");
+  container
+      ->add_option("--volume,-v", flags.volumes,
+                   "Also mount SRC (a path here, made absolute) at DST, with OPTIONS such as ro; repeatable")
+      ->type_name("SRC[:DST[:OPTIONS]]")
+      ->allow_extra_args(false);
+  container
+      ->add_option("--env,-e", flags.env,
+                   "Set NAME in the container (NAME alone: this environment's value); repeatable; wins over the "
+                   "config's")
+      ->type_name("NAME[=VALUE]")
+      ->allow_extra_args(false);
+  container->fallthrough();  // global flags may follow the mode
+  container->footer(kContainerFooter);
+  return container;
+}
 
 void apply_flag_env(const ContainerFlags& flags) {
   for (const std::string& entry : flags.env) {

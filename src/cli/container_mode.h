@@ -20,6 +20,9 @@ struct ContainerFlags {
   std::vector<std::string> env;
 };
 
+// Registers the `container` mode and its flags (--image, --runtime, --binary, --volume, --env) on the launcher.
+CLI::App* add_container_mode(CLI::App& launcher, ContainerFlags& flags);
+
 // Runs `command` (the words after `--`) in the container and returns the exit code: the command's own code
 // from inside the container; 3 when the runtime fails (cannot start the container, cannot run primus-cli in
 // the image, killed); 128+N when SIGINT/SIGTERM stopped it (they are forwarded to the container once each).
