@@ -11,5 +11,6 @@ ctest --test-dir build --output-on-failure -j"$(nproc)"
 # Bad configs and bad arguments must fail cleanly under the sanitizers too.
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DPRIMUS_WERROR=ON \
   -DPRIMUS_SANITIZE=address,undefined -DPRIMUS_CUDA=OFF >/dev/null
-cmake --build build-asan -j"$(nproc)" --target primus-cli config_errors_test config_load_test config_overrides_test cli_test
+cmake --build build-asan -j"$(nproc)" --target primus-cli config_errors_test config_load_test config_overrides_test cli_test \
+  config_container_test
 ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure -R '^(Config|Cli)' -j"$(nproc)"

@@ -4,9 +4,11 @@
 
 #include <CLI/CLI.hpp>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "config/experiment.h"
 #include "core/error.h"
 
 namespace primus {
@@ -21,6 +23,15 @@ class NotImplementedError : public UsageError {
   using UsageError::UsageError;
 };
 
+// What a command's dry run found. Container mode runs the command's dry run on this machine before it starts
+// a container (validating the command and its config early, and learning the run directory to mount); the
+// dry run then records here, and prints its report only when `print` is set (a --dry-run of the container).
+struct CommandPlan {
+  std::string config_path;                 // empty: the command takes no experiment config
+  std::optional<ExperimentConfig> config;  // the loaded config, when there is one
+  bool print = true;
+};
+
 // Everything given before `--`: global flags and the launch mode with its flags.
 struct LaunchOptions {
   std::string mode = "direct";  // direct | container | slurm
@@ -28,6 +39,7 @@ struct LaunchOptions {
   bool debug = false;
   std::string log_file;                    // direct mode: tee log output here too; empty: console only
   std::vector<std::string> command_words;  // the command after `--`, for the dry-run report
+  CommandPlan* plan = nullptr;             // set by container mode: print_dry_run records into it
 };
 
 // The work a parsed command will do, run after parsing so that parse errors and command errors stay apart.

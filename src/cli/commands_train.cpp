@@ -7,6 +7,7 @@
 
 #include "cli/cli.h"
 #include "config/config.h"
+#include "core/secrets.h"
 #include "train/pretrain.h"
 #include "train/signals.h"
 
@@ -32,9 +33,10 @@ void apply_config_env(const ExperimentConfig& config) {
   for (const auto& [key, value] : config.env) {
     const char* previous = std::getenv(key.c_str());
     if (previous != nullptr && value != previous) {
-      spdlog::info("env: {}={} (from the config; the shell had {})", key, value, previous);
+      spdlog::info("env: {}={} (from the config; the shell had {})", key, shown_value(key, value),
+                   shown_value(key, previous));
     } else {
-      spdlog::debug("env: {}={}", key, value);
+      spdlog::debug("env: {}={}", key, shown_value(key, value));
     }
     if (::setenv(key.c_str(), value.c_str(), /*overwrite=*/1) != 0) {
       throw UsageError(

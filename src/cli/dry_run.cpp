@@ -5,7 +5,9 @@
 #include <cstdio>
 
 #include "cli/cli.h"
+#include "cli/container_command.h"
 #include "config/config.h"
+#include "core/secrets.h"
 
 namespace primus::cli {
 namespace {
@@ -59,17 +61,22 @@ std::string describe_checkpoints(const ExperimentConfig& config) {
 
 void print_dry_run(const LaunchOptions& launch, const std::string& config_path,
                    const std::vector<std::string>& overrides, const LoadedConfig* loaded) {
+  if (launch.plan != nullptr) {
+    launch.plan->config_path = config_path;
+    if (loaded != nullptr) launch.plan->config = loaded->config;
+    if (!launch.plan->print) return;
+  }
   fmt::print("primus-cli dry run: nothing was started\n");
   line("mode", launch.mode);
-  line("command", join(launch.command_words, " "));
+  line("command", shown_command_line(launch.command_words));
   if (!config_path.empty()) line("config", config_path + (loaded != nullptr ? " (valid)" : ""));
-  if (!config_path.empty()) line("overrides", overrides.empty() ? "none" : join(overrides, " "));
+  if (!config_path.empty()) line("overrides", overrides.empty() ? "none" : shown_command_line(overrides));
   line("log file", launch.log_file.empty() ? "none (console only)" : launch.log_file + " (not created in a dry run)");
   if (loaded == nullptr) return;
   const ExperimentConfig& config = loaded->config;
   line("run dir", config.run_dir());
   std::vector<std::string> env;
-  for (const auto& [key, value] : config.env) env.push_back(key + "=" + value);
+  for (const auto& [key, value] : config.env) env.push_back(key + "=" + shown_value(key, value));
   line("env", env.empty() ? "none" : join(env, " "));
   line("model", describe_model(config.model));
   line("training", describe_schedule(config.train));

@@ -3,7 +3,7 @@
 // parser (train, config, data, benchmark, report). Two parsers rather than one because CLI11 treats `--` as
 // "positionals follow", which would swallow the command. This file also owns the mapping from exceptions to
 // exit codes, and hands a multi-process direct launch over to the worker pool (worker_pool.h) once the command
-// has parsed.
+// has parsed, and a container launch to container_mode.h once the command has been checked here.
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -13,6 +13,7 @@
 #include <optional>
 
 #include "cli/cli.h"
+#include "cli/container_mode.h"
 #include "cli/launch_layout.h"
 #include "cli/worker_pool.h"
 #include "core/error.h"
@@ -58,6 +59,8 @@ Examples:
   primus-cli direct --nnodes 2 --node-rank 1 --master-addr 10.0.0.1 -- train pretrain --config exp.yaml
   primus-cli --dry-run direct --nproc-per-node 2 -- benchmark train --config exp.yaml
   primus-cli --debug direct --log-file out/run.log -- train pretrain --config exp.yaml)";
+
+constexpr const char* kContainerHelp = "primus-cli container --help";
 
 // The direct-mode options that take a value, in both spellings (ours and torchrun's).
 bool takes_value(const std::string& word) {
@@ -192,18 +195,20 @@ bool command_uses_devices(const CLI::App& commands) {
   return name == "train" || name == "benchmark";
 }
 
-int run_command(const LaunchOptions& launch, const LaunchRequest& request, const std::vector<std::string>& words) {
-  CLI::App commands{"The commands of primus-cli, given after `--`.", "primus-cli --"};
+// The parser of the words after `--`: every command family under one root.
+void add_commands(CLI::App& commands, const LaunchOptions& launch, Action& action) {
   commands.require_subcommand(1);
   commands.footer(kLauncherFooter);
-  Action action;
   add_train_commands(commands, launch, action);
   add_config_commands(commands, launch, action);
   add_data_commands(commands, launch, action);
   add_benchmark_commands(commands, launch, action);
   add_report_commands(commands, launch, action);
   add_checkpoint_commands(commands, launch, action);
+}
 
+// Parses the command words; an exit code when they do not parse, or asked for help (then printed).
+std::optional<int> parse_command(CLI::App& commands, const std::vector<std::string>& words) {
   if (words.empty()) {
     print_usage_error("no command given (for example: primus-cli -- train pretrain --config exp.yaml)",
                       "primus-cli --help");
@@ -218,6 +223,14 @@ int run_command(const LaunchOptions& launch, const LaunchRequest& request, const
   } catch (const CLI::ParseError& error) {
     return handle_parse_error(commands, error, "primus-cli --");
   }
+  return std::nullopt;
+}
+
+int run_command(const LaunchOptions& launch, const LaunchRequest& request, const std::vector<std::string>& words) {
+  CLI::App commands{"The commands of primus-cli, given after `--`.", "primus-cli --"};
+  Action action;
+  add_commands(commands, launch, action);
+  if (auto code = parse_command(commands, words)) return *code;
 
   try {
     // A dry run creates no files, so the log file is opened only for a real run.
@@ -265,6 +278,48 @@ int run_command(const LaunchOptions& launch, const LaunchRequest& request, const
   }
 }
 
+// Container mode: the command is parsed and dry-run here first (bad arguments and configs exit 2 before any
+// container starts, and its config tells the run directory to mount), then runs in the container.
+int run_container(const LaunchOptions& launch, const ContainerFlags& flags, const std::vector<std::string>& words) {
+  setup_logging(launch.debug, "");
+  // `direct [flags] -- command` runs as it is inside; the command after its `--` is what is checked here.
+  std::vector<std::string> checked = words;
+  if (!words.empty() && words.front() == "direct") {
+    auto separator = std::find(words.begin() + 1, words.end(), "--");
+    if (separator == words.end()) {
+      print_usage_error("container: after 'direct' and its flags, give -- and the command", kContainerHelp);
+      return kExitUsage;
+    }
+    checked.assign(separator + 1, words.end());
+  }
+  apply_flag_env(flags);
+  CommandPlan plan;
+  plan.print = launch.dry_run;
+  LaunchOptions check = launch;
+  check.dry_run = true;
+  check.plan = &plan;
+  CLI::App commands{"The commands of primus-cli, given after `--`.", "primus-cli --"};
+  Action action;
+  add_commands(commands, check, action);
+  if (auto code = parse_command(commands, checked)) return *code;
+  try {
+    int code = action();
+    if (code != kExitOk) return code;
+  } catch (const NotImplementedError& error) {
+    report_error(error.what());
+    return error.exit_code();
+  } catch (const UsageError& error) {
+    print_usage_error(error.what(), deepest_command(commands, "primus-cli --").words + " --help");
+    return error.exit_code();
+  }
+  try {
+    return run_container_mode(launch, flags, plan, words);
+  } catch (const UsageError& error) {
+    print_usage_error(error.what(), kContainerHelp);
+    return error.exit_code();
+  }
+}
+
 }  // namespace
 
 int run_cli(int argc, char** argv) {
@@ -308,32 +363,32 @@ int run_cli(int argc, char** argv) {
       ->type_name("P");
   direct->fallthrough();  // global flags may follow the mode
   direct->footer(kDirectFooter);
-  CLI::App* container =
-      launcher.add_subcommand("container", "Run the command in a Docker/Podman container (not implemented yet)");
+  ContainerFlags container_flags;
+  CLI::App* container = add_container_mode(launcher, container_flags);
   CLI::App* slurm =
       launcher.add_subcommand("slurm", "Run the command on Slurm nodes through srun/sbatch (not implemented yet)");
-  for (CLI::App* pending : {container, slurm}) {
-    pending->footer(
-        "Not implemented yet: run the command in direct mode, e.g. primus-cli direct -- train pretrain "
-        "--config exp.yaml");
-    pending->allow_extras();
-    pending->prefix_command();
-  }
+  slurm->footer(
+      "Not implemented yet: run the command in direct mode, e.g. primus-cli direct -- train pretrain "
+      "--config exp.yaml");
+  slurm->allow_extras();
+  slurm->prefix_command();
 
   try {
     launcher.parse(reversed(split.launcher));
   } catch (const CLI::ParseError& error) {
     return handle_parse_error(launcher, error, "primus-cli");
   }
-  for (CLI::App* pending : {container, slurm}) {
-    if (pending->parsed()) {
-      report_error(pending->get_name() + " mode is not implemented yet; use direct");
-      return kExitUsage;
-    }
+  if (slurm->parsed()) {
+    report_error("slurm mode is not implemented yet; use direct");
+    return kExitUsage;
   }
   launch.command_words = split.command;
 
   try {
+    if (container->parsed()) {
+      launch.mode = "container";
+      return run_container(launch, container_flags, split.command);
+    }
     return run_command(launch, request, split.command);
   } catch (const Error& error) {
     report_error(error.what());

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -100,6 +101,26 @@ struct TrainingArgs {
   std::string sample_prompt;
 };
 
+// One value of the `container:` section with where it was written ("exp.yaml:12: container.options.image"),
+// so that `primus-cli container` can name it when it rejects the value.
+struct SourcedValue {
+  std::string value;
+  std::string where;
+};
+
+// The `container:` section, as Primus's launcher YAML writes it (`container.options.image`, `.volume`,
+// `.env`, and run options such as `ipc`, `network`, `device`), plus `container.runtime`. Read by
+// `primus-cli container`, where the command-line flags win; ignored by the other modes.
+struct ContainerSettings {
+  std::optional<SourcedValue> image;
+  std::optional<SourcedValue> runtime;  // podman | docker (checked by the container mode)
+  std::vector<SourcedValue> volumes;    // "SRC[:DST[:OPTIONS]]"
+  std::vector<SourcedValue> env;        // "NAME=VALUE", or "NAME" for the host's value
+  // Further `podman|docker run` options, in file order: ("ipc", "host"), ("device", "/dev/infiniband"),
+  // ("privileged", "") for a flag that takes no value.
+  std::vector<std::pair<std::string, SourcedValue>> options;
+};
+
 struct ExperimentConfig {
   std::string source_path;             // the experiment file as given
   std::string work_group;
@@ -107,6 +128,7 @@ struct ExperimentConfig {
   std::string exp_name;
   std::string workspace;
   std::map<std::string, std::string> env;  // applied to the process environment before the run
+  ContainerSettings container;             // for `primus-cli container`
   std::string module_name;             // "pre_trainer"
   std::string framework;               // "megatron"
   ModelArgs model;

@@ -6,6 +6,7 @@
 
 #include "config/loader_steps.h"
 #include "core/error.h"
+#include "core/secrets.h"
 
 namespace primus {
 
@@ -109,7 +110,7 @@ void read_top_level(const ConfigNode& root, ExperimentConfig& config, std::vecto
                    fmt::format("expected a scalar value (write \"\" for an empty string), got {}", value.kind_name()));
     }
     config.env[name] = value.text;
-    entries.push_back({"env." + name, yaml_string(value.text), value.origin.source()});
+    entries.push_back({"env." + name, yaml_string(shown_value(name, value.text)), value.origin.source()});
   }
 }
 
@@ -198,6 +199,7 @@ LoadedConfig load_experiment_config(const std::string& path, const std::vector<s
   ConfigNode root = load_config_file(path, Origin{OriginKind::kDefault, "", 0, "experiment file"});
   for (const std::string& o : overrides) apply_override(root, o);
   read_top_level(root, cfg, loaded.entries);
+  read_container_section(root, cfg.container, loaded.entries);
 
   const ConfigNode& module = find_module(root);
   const ConfigNode* framework = module.find("framework");

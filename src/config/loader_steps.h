@@ -18,6 +18,10 @@ using ModuleKeys = std::vector<ModuleKey>;
 // <configs>/models/<name>[.yaml]. The error lists the available presets.
 std::filesystem::path find_model_preset(const ConfigNode& model);
 
+// Reads the optional `container:` section (keys at its top or under `options:`, as Primus writes them) and
+// appends one entry per value, secrets in `env` masked.
+void read_container_section(const ConfigNode& root, ContainerSettings& settings, std::vector<ConfigEntry>& entries);
+
 // Checks between keys (divisibility, ordering, data source). `module_origin` locates keys that kept defaults.
 void check_module_keys(const ModuleKeys& keys, const Origin& module_origin);
 

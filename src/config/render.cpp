@@ -6,10 +6,54 @@
 #include <cctype>
 
 #include "config/loader_steps.h"
+#include "core/secrets.h"
 
 namespace primus {
 
 namespace config {
+namespace {
+
+// The container: section in the shape Primus writes it (everything under options:), secret values masked.
+std::string render_container_section(const ContainerSettings& container) {
+  std::string out;
+  if (container.runtime) out += fmt::format("  runtime: {}\n", yaml_string(container.runtime->value));
+  std::string options;
+  if (container.image) options += fmt::format("    image: {}\n", yaml_string(container.image->value));
+  if (!container.volumes.empty()) {
+    options += "    volume:\n";
+    for (const SourcedValue& volume : container.volumes)
+      options += fmt::format("      - {}\n", yaml_string(volume.value));
+  }
+  if (!container.env.empty()) {
+    options += "    env:\n";
+    for (const SourcedValue& entry : container.env) {
+      size_t equals = entry.value.find('=');
+      std::string name = entry.value.substr(0, equals);
+      std::string shown =
+          equals == std::string::npos ? name : name + "=" + shown_value(name, entry.value.substr(equals + 1));
+      options += fmt::format("      - {}\n", yaml_string(shown));
+    }
+  }
+  // A repeated option (device, cap-add, ...) was a list: written back as one.
+  std::vector<std::pair<std::string, std::vector<std::string>>> grouped;
+  for (const auto& [name, option] : container.options) {
+    auto same = std::find_if(grouped.begin(), grouped.end(), [&](const auto& group) { return group.first == name; });
+    if (same == grouped.end()) same = grouped.insert(grouped.end(), {name, {}});
+    same->second.push_back(option.value.empty() ? "true" : yaml_string(option.value));
+  }
+  for (const auto& [name, values] : grouped) {
+    if (values.size() == 1) {
+      options += fmt::format("    {}: {}\n", name, values.front());
+      continue;
+    }
+    options += fmt::format("    {}:\n", name);
+    for (const std::string& value : values) options += fmt::format("      - {}\n", value);
+  }
+  if (!options.empty()) out += "  options:\n" + options;
+  return out.empty() ? "" : "container:\n" + out;
+}
+
+}  // namespace
 
 std::string render_effective_yaml(const ExperimentConfig& config, const ModuleKeys& keys) {
   std::string out = fmt::format(
@@ -24,8 +68,11 @@ std::string render_effective_yaml(const ExperimentConfig& config, const ModuleKe
     out += "env: {}\n";
   } else {
     out += "env:\n";
-    for (const auto& [name, value] : config.env) out += fmt::format("  {}: {}\n", name, yaml_string(value));
+    for (const auto& [name, value] : config.env) {
+      out += fmt::format("  {}: {}\n", name, yaml_string(shown_value(name, value)));
+    }
   }
+  out += render_container_section(config.container);
   out += fmt::format("modules:\n  {}:\n    framework: {}\n    overrides:\n", config.module_name,
                      yaml_string(config.framework));
   for (KeyGroup group : {KeyGroup::kModel, KeyGroup::kTraining}) {
@@ -131,7 +178,8 @@ modules:
 | `user_name` | string | `""` | informational |
 | `exp_name` | string | required | a single directory name |
 | `workspace` | string | `./output` | parent of the run directory |
-| `env` | map of scalars | `{}` | environment variables for the run |
+| `env` | map of scalars | `{}` | environment variables for the run; names containing TOKEN, KEY, SECRET or PASSWORD are shown as `***` by `config show`, dry runs and the run's `config.yaml` |
+| `container` | map | none | for `primus-cli container` (flags win): `runtime` (podman or docker) and, at its top or under `options:` as Primus writes them, `image`, `volume` (list of `SRC[:DST[:ro]]`), `env` (list of `NAME=VALUE`, or a map) and the run options `ipc`, `network`, `shm-size`, `cpus`, `memory`, `device`, `cap-add`, `security-opt`, `ulimit`, `group-add`, `gpus`, `privileged`; see docs/cli.md |
 | `modules` | map | required | holds `pre_trainer` (`post_trainer` is not supported yet) |
 | `modules.pre_trainer.framework` | string | required | `megatron` |
 | `modules.pre_trainer.model` | string | none | model preset: a path relative to the file naming it, else `<configs>/models/<name>[.yaml]` |
