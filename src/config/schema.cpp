@@ -680,8 +680,8 @@ std::vector<KeySpec> build_specs() {
        .type = kBool,
        .group = kTraining,
        .default_yaml = "false",
-       .help = "With use_distributed_optimizer: all-gather the updated weights bucket by bucket on the "
-               "communication stream; the next forward waits only for what it reads first.",
+       .help = "With use_distributed_optimizer (or FSDP): all-gather the updated weights on the communication "
+               "stream after the optimizer step while the next forward runs; each layer waits only for its own.",
        .apply = train_field<&TrainingArgs::overlap_param_gather>},
       {.name = "ddp_bucket_size",
        .type = kInt,

@@ -102,15 +102,6 @@ CommStream::Ticket CommStream::launch(std::string name, std::function<void(Strea
   return ticket;
 }
 
-void CommStream::run_in_order(const std::function<void()>& collective) {
-  if (!host_) {
-    collective();
-    return;
-  }
-  host_->wait(host_->submit(collective));
-  release_finished();
-}
-
 void CommStream::wait(const Ticket& ticket) {
   if (host_) {
     host_->wait(ticket.host);

@@ -63,9 +63,6 @@ class CommStream {
   // Queues `collective` (given the stream to run on) after the compute work queued so far. `name` labels it on a
   // profile's communication track.
   Ticket launch(std::string name, std::function<void(Stream)> collective);
-  // Runs a collective of the caller's now, after those launched so far: on a host communicator it goes through the
-  // same thread, since Gloo takes one calling thread at a time and every rank must see collectives in one order.
-  void run_in_order(const std::function<void()>& collective);
   // Compute work queued from now on (and, for the host, the caller) waits for the ticket's collective.
   void wait(const Ticket& ticket);
   // ... for every collective launched so far.

@@ -10,26 +10,21 @@ namespace primus {
 
 namespace {
 
-// A host value summed (or maxed) over the group through a one-element tensor on the group's device, in order
-// with the collectives queued on `comm` (FSDP's, when there is one).
+// A host value summed (or maxed) over the group through a one-element tensor on the group's device.
 template <typename T>
-T all_reduce_value(Communicator& group, CommStream* comm, T value, ReduceOp op) {
+T all_reduce_value(Communicator& group, T value, ReduceOp op) {
   constexpr DType dtype = sizeof(T) == 8 ? DType::kI64 : DType::kF32;
   Tensor host = Tensor::empty({1}, dtype);
   *static_cast<T*>(host.data()) = value;
   Tensor buf = ops::to_device(host, group.device());
-  if (comm != nullptr) {
-    comm->run_in_order([&] { group.all_reduce(buf, op); });
-  } else {
-    group.all_reduce(buf, op);
-  }
+  group.all_reduce(buf, op);
   return *static_cast<const T*>(ops::to_device(buf, kCpuDevice).data());
 }
 
 }  // namespace
 
 DataParallel::DataParallel(std::shared_ptr<Communicator> dp, ParamStore& params, DataParallelOptions options)
-    : dp_(std::move(dp)), params_(params), options_(std::move(options)) {
+    : dp_(std::move(dp)), control_(dp_->split(0, dp_->rank())), params_(params), options_(std::move(options)) {
   PRIMUS_CHECK(params.flat_grads().device() == dp_->device(),
                "[ddp] gradients on {} but the data-parallel communicator ({}) works on {}",
                params.flat_grads().device().str(), dp_->backend_name(), dp_->device().str());
@@ -86,26 +81,33 @@ void DataParallel::after_backward(bool last) {
 }
 
 int64_t DataParallel::global_tokens(int64_t local_tokens) {
-  return all_reduce_value<int64_t>(*dp_, comm(), local_tokens, ReduceOp::kSum);
+  return all_reduce_value<int64_t>(*control_, local_tokens, ReduceOp::kSum);
 }
 
 void DataParallel::sum_losses(Tensor& loss_sum) {
-  if (comm() != nullptr) {
-    comm()->run_in_order([&] { dp_->all_reduce(loss_sum, ReduceOp::kSum); });
-  } else {
-    dp_->all_reduce(loss_sum, ReduceOp::kSum);
-  }
+  control_->all_reduce(loss_sum, ReduceOp::kSum);
 }
 
 void DataParallel::wait_for_communication() {
-  if (comm() != nullptr) comm()->wait_all();
+  if (reducer_) reducer_->wait_all_gathered();
+  comm()->wait_all();
+}
+
+ParamUnitHooks* DataParallel::param_hooks() {
+  if (fsdp_) return fsdp_.get();
+  return options_.overlap_param_gather && sharded() ? this : nullptr;
+}
+
+void DataParallel::before_forward(size_t unit) {
+  PRIMUS_CHECK(unit < options_.units.size(), "[ddp] unit {} of {}", unit, options_.units.size());
+  reducer_->wait_gathered(options_.units[unit]);
 }
 
 double DataParallel::sum(double local) {
-  return all_reduce_value<float>(*dp_, comm(), static_cast<float>(local), ReduceOp::kSum);
+  return all_reduce_value<float>(*control_, static_cast<float>(local), ReduceOp::kSum);
 }
 
-bool DataParallel::any(bool flag) { return all_reduce_value<int64_t>(*dp_, comm(), flag ? 1 : 0, ReduceOp::kMax) != 0; }
+bool DataParallel::any(bool flag) { return all_reduce_value<int64_t>(*control_, flag ? 1 : 0, ReduceOp::kMax) != 0; }
 
 double DataParallel::grad_norm() {
   if (fsdp_) return std::sqrt(sum(fsdp_->local_grad_sum_squares()));
@@ -117,14 +119,13 @@ double DataParallel::grad_norm() {
   return std::sqrt(sum(local));
 }
 
-void DataParallel::after_optimizer() {
+void DataParallel::after_optimizer(Tensor compute) {
   if (fsdp_) {
     fsdp_->after_optimizer();
     return;
   }
   if (!sharded()) return;
-  Tensor flat = params_.flat_params();
-  reducer_->all_gather_shards(flat);
+  reducer_->all_gather_shards(compute, !options_.overlap_param_gather);
 }
 
 }  // namespace primus

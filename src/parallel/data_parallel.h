@@ -26,12 +26,12 @@ struct DataParallelOptions {
   int64_t bucket_size = 40'000'000;    // ddp_bucket_size, parameters
   // use_megatron_fsdp with optim_grads or optim_grads_params: sharded by parameter unit instead of buckets.
   std::optional<FullyShardedDataParallel::Strategy> fully_sharded;
-  bool overlap_param_gather = false;   // FSDP: gathers after the step overlap the next forward
-  std::vector<FlatRange> units;        // FSDP: the model's parameter units
+  bool overlap_param_gather = false;   // gathers after the step overlap the next forward (sharded only)
+  std::vector<FlatRange> units;        // the model's parameter units (FSDP, overlap_param_gather)
   DType compute_dtype = DType::kF32;   // FSDP: the dtype of the gathered weights
 };
 
-class DataParallel {
+class DataParallel final : public ParamUnitHooks {
  public:
   // `params` lives on the dp group's device and outlives this object.
   DataParallel(std::shared_ptr<Communicator> dp, ParamStore& params, DataParallelOptions options);
@@ -57,7 +57,7 @@ class DataParallel {
   void sum_losses(Tensor& loss_sum);
   // True on every rank when `flag` is true on any (a stop signal seen by one rank stops all at one step).
   bool any(bool flag);
-  // Before the caller's own collectives on the group (a checkpoint's): every collective launched here is done.
+  // Before the caller's own collectives on group() (a checkpoint's): every collective launched here is done.
   void wait_for_communication();
 
   // Before the step's first forward: gradients (or FSDP's gradient shards) start from zero.
@@ -71,15 +71,31 @@ class DataParallel {
 
   // The L2 norm of the global batch's gradient, the same on every rank.
   double grad_norm();
-  // After AdamW updated this rank's shards of the fp32 weights: every rank gets them all (a no-op unless
-  // sharded). The caller refreshes any compute copy of the weights.
-  void after_optimizer();
+  // After AdamW updated this rank's shards: every rank gets them all (a no-op unless sharded). The distributed
+  // optimizer gathers `compute` (the weights the model reads: its bf16 copy, which AdamW wrote for this rank's
+  // shards, or in fp32 the flat weights themselves); the fp32 master weights of other ranks' shards are then
+  // stale on this rank, and only its own are saved. With overlap_param_gather the gathers finish as the next
+  // forward reaches each unit (the hooks below).
+  void after_optimizer(Tensor compute);
+  // The hooks the model must call (set_param_hooks): FSDP's, or the distributed optimizer's waits for the
+  // overlapped gathers; null when none are needed.
+  ParamUnitHooks* param_hooks();
+
+  void before_forward(size_t unit) override;
+  void after_forward(size_t) override {}
+  void before_backward(size_t unit) override { before_forward(unit); }
+  void after_backward(size_t) override {}
 
  private:
-  // FSDP's communication queue, which the group's other collectives follow (null without FSDP).
-  CommStream* comm() { return fsdp_ ? &fsdp_->comm() : nullptr; }
+  // The queue of the group's background collectives, which the caller's own collectives follow.
+  CommStream* comm() const { return fsdp_ ? &fsdp_->comm() : &reducer_->comm(); }
 
   std::shared_ptr<Communicator> dp_;
+  // The same ranks for the step's scalar collectives (token count, losses, norm, stop flag): apart from the bulk
+  // gradient and weight collectives queued on dp_, so they need not wait behind them (NCCL runs one
+  // communicator's collectives in issue order) and, on CPU ranks, run on the caller's thread while dp_'s run on
+  // the communication thread (Gloo takes one thread per communicator).
+  std::unique_ptr<Communicator> control_;
   ParamStore& params_;
   DataParallelOptions options_;
   std::unique_ptr<GradReducer> reducer_;            // buckets: DDP and the distributed optimizer

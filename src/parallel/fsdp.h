@@ -65,7 +65,7 @@ class FullyShardedDataParallel final : public ParamUnitHooks {
   // unit by unit in the next forward with overlap_param_gather).
   void after_optimizer();
 
-  // Where its collectives run: a collective of the same group from the caller goes through run_in_order.
+  // Where its collectives run.
   CommStream& comm() { return comm_; }
 
   void before_forward(size_t unit) override;

@@ -112,37 +112,54 @@ void GradReducer::launch(size_t k) {
                  [this, out](Stream stream) mutable { dp_.reduce_scatter(staging_, out, ReduceOp::kSum, stream); });
 }
 
-void GradReducer::all_gather_shards(Tensor& flat) {
-  PRIMUS_CHECK(mode_ == Mode::kReduceScatter && flat.numel() == layout_.numel() && flat.dtype() == DType::kF32,
-               "[ddp] all_gather_shards of {} needs the sharded mode and an f32 buffer like the gradients",
+void GradReducer::all_gather_shards(Tensor& flat, bool wait) {
+  PRIMUS_CHECK(mode_ == Mode::kReduceScatter && flat.numel() == layout_.numel(),
+               "[ddp] all_gather_shards of {} needs the sharded mode and a buffer laid out like the gradients",
                flat.describe());
+  wait_all_gathered();  // the previous step's, should any be left
   const ops::ProfileScope scope("distributed optimizer: all_gather weights");
-  for (size_t k = 0; k < layout_.buckets().size(); ++k) {
+  gathered_flat_ = flat;
+  gathering_.assign(layout_.buckets().size(), std::nullopt);
+  for (size_t k = layout_.buckets().size(); k-- > 0;) {  // the bottom bucket (the embedding) first
     const FlatRange b = layout_.buckets()[k];
     const int64_t s = layout_.shard_size(k);
     Tensor bucket = flat.slice_elements(b.begin, {b.size()});
     if (!padded(k)) {
       Tensor in = flat.slice_elements(b.begin + dp_.rank() * s, {s});
-      comm_.launch(fmt::format("all_gather weights bucket {}", k),
-                     [this, in, bucket](Stream stream) mutable { dp_.all_gather(in, bucket, stream); });
+      gathering_[k] = comm_.launch(fmt::format("all_gather weights bucket {}", k),
+                                   [this, in, bucket](Stream stream) mutable { dp_.all_gather(in, bucket, stream); });
       continue;
     }
+    if (!gather_staging_.defined() || gather_staging_.dtype() != flat.dtype()) {
+      gather_staging_ = ops::zeros({s * layout_.dp()}, flat.dtype(), flat.device());
+    }
     const FlatRange mine = layout_.shard(k, dp_.rank());
-    ops::fill(staging_, 0.0f);
-    Tensor in = staging_.slice_elements(dp_.rank() * s, {s});
+    Tensor in = gather_staging_.slice_elements(dp_.rank() * s, {s});
     if (!mine.empty()) {
       Tensor dst = in.slice_elements(0, {mine.size()});
       ops::copy(dst, flat.slice_elements(mine.begin, {mine.size()}));
     }
-    comm_.launch(fmt::format("all_gather weights bucket {} (padded)", k),
-                   [this, in](Stream stream) mutable { dp_.all_gather(in, staging_, stream); });
+    Tensor staging = gather_staging_;
+    gathering_[k] = comm_.launch(fmt::format("all_gather weights bucket {} (padded)", k),
+                                 [this, in, staging](Stream stream) mutable { dp_.all_gather(in, staging, stream); });
   }
-  comm_.wait_all();
-  if (padded_bucket_) {
-    const FlatRange b = layout_.buckets()[*padded_bucket_];
-    Tensor bucket = flat.slice_elements(b.begin, {b.size()});
-    ops::copy(bucket, staging_.slice_elements(0, {b.size()}));
+  if (wait) wait_all_gathered();
+}
+
+void GradReducer::wait_gathered(FlatRange r) {
+  for (size_t k = 0; k < gathering_.size(); ++k) {
+    const FlatRange b = layout_.buckets()[k];
+    if (!gathering_[k] || b.end <= r.begin || b.begin >= r.end) continue;
+    comm_.wait(*gathering_[k]);
+    gathering_[k].reset();
+    if (padded(k)) finish_padded_gather();
   }
+}
+
+void GradReducer::finish_padded_gather() {
+  const FlatRange b = layout_.buckets()[*padded_bucket_];
+  Tensor bucket = gathered_flat_.slice_elements(b.begin, {b.size()});
+  ops::copy(bucket, gather_staging_.slice_elements(0, {b.size()}));
 }
 
 }  // namespace primus

@@ -63,8 +63,15 @@ class GradReducer {
   void finish();
 
   // After the optimizer updated this rank's shards of `flat` (weights, fp32 or bf16, laid out like the
-  // gradients): every rank gets every shard. Blocks the compute stream until done.
-  void all_gather_shards(Tensor& flat);
+  // gradients): every rank gets every shard, bucket by bucket from the bottom of the buffer up (the order forward
+  // reads them). wait: the compute stream waits for all of them now; else wait_gathered() before a range is read
+  // (overlap_param_gather).
+  void all_gather_shards(Tensor& flat, bool wait = true);
+  // The compute stream waits for the gathers of the buckets that hold [r.begin, r.end) (no-op once done).
+  void wait_gathered(FlatRange r);
+  void wait_all_gathered() { wait_gathered({0, layout_.numel()}); }
+  // Where the collectives run.
+  CommStream& comm() { return comm_; }
 
   const BucketLayout& layout() const { return layout_; }
   Mode mode() const { return mode_; }
@@ -72,6 +79,8 @@ class GradReducer {
  private:
   void launch(size_t k);
   bool padded(size_t k) const;
+  // The gathered padded bucket from its staging buffer into `gathered_flat_`.
+  void finish_padded_gather();
 
   Communicator& dp_;
   Tensor grads_;
@@ -83,6 +92,10 @@ class GradReducer {
   CommStream comm_;
   std::optional<size_t> padded_bucket_;  // the bucket dp does not divide (sharded mode), if any
   Tensor staging_;  // [dp × its shard size] f32 for that bucket
+  Tensor gather_staging_;  // the same for the weights' dtype
+  // Weight gathers not waited for yet, per bucket (all_gather_shards without wait).
+  std::vector<std::optional<CommStream::Ticket>> gathering_;
+  Tensor gathered_flat_;  // the buffer they gather into
 };
 
 }  // namespace primus

@@ -67,11 +67,11 @@ StepResult train_step(Model& model, AdamW& optimizer, DataParallel& dp, const st
     dp.sum_losses(loss_sum);
     result.loss = static_cast<double>(ops::to_device(loss_sum, kCpuDevice).f32()[0]) / static_cast<double>(counted);
     if (dp.sharded()) {
-      // Each rank updates its shards of the fp32 weights; the gathered weights then refresh the compute copy
+      // Each rank updates its shards (and their compute copy); the weights the model reads are then gathered
       // (FSDP gathers its units' compute weights itself).
-      optimizer.step(model.params(), lr, clip.scale);
-      dp.after_optimizer();
-      model.weights_changed();
+      optimizer.step(model.params(), lr, clip.scale, model.compute_weights());
+      Tensor* compute = model.compute_weights();
+      dp.after_optimizer(compute != nullptr ? *compute : model.params().flat_params());
     } else {
       optimizer.step(model.params(), lr, clip.scale, model.compute_weights());
     }
@@ -118,21 +118,20 @@ std::unique_ptr<DataParallel> make_data_parallel(std::shared_ptr<Communicator> d
                                                  const TrainingArgs& t) {
   const std::string& strategy = t.data_parallel_sharding_strategy;
   const bool fully_sharded = t.use_megatron_fsdp && (strategy == "optim_grads" || strategy == "optim_grads_params");
-  if (t.overlap_param_gather && !fully_sharded) {
-    throw UsageError("[config] overlap_param_gather is implemented for use_megatron_fsdp with "
-                     "data_parallel_sharding_strategy optim_grads or optim_grads_params only (the distributed "
-                     "optimizer's buckets gather right after its step); set overlap_param_gather: false or use FSDP");
-  }
   DataParallelOptions options;
   options.distributed_optimizer = t.use_distributed_optimizer || (t.use_megatron_fsdp && strategy == "optim");
   options.overlap_grad_reduce = t.overlap_grad_reduce;
   options.bucket_size = ddp_bucket_size(t);
+  options.overlap_param_gather = t.overlap_param_gather;
+  options.units = model.param_units();
+  options.compute_dtype = model.compute_dtype();
   if (fully_sharded) {
     options.fully_sharded = strategy == "optim_grads" ? FullyShardedDataParallel::Strategy::kOptimGrads
                                                       : FullyShardedDataParallel::Strategy::kOptimGradsParams;
-    options.overlap_param_gather = t.overlap_param_gather;
-    options.units = model.param_units();
-    options.compute_dtype = model.compute_dtype();
+  }
+  if (t.overlap_param_gather && !options.distributed_optimizer && !fully_sharded) {
+    throw UsageError("[config] overlap_param_gather: true needs sharded weights to gather: set "
+                     "use_distributed_optimizer: true, or use_megatron_fsdp: true with a sharding strategy");
   }
   return std::make_unique<DataParallel>(std::move(dp), model.params(), options);
 }
@@ -154,13 +153,9 @@ AdamW make_optimizer(Model& model, DataParallel& dp, const TrainingArgs& t) {
 }
 
 void weights_ready(Model& model, DataParallel& dp) {
-  FullyShardedDataParallel* fsdp = dp.fsdp();
-  if (fsdp == nullptr) {
-    model.weights_changed();
-    return;
-  }
-  model.bind_units(fsdp->take_weights());
-  model.set_param_hooks(fsdp);
+  if (FullyShardedDataParallel* fsdp = dp.fsdp(); fsdp != nullptr) model.bind_units(fsdp->take_weights());
+  model.weights_changed();  // no-op once bound to FSDP's units
+  model.set_param_hooks(dp.param_hooks());
 }
 
 PackingOptions packing_options(const TrainingArgs& t, const Tokenizer& tokenizer) {

@@ -206,6 +206,18 @@ void expect_same_run(const RunResult& one, const RunResult& many, const std::str
   EXPECT_LE(worst, 1e-5) << layout << ": parameters after 20 steps differ most in " << worst_name;
 }
 
+// ZeRO-2: gradients reduce-scattered per micro-batch into shards, fp32 master weights and moments sharded, the
+// weights gathered after each step while the next forward runs (overlap_param_gather).
+const std::vector<std::string> kZero2{"use_megatron_fsdp=true", "data_parallel_sharding_strategy=optim_grads",
+                                      "overlap_param_gather=true"};
+// ZeRO-3: also the blocks' weights sharded, gathered (one block ahead) before each use and freed after it.
+const std::vector<std::string> kZero3{"use_megatron_fsdp=true", "data_parallel_sharding_strategy=optim_grads_params"};
+
+std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
 class DataParallel : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -238,13 +250,13 @@ TEST_F(DataParallel, OverlappedBucketsEqualOneRank) {
 
 // A Perfetto trace of a 2-rank step with overlap_grad_reduce: bucket all-reduces run on the communication
 // thread while backward still computes the layers below (a span starts before the step's last backward ends).
-TEST_F(DataParallel, TraceShowsBucketReductionOverlappingBackward) {
-  Job job{testing::temp_dir("dp_trace"),
-          {"overlap_grad_reduce=true", "ddp_bucket_size=5000", "micro_batch_size=4", "train_iters=4", "profile=true",
-           "profile_step_start=2", "profile_step_end=4"},
-          2};
-  run_job(job);
-  if (HasFatalFailure()) return;
+// Rank 0's trace of a profiled run of `job` (steps 2-3): the collectives on the communication track whose name
+// starts with `prefix`, and how many of them started while a `phase` span ("forward", "backward") was running.
+struct Overlap {
+  int collectives = 0;
+  int started_inside = 0;
+};
+Overlap overlap_in_trace(const Job& job, const std::string& phase, const std::string& prefix) {
   const nlohmann::json trace = nlohmann::json::parse(testing::read_text(job.workspace + "/dp/profile/trace_rank0.json"));
   int comm_pid = -1;
   for (const nlohmann::json& e : trace["traceEvents"]) {
@@ -252,23 +264,57 @@ TEST_F(DataParallel, TraceShowsBucketReductionOverlappingBackward) {
       comm_pid = e["pid"];
     }
   }
-  ASSERT_GE(comm_pid, 0) << "no communication track";
-  std::vector<std::pair<double, double>> backward, reductions;
+  EXPECT_GE(comm_pid, 0) << "no communication track";
+  std::vector<std::pair<double, double>> phases, collectives;
   for (const nlohmann::json& e : trace["traceEvents"]) {
     if (e["ph"] != "X") continue;
     const double begin = e["ts"], end = begin + e["dur"].get<double>();
-    if (e["pid"] == 1 && e["name"] == "backward") backward.emplace_back(begin, end);
-    if (e["pid"] == comm_pid && e["name"].get<std::string>().starts_with("all_reduce bucket")) {
-      reductions.emplace_back(begin, end);
-    }
+    if (e["pid"] == 1 && e["name"] == phase) phases.emplace_back(begin, end);
+    if (e["pid"] == comm_pid && e["name"].get<std::string>().starts_with(prefix)) collectives.emplace_back(begin, end);
   }
-  ASSERT_FALSE(backward.empty());
-  ASSERT_GE(reductions.size(), 4u) << "several buckets per step";
-  int overlapped = 0;
-  for (const auto& [rb, re] : reductions) {
-    for (const auto& [bb, be] : backward) overlapped += rb >= bb && rb < be;
+  EXPECT_FALSE(phases.empty()) << "no " << phase << " span";
+  Overlap overlap;
+  overlap.collectives = static_cast<int>(collectives.size());
+  for (const auto& [cb, ce] : collectives) {
+    for (const auto& [pb, pe] : phases) overlap.started_inside += cb >= pb && cb < pe;
   }
-  EXPECT_GT(overlapped, 0) << "no bucket reduction started while a backward was running";
+  return overlap;
+}
+
+const std::vector<std::string> kProfile{"micro_batch_size=4", "train_iters=4", "profile=true", "profile_step_start=2",
+                                        "profile_step_end=4"};
+
+// A Perfetto trace of a 2-rank step with overlap_grad_reduce: bucket all-reduces run on the communication
+// thread while backward is still running.
+TEST_F(DataParallel, TraceShowsBucketReductionOverlappingBackward) {
+  Job job{testing::temp_dir("dp_trace"), {"overlap_grad_reduce=true", "ddp_bucket_size=5000"}, 2};
+  job.overrides.insert(job.overrides.end(), kProfile.begin(), kProfile.end());
+  run_job(job);
+  if (HasFatalFailure()) return;
+  const Overlap o = overlap_in_trace(job, "backward", "all_reduce bucket");
+  EXPECT_GE(o.collectives, 4) << "several buckets per step";
+  EXPECT_GT(o.started_inside, 0) << "no bucket reduction started while a backward was running";
+}
+
+// overlap_param_gather: the distributed optimizer's weight gathers run while the next forward runs; ZeRO-3
+// prefetches the next block's weights during forward and reduce-scatters each block's gradient during backward.
+TEST_F(DataParallel, TraceShowsWeightGathersOverlappingForward) {
+  Job distopt{testing::temp_dir("dp_trace_gather"),
+              {"use_distributed_optimizer=true", "ddp_bucket_size=5000", "overlap_param_gather=true"}, 2};
+  distopt.overrides.insert(distopt.overrides.end(), kProfile.begin(), kProfile.end());
+  run_job(distopt);
+  if (HasFatalFailure()) return;
+  const Overlap gathers = overlap_in_trace(distopt, "forward", "all_gather weights bucket");
+  EXPECT_GE(gathers.collectives, 4);
+  EXPECT_GT(gathers.started_inside, 0) << "no weight gather started while a forward was running";
+
+  Job zero3{testing::temp_dir("dp_trace_zero3"), with(kZero3, kProfile), 2};
+  run_job(zero3);
+  if (HasFatalFailure()) return;
+  EXPECT_GT(overlap_in_trace(zero3, "forward", "all_gather unit").started_inside, 0)
+      << "no block's gather started while a forward was running";
+  EXPECT_GT(overlap_in_trace(zero3, "backward", "reduce_scatter unit").started_inside, 0)
+      << "no block's reduce-scatter started while a backward was running";
 }
 
 // The distributed optimizer: reduce-scatter, AdamW on each rank's shards, all-gather. The top bucket (the rest
@@ -276,6 +322,9 @@ TEST_F(DataParallel, TraceShowsBucketReductionOverlappingBackward) {
 TEST_F(DataParallel, DistributedOptimizerEqualsOneRank) {
   check("distopt2", 2, {"use_distributed_optimizer=true", "overlap_grad_reduce=true", "ddp_bucket_size=7001"});
   check("distopt4", 4, {"use_distributed_optimizer=true", "ddp_bucket_size=7001"});
+  // The weights gathered bucket by bucket while the next forward runs, each unit waiting for its buckets only.
+  check("distopt_overlap2", 2, {"use_distributed_optimizer=true", "ddp_bucket_size=7001", "overlap_param_gather=true",
+                                "micro_batch_size=1"});
 }
 
 // 3 ranks: the tiny model's 141,632 parameters are not a multiple of 3, so the top bucket goes through the
@@ -289,7 +338,13 @@ TEST_F(DataParallel, DistributedOptimizerOnThreeRanksPadsTheTopBucket) {
   three.overrides.insert(three.overrides.end(), {"use_distributed_optimizer=true", "ddp_bucket_size=7001"});
   run_job(three);
   if (HasFatalFailure()) return;
-  expect_same_run(read_run(one.workspace), read_run(three.workspace), "distributed optimizer on 3 ranks");
+  const RunResult baseline = read_run(one.workspace);
+  expect_same_run(baseline, read_run(three.workspace), "distributed optimizer on 3 ranks");
+  Job overlapped{testing::temp_dir("dp_distopt3_overlap"), three.overrides, 3};
+  overlapped.overrides.push_back("overlap_param_gather=true");
+  run_job(overlapped);
+  if (HasFatalFailure()) return;
+  expect_same_run(baseline, read_run(overlapped.workspace), "distributed optimizer on 3 ranks, overlap_param_gather");
 }
 
 // 8 micro-batches of the global batch over 2 ranks of micro-batch 1: four accumulated backwards per rank.
@@ -297,18 +352,6 @@ TEST_F(DataParallel, AccumulationOfFourMicroBatchesPerRank) { check("accum2", 2,
 
 TEST_F(DataParallel, FsdpOptimStrategyEqualsOneRank) {
   check("fsdp_optim2", 2, {"use_megatron_fsdp=true", "data_parallel_sharding_strategy=optim", "overlap_grad_reduce=true"});
-}
-
-// ZeRO-2: gradients reduce-scattered per micro-batch into shards, fp32 master weights and moments sharded, the
-// weights gathered after each step while the next forward runs (overlap_param_gather).
-const std::vector<std::string> kZero2{"use_megatron_fsdp=true", "data_parallel_sharding_strategy=optim_grads",
-                                      "overlap_param_gather=true"};
-// ZeRO-3: also the blocks' weights sharded, gathered (one block ahead) before each use and freed after it.
-const std::vector<std::string> kZero3{"use_megatron_fsdp=true", "data_parallel_sharding_strategy=optim_grads_params"};
-
-std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
 }
 
 // 2 ranks × 4 accumulated micro-batches of 1 (each one's reduce-scatter adds into the shards), and 4 ranks × 1.
@@ -394,8 +437,7 @@ TEST_F(DataParallel, AnInterruptedSaveLeavesThePreviousCheckpoint) {
 
 // Settings that contradict the job exit 2 naming the key, before any rendezvous: a global batch that
 // micro_batch_size × dp does not divide (dp from WORLD_SIZE), a model-parallel size that does not divide WORLD_SIZE
-// (only 1 is implemented), a sharding strategy without FSDP, overlap_param_gather with the distributed optimizer's
-// buckets.
+// (only 1 is implemented), a sharding strategy without FSDP, overlap_param_gather without sharded weights.
 TEST(DataParallelConfig, InconsistentSettingsExitTwoNamingTheKey) {
   const std::string dir = testing::temp_dir("dp_bad");
   const std::string config = write_config(dir);
@@ -404,7 +446,7 @@ TEST(DataParallelConfig, InconsistentSettingsExitTwoNamingTheKey) {
       {"WORLD_SIZE=4 RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 tensor_model_parallel_size=2",
        "tensor_model_parallel_size"},
       {"WORLD_SIZE=1 data_parallel_sharding_strategy=optim", "use_megatron_fsdp"},
-      {"WORLD_SIZE=1 use_distributed_optimizer=true overlap_param_gather=true", "overlap_param_gather"},
+      {"WORLD_SIZE=1 overlap_param_gather=true", "overlap_param_gather"},
       {"WORLD_SIZE=two RANK=0", "WORLD_SIZE"},
   };
   for (const auto& [settings, key] : cases) {
