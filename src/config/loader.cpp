@@ -198,6 +198,7 @@ LoadedConfig load_experiment_config(const std::string& path, const std::vector<s
   ConfigNode root = load_config_file(path, Origin{OriginKind::kDefault, "", 0, "experiment file"});
   for (const std::string& o : overrides) apply_override(root, o);
   read_top_level(root, cfg, loaded.entries);
+  read_slurm_section(root, cfg, loaded.entries);
 
   const ConfigNode& module = find_module(root);
   const ConfigNode* framework = module.find("framework");
