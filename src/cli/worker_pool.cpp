@@ -284,7 +284,7 @@ void WorkerPool::write_console(int fd, const std::string& text) {
 void WorkerPool::handle_line(Worker& worker, const Stream& stream, const std::string& line) {
   worker.tail.push_back(line);
   if (worker.tail.size() > kTailLines) worker.tail.pop_front();
-  if (worker.local_rank == 0) {
+  if (worker.local_rank == 0 && !options_.alerts_only) {
     write_console(stream.is_stderr ? STDERR_FILENO : STDOUT_FILENO, line + "\n");
   } else if (is_alert_line(line)) {
     write_console(STDERR_FILENO, fmt::format("[rank {}] {}\n", worker.rank, line));
@@ -406,6 +406,14 @@ void WorkerPool::on_worker_end(Worker& worker, int status) {
 }
 
 void WorkerPool::on_launcher_signal_received(int signal_number) {
+  if (stop_signal_ == 0 && !first_failure_ && !options_.forward_stop_signals) {
+    stop_signal_ = signal_number;
+    spdlog::warn(
+        "launcher: {} received; the ranks got it from Slurm too, so it is not forwarded (send it again to "
+        "kill the ranks now)",
+        signal_name(signal_number));
+    return;
+  }
   if (stop_signal_ == 0 && !first_failure_) {
     stop_signal_ = signal_number;
     spdlog::warn(
