@@ -449,7 +449,8 @@ TEST_F(SlurmCluster, AJobThatFailsOnOneNodeNamesTheNodeAndTheRank) {
                     "stopped");
     EXPECT_CONTAINS(result.err, "primus-cli: error: rank 1 (pid ");
     EXPECT_CONTAINS(result.err, "hidden_dropout");
-    EXPECT_EQ(result.err.find("rank 0 (pid"), std::string::npos) << "rank 0 was blamed:\n" << result.err;
+    // Rank 0, stopped by Slurm because of rank 1, may log how it ended, but is not reported as a failure.
+    EXPECT_EQ(result.err.find("error: rank 0 (pid"), std::string::npos) << "rank 0 was blamed:\n" << result.err;
   }
 }
 
