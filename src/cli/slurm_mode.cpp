@@ -216,8 +216,12 @@ int job_exit_code(int status, const std::optional<SrunFailure>& failure) {
   return kExitRuntime;
 }
 
-std::string failure_report(const std::string& job, const std::optional<SrunFailure>& failure, int status) {
-  if (!failure) return fmt::format("{} failed: {} (no task failure was reported)", job, describe_wait_status(status));
+std::string failure_report(const std::string& job, const std::string& program,
+                           const std::optional<SrunFailure>& failure, int status) {
+  if (!failure) {
+    return fmt::format("{} failed: {} {} and no task reported a failure (see {}'s own error above)", job, program,
+                       describe_wait_status(status), program);
+  }
   bool one_task = failure->tasks.find_first_of(",-") == std::string::npos;
   return fmt::format(
       "{} failed on node {} (task {}{}): it {}; the other nodes were stopped. The rank's error and last lines are "
@@ -259,7 +263,7 @@ int run_srun(const LaunchOptions& launch, const SlurmJob& job, const std::vector
     return kExitOk;
   }
   std::optional<SrunFailure> failure = find_failed_task(result.err);
-  report_error(failure_report("the slurm job (srun)", failure, result.status));
+  report_error(failure_report("the slurm job (srun)", "srun", failure, result.status));
   return job_exit_code(result.status, failure);
 }
 
@@ -304,7 +308,7 @@ int run_sbatch(const SlurmJob& job, const std::string& script_path) {
     errors = rank_errors(text);
   }
   std::string where = output ? *output : std::string("the job's output");
-  std::string report = failure_report(fmt::format("slurm job {}", job_id), failure, result.status);
+  std::string report = failure_report(fmt::format("slurm job {}", job_id), "sbatch --wait", failure, result.status);
   report = report.substr(0, report.find(". The rank's error"));
   report_error(errors.empty() ? report + "; see " + where : report + ". From " + where + ":\n" + errors);
   return job_exit_code(result.status, failure);
