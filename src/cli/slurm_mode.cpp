@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <regex>
 #include <sstream>
 
 #include "config/config.h"
@@ -32,12 +33,15 @@ using Clock = std::chrono::steady_clock;
 
 constexpr double kHelperTimeoutS = 60;  // scontrol, sbatch without --wait
 
-volatile sig_atomic_t g_child_pid = 0;  // the srun/sbatch that a SIGINT/SIGTERM to us is passed on to
-volatile sig_atomic_t g_stop_signal = 0;
+// SIGINT/SIGTERM to us while a helper runs: the handler only counts; run_process's loop acts on them.
+volatile sig_atomic_t g_stop_signal = 0;  // the first one
+volatile sig_atomic_t g_signal_count = 0;
+volatile sig_atomic_t g_last_signal = 0;
 
-void forward_signal(int signal_number) {
+void count_signal(int signal_number) {
   if (g_stop_signal == 0) g_stop_signal = signal_number;
-  if (g_child_pid > 0) ::kill(g_child_pid, signal_number);
+  g_last_signal = signal_number;
+  g_signal_count = g_signal_count + 1;
 }
 
 struct ProcessResult {
@@ -52,13 +56,19 @@ std::string describe_wait_status(int status) {
   return fmt::format("ended with wait status {}", status);
 }
 
+// What to do with the n-th SIGINT/SIGTERM that reached us while `pid` runs; by default it is passed on.
+using SignalAction = std::function<void(pid_t pid, int signal_number, int count)>;
+
 // Runs argv[0] from PATH with stdin from /dev/null in its own process group (so a Ctrl-C reaches it once, through
-// us). stdout is captured or passed through; stderr is captured and, with `relay`, also copied to ours line by
-// line. SIGINT and SIGTERM to us are passed on. `timeout_s` (when set) ends it with SIGTERM, then SIGKILL 5 s
-// later, and throws RuntimeError naming `what`.
+// us). stdout is captured or passed through (`on_stdout` sees all of it so far); stderr is captured and, with
+// `relay`, also copied to ours line by line (`on_stderr` sees each complete piece). SIGINT and SIGTERM to us go
+// to `on_signal`. `timeout_s` (when set) ends it with SIGTERM, then SIGKILL 5 s later, and throws RuntimeError
+// naming `what`.
 ProcessResult run_process(const std::vector<std::string>& argv, bool capture_stdout, bool relay,
                           std::optional<double> timeout_s, const std::string& what,
-                          const std::function<void(const std::string&)>& on_stdout = {}) {
+                          const std::function<void(const std::string&)>& on_stdout = {},
+                          const std::function<void(const std::string&)>& on_stderr = {},
+                          const SignalAction& on_signal = {}) {
   int out_pipe[2] = {-1, -1};
   int err_pipe[2] = {-1, -1};
   if ((capture_stdout && ::pipe2(out_pipe, O_CLOEXEC) != 0) || ::pipe2(err_pipe, O_CLOEXEC) != 0) {
@@ -72,10 +82,11 @@ ProcessResult run_process(const std::vector<std::string>& argv, bool capture_std
   struct sigaction forward {};
   struct sigaction old_int {};
   struct sigaction old_term {};
-  forward.sa_handler = forward_signal;
+  forward.sa_handler = count_signal;
   sigemptyset(&forward.sa_mask);
   forward.sa_flags = SA_RESTART;
   g_stop_signal = 0;
+  g_signal_count = 0;
   ::sigaction(SIGINT, &forward, &old_int);
   ::sigaction(SIGTERM, &forward, &old_term);
 
@@ -105,13 +116,13 @@ ProcessResult run_process(const std::vector<std::string>& argv, bool capture_std
     throw RuntimeError(fmt::format("{}: fork: {}", what, std::strerror(fork_errno)));
   }
   ::setpgid(pid, pid);
-  g_child_pid = pid;
 
   ProcessResult result;
   std::string partial;  // stderr after its last newline, relayed once complete
   const auto start = Clock::now();
   bool terminated = false;
   bool killed = false;
+  int signals_handled = 0;
   int fds[2] = {capture_stdout ? out_pipe[0] : -1, err_pipe[0]};
   while (fds[0] >= 0 || fds[1] >= 0) {
     pollfd polled[2];
@@ -121,6 +132,14 @@ ProcessResult run_process(const std::vector<std::string>& argv, bool capture_std
     }
     int ready = ::poll(polled, count, 500);
     if (ready < 0 && errno != EINTR) break;
+    while (signals_handled < g_signal_count) {
+      ++signals_handled;
+      if (on_signal) {
+        on_signal(pid, g_last_signal, signals_handled);
+      } else {
+        ::kill(pid, g_last_signal);
+      }
+    }
     for (nfds_t i = 0; ready > 0 && i < count; ++i) {
       if (polled[i].revents == 0) continue;
       char buffer[8192];
@@ -144,6 +163,7 @@ ProcessResult run_process(const std::vector<std::string>& argv, bool capture_std
         if (newline != std::string::npos) {
           std::fwrite(partial.data(), 1, newline + 1, stderr);
           std::fflush(stderr);
+          if (on_stderr) on_stderr(partial.substr(0, newline + 1));
           partial.erase(0, newline + 1);
         }
       }
@@ -162,7 +182,6 @@ ProcessResult run_process(const std::vector<std::string>& argv, bool capture_std
   if (relay && !partial.empty()) std::fprintf(stderr, "%s\n", partial.c_str());
   while (::waitpid(pid, &result.status, 0) < 0 && errno == EINTR) {
   }
-  g_child_pid = 0;
   ::sigaction(SIGINT, &old_int, nullptr);
   ::sigaction(SIGTERM, &old_term, nullptr);
   if (terminated) {
@@ -252,10 +271,38 @@ std::string rank_errors(const std::string& text) {
 
 int run_srun(const LaunchOptions& launch, const SlurmJob& job, const std::vector<std::string>& argv) {
   spdlog::info("slurm: {}", shell_join(argv));
-  ProcessResult result = run_process(argv, /*capture_stdout=*/false, /*relay=*/true, std::nullopt, "srun");
   (void)launch;
+  // srun ends a step it gets SIGTERM for by killing the tasks, which would lose the trainer's checkpoint. The job
+  // id (from node 0's "slurm node: job N," line) lets a first stop signal go to every process of the step through
+  // scancel instead: the trainer saves a checkpoint and exits 128+N. A second signal goes to srun (it ends the
+  // step at once), a third kills srun.
+  std::string job_id;
+  auto on_stderr = [&](const std::string& text) {
+    static const std::regex node_line(R"(slurm node: job (\d+),)");
+    std::smatch match;
+    if (job_id.empty() && std::regex_search(text, match, node_line)) job_id = match[1];
+  };
+  auto on_signal = [&](pid_t pid, int signal_number, int count) {
+    if (count == 1 && !job_id.empty()) {
+      const char* name = signal_number == SIGINT ? "INT" : "TERM";
+      spdlog::warn(
+          "slurm: SIG{} received: sent to every process of job {} (scancel --signal={}); the ranks save a "
+          "checkpoint and stop. Send it again to end the job at once",
+          name, job_id, name);
+      std::string command = fmt::format("timeout 30 scancel --signal={} {} >&2", name, job_id);
+      if (std::system(command.c_str()) != 0) ::kill(pid, SIGTERM);
+    } else if (count <= 2) {
+      spdlog::warn("slurm: stop signal {}: srun ends the job step now", count);
+      ::kill(pid, SIGTERM);
+    } else {
+      ::kill(pid, SIGKILL);
+    }
+  };
+  ProcessResult result =
+      run_process(argv, /*capture_stdout=*/false, /*relay=*/true, std::nullopt, "srun", {}, on_stderr, on_signal);
   if (g_stop_signal != 0) {
-    spdlog::warn("slurm: stopped by signal {} (passed on to srun)", static_cast<int>(g_stop_signal));
+    spdlog::warn("slurm: stopped by signal {} (srun {})", static_cast<int>(g_stop_signal),
+                 describe_wait_status(result.status));
     return 128 + g_stop_signal;
   }
   if (WIFEXITED(result.status) && WEXITSTATUS(result.status) == 0) {

@@ -454,6 +454,57 @@ TEST_F(SlurmCluster, AJobThatFailsOnOneNodeNamesTheNodeAndTheRank) {
   }
 }
 
+// SIGTERM to `primus-cli slurm srun` reaches every rank once (scancel --signal, not srun's own kill): each saves
+// the checkpoint and the job exits 143; the same command then resumes from it.
+TEST_F(SlurmCluster, SigtermToTheLauncherCheckpointsTheJob) {
+  const std::string config = write_config(dir_, "stopped");
+  const std::string port = std::to_string(testing::free_port());
+  pid_t launcher = testing::spawn_cli({"slurm", "srun", "--nproc-per-node", "1", "--master-port", port, "--", "train",
+                                       "pretrain", "--config", config, "train_iters=1000000"},
+                                      dir_);
+  const std::string metrics = dir_ + "/workspace/stopped/metrics.jsonl";
+  for (auto deadline = Clock::now() + std::chrono::seconds(60); Clock::now() < deadline;) {
+    if (read_text(metrics).find("\"step\":3,") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (read_text(metrics).find("\"step\":3,") == std::string::npos) {
+    ::kill(launcher, SIGKILL);
+    ::waitpid(launcher, nullptr, 0);
+    run_shell("scancel --quiet --user=root", 20);
+    FAIL() << "the job did not reach step 3 within 60 s:\n" << read_text(dir_ + "/stderr");
+  }
+  ASSERT_EQ(::kill(launcher, SIGTERM), 0);
+  CliResult result;
+  for (auto deadline = Clock::now() + std::chrono::seconds(60); Clock::now() < deadline;) {
+    int status = 0;
+    if (::waitpid(launcher, &status, WNOHANG) == launcher) {
+      result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 1000 + WTERMSIG(status);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (result.exit_code == -1) {
+    ::kill(launcher, SIGKILL);
+    ::waitpid(launcher, nullptr, 0);
+    run_shell("scancel --quiet --user=root", 20);
+    FAIL() << "primus-cli slurm srun did not end within 60 s of SIGTERM:\n" << read_text(dir_ + "/stderr");
+  }
+  result.err = read_text(dir_ + "/stderr");
+  EXPECT_EQ(result.exit_code, 128 + SIGTERM) << result.err;
+  EXPECT_CONTAINS(result.err, "slurm: SIGTERM received: sent to every process of job ");
+  EXPECT_CONTAINS(result.err, "saved checkpoint ");
+  EXPECT_EQ(result.err.find("second stop signal"), std::string::npos) << "a rank got SIGTERM twice:\n" << result.err;
+  const std::string checkpoints = dir_ + "/workspace/stopped/checkpoints";
+  const int saved = std::stoi(read_text(checkpoints + "/latest_checkpointed_iteration.txt"));
+  EXPECT_GE(saved, 3);
+
+  result = run({"slurm", "srun", "--nproc-per-node", "1", "--master-port", std::to_string(testing::free_port()), "--",
+                "train", "pretrain", "--config", config, "train_iters=" + std::to_string(saved + 2)});
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_CONTAINS(result.err, "resumed from");
+  EXPECT_EQ(std::stoi(read_text(checkpoints + "/latest_checkpointed_iteration.txt")), saved + 2);
+}
+
 // `slurm node` expands the job's node list with scontrol; primus-cli's own expansion (its fallback) agrees.
 TEST_F(SlurmCluster, HostListsExpandAsScontrolExpandsThem) {
   for (const char* list : {"n[1-2]", "gpu[08-11,13],login1", "a[1-2]-ib[0-1]"}) {
