@@ -21,6 +21,7 @@
 #include <functional>
 #include <regex>
 #include <sstream>
+#include <thread>
 
 #include "config/config.h"
 #include "core/error.h"
@@ -473,14 +474,21 @@ LaunchRequest slurm_node_request(const SlurmArguments& arguments) {
     spdlog::warn("slurm node: using {}, the first host of {} as primus-cli expands it", first_host, nodelist);
   }
   // Node names need not resolve (they are Slurm's names); NodeAddr is how Slurm itself reaches the node.
+  // Three tries: the controller may be busy at the moment every node of a large job asks it.
   std::string address;
-  try {
-    ProcessResult node =
-        run_process({"scontrol", "show", "node", first_host}, true, false, kHelperTimeoutS, "scontrol show node");
-    if (WIFEXITED(node.status) && WEXITSTATUS(node.status) == 0) address = parse_node_addr(node.out);
-    if (address.empty()) spdlog::warn("slurm node: scontrol show node {} gave no NodeAddr", first_host);
-  } catch (const RuntimeError& error) {
-    spdlog::warn("slurm node: {}", error.what());
+  for (int attempt = 1; attempt <= 3 && address.empty(); ++attempt) {
+    try {
+      ProcessResult node =
+          run_process({"scontrol", "show", "node", first_host}, true, false, kHelperTimeoutS, "scontrol show node");
+      if (WIFEXITED(node.status) && WEXITSTATUS(node.status) == 0) address = parse_node_addr(node.out);
+      if (address.empty()) {
+        spdlog::warn("slurm node: scontrol show node {} gave no NodeAddr (try {} of 3; it {}): {} {}", first_host,
+                     attempt, describe_wait_status(node.status), trimmed(node.out), trimmed(node.err));
+      }
+    } catch (const RuntimeError& error) {
+      spdlog::warn("slurm node: {} (try {} of 3)", error.what(), attempt);
+    }
+    if (address.empty() && attempt < 3) std::this_thread::sleep_for(std::chrono::seconds(1));
   }
   if (address.empty()) address = first_host;
 

@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
@@ -451,6 +452,11 @@ TEST_F(SlurmCluster, AJobThatFailsOnOneNodeNamesTheNodeAndTheRank) {
     EXPECT_CONTAINS(result.err, "hidden_dropout");
     // Rank 0, stopped by Slurm because of rank 1, may log how it ended, but is not reported as a failure.
     EXPECT_EQ(result.err.find("error: rank 0 (pid"), std::string::npos) << "rank 0 was blamed:\n" << result.err;
+    if (HasFailure() && std::string(launcher) == "sbatch") {
+      for (const auto& entry : fs::directory_iterator(dir_ + "/workspace/fails/slurm")) {
+        if (entry.path().extension() == ".out") std::cout << entry.path() << ":\n" << read_text(entry.path());
+      }
+    }
   }
 }
 
