@@ -270,9 +270,8 @@ std::string rank_errors(const std::string& text) {
   return errors;
 }
 
-int run_srun(const LaunchOptions& launch, const SlurmJob& job, const std::vector<std::string>& argv) {
+int run_srun(const SlurmJob& job, const std::vector<std::string>& argv) {
   spdlog::info("slurm: {}", shell_join(argv));
-  (void)launch;
   // srun ends a step it gets SIGTERM for by killing the tasks, which would lose the trainer's checkpoint. The job
   // id (from node 0's "slurm node: job N," line) lets a first stop signal go to every process of the step through
   // scancel instead: the trainer saves a checkpoint and exits 128+N. A second signal goes to srun (it ends the
@@ -372,7 +371,7 @@ int run_slurm_job(const LaunchOptions& launch, const SlurmArguments& arguments, 
   if (experiment) loaded = load_experiment_config(experiment->config_path, normalize_overrides(experiment->overrides));
   const fs::path cwd = fs::current_path();
   const std::string run_dir = loaded ? (cwd / loaded->config.run_dir()).lexically_normal().string()
-                                     : (cwd / "output" / "slurm").lexically_normal().string();
+                                     : (cwd / "output").lexically_normal().string();  // scripts in output/slurm/
   const SlurmSettings no_settings;
   SlurmJob job = merge_slurm_job(arguments, loaded ? loaded->config.slurm : no_settings, run_dir,
                                  loaded ? loaded->config.exp_name : std::string("primus"));
@@ -394,7 +393,7 @@ int run_slurm_job(const LaunchOptions& launch, const SlurmArguments& arguments, 
       std::fflush(stdout);
       return kExitOk;
     }
-    return run_srun(launch, job, argv);
+    return run_srun(job, argv);
   }
 
   const fs::path script_dir = fs::path(run_dir) / "slurm";
