@@ -69,7 +69,7 @@ Flags: -N/--nodes, -p/--partition, -t/--time, -J/--job-name, -A/--account, --gpu
 -e/--error; they win over the experiment's slurm: section (nodes, partition, time, job_name, account,
 gpus_per_node, output, error). Other Slurm flags are passed on as they are. Each node runs one task,
 `primus-cli slurm node -- <command>`, which takes NNODES, NODE_RANK and MASTER_ADDR from SLURM_NNODES,
-SLURM_NODEID and the first host of SLURM_JOB_NODELIST, and starts one worker per GPU (--gpus-per-node or
+SLURM_NODEID and the first host of SLURM_STEP_NODELIST, and starts one worker per GPU (--gpus-per-node or
 --nproc-per-node set the number). A failing node stops the others; the error names the node and the rank.
 
 Examples:
@@ -384,6 +384,9 @@ int run_cli(int argc, char** argv) {
         setup_logging(launch.debug, "");
         request = slurm_node_request(*slurm_arguments);
       }
+    } catch (const NodeStopped& stopped) {
+      spdlog::warn("{}", stopped.what());
+      return stopped.exit_code();
     } catch (const UsageError& error) {
       print_usage_error(error.what(), "primus-cli slurm --help");
       return error.exit_code();

@@ -434,7 +434,10 @@ LaunchRequest slurm_node_request(const SlurmArguments& arguments) {
   std::string nnodes_text = environment("SLURM_NNODES");
   if (nnodes_text.empty()) nnodes_text = environment("SLURM_JOB_NUM_NODES");
   const std::string node_id_text = environment("SLURM_NODEID");
-  std::string nodelist = environment("SLURM_JOB_NODELIST");
+  // The step's nodes, not the job's: an srun on some nodes of an allocation numbers SLURM_NODEID and SLURM_NNODES
+  // within the step, and the job's first node may not be in it.
+  std::string nodelist = environment("SLURM_STEP_NODELIST");
+  if (nodelist.empty()) nodelist = environment("SLURM_JOB_NODELIST");
   if (nodelist.empty()) nodelist = environment("SLURM_NODELIST");
   if (job_id.empty() || nnodes_text.empty() || node_id_text.empty() || nodelist.empty()) {
     throw UsageError(
@@ -466,6 +469,9 @@ LaunchRequest slurm_node_request(const SlurmArguments& arguments) {
   } catch (const RuntimeError& error) {
     spdlog::warn("slurm node: {}", error.what());
   }
+  // A stop signal meant for the step (the job was cancelled, another node failed) may have ended scontrol: stop
+  // here rather than launch with what it did not say.
+  if (g_stop_signal != 0) throw NodeStopped(g_stop_signal);
   if (first_host.empty()) {
     std::vector<std::string> hosts = expand_hostlist(nodelist);
     if (hosts.empty()) throw UsageError(fmt::format("SLURM_JOB_NODELIST={}: no host in it", nodelist));
@@ -487,6 +493,7 @@ LaunchRequest slurm_node_request(const SlurmArguments& arguments) {
     } catch (const RuntimeError& error) {
       spdlog::warn("slurm node: {} (try {} of 3)", error.what(), attempt);
     }
+    if (g_stop_signal != 0) throw NodeStopped(g_stop_signal);
     if (address.empty() && attempt < 3) std::this_thread::sleep_for(std::chrono::seconds(1));
   }
   if (address.empty()) address = first_host;

@@ -4,6 +4,8 @@
 // live in slurm_script.h; this file starts srun, sbatch and scontrol.
 #pragma once
 
+#include <fmt/format.h>
+
 #include <optional>
 #include <string>
 #include <vector>
@@ -28,10 +30,22 @@ struct CommandExperiment {
 int run_slurm_job(const LaunchOptions& launch, const SlurmArguments& arguments, const std::vector<std::string>& command,
                   const std::optional<CommandExperiment>& experiment);
 
-// The per-node entry: this node's launch from SLURM_NNODES, SLURM_NODEID and the first host of
-// SLURM_JOB_NODELIST (expanded by `scontrol show hostnames`, its address from `scontrol show node`), with the
+// The per-node entry: this node's launch from SLURM_NNODES, SLURM_NODEID and the first host of the step's nodes
+// (SLURM_STEP_NODELIST, else SLURM_JOB_NODELIST; expanded by `scontrol show hostnames`, its address from
+// `scontrol show node`), with the
 // port and workers per node of `arguments`. Throws UsageError outside a Slurm job or when a preset MASTER_ADDR
 // disagrees with the first node.
+// Throws NodeStopped when the step's SIGTERM/SIGINT arrives while it asks scontrol (a job cancelled before this
+// node started its workers): no worker is started then.
 LaunchRequest slurm_node_request(const SlurmArguments& arguments);
+
+// A stop signal reached the node entry before it started the workers; the exit code is 128+N.
+class NodeStopped : public Error {
+ public:
+  explicit NodeStopped(int signal_number)
+      : Error(128 + signal_number, fmt::format("slurm node: stopped by signal {} before the workers started; none was "
+                                               "started",
+                                               signal_number)) {}
+};
 
 }  // namespace primus::cli

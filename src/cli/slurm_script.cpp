@@ -308,7 +308,7 @@ std::string sbatch_script(const SlurmJob& job, const std::vector<std::string>& n
   script +=
       "\n"
       "# One task per node: `primus-cli slurm node` takes NNODES, NODE_RANK and MASTER_ADDR from SLURM_NNODES,\n"
-      "# SLURM_NODEID and the first host of SLURM_JOB_NODELIST (its NodeAddr), then starts the node's workers.\n"
+      "# SLURM_NODEID and the first host of the step's nodes (its NodeAddr), then starts the node's workers.\n"
       "# A failing node stops the others (--kill-on-bad-exit); its error and the rank's last lines are above.\n"
       "srun --ntasks-per-node=1 --kill-on-bad-exit=1 " +
       shell_join(node_entry) +

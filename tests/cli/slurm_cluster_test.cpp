@@ -511,6 +511,21 @@ TEST_F(SlurmCluster, SigtermToTheLauncherCheckpointsTheJob) {
   EXPECT_EQ(std::stoi(read_text(checkpoints + "/latest_checkpointed_iteration.txt")), saved + 2);
 }
 
+// Inside an allocation of both nodes, a job step on n2 alone has n2 as its master (the step's first node, not
+// the allocation's); Slurm flags primus-cli does not know (--nodelist) reach srun.
+TEST_F(SlurmCluster, AStepOnSomeNodesOfAnAllocationUsesItsOwnFirstNode) {
+  const std::string config = write_config(dir_, "step");
+  std::string out;
+  const int code = run_shell(fmt::format("salloc -N 2 -J alloc {} slurm srun -N 1 --nodelist=n2 --nproc-per-node 1 "
+                                         "--master-port {} -- config validate --config {}",
+                                         testing::cli_path().string(), testing::free_port(), config),
+                             120, &out);
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_CONTAINS(out, "--nodelist=n2 ");
+  EXPECT_CONTAINS(out, ", node 0 of 1 (SLURM_NODEID 0), master n2 = 127.0.0.1");
+  EXPECT_CONTAINS(out, "OK: " + config);
+}
+
 // `slurm node` expands the job's node list with scontrol; primus-cli's own expansion (its fallback) agrees.
 TEST_F(SlurmCluster, HostListsExpandAsScontrolExpandsThem) {
   for (const char* list : {"n[1-2]", "gpu[08-11,13],login1", "a[1-2]-ib[0-1]"}) {
@@ -557,6 +572,42 @@ TEST_F(SlurmCli, DryRunPrintsTheBatchScriptAndSubmitsNothing) {
                   "  srun         srun --job-name=dry --nodes=2 --ntasks-per-node=1 --time=1:00:00 "
                   "--kill-on-bad-exit=1 " +
                       testing::cli_path().string() + " slurm node -- train pretrain --config " + config + "\n");
+}
+
+// A node whose step is cancelled while it asks scontrol (another node failed first) starts no worker: it must not
+// launch with the host name it falls back to when scontrol says nothing. A scontrol that hangs stands in for it.
+TEST_F(SlurmCli, AStopSignalWhileAskingScontrolStartsNoWorker) {
+  const std::string bin = dir_ + "/bin";
+  fs::create_directories(bin);
+  std::ofstream(bin + "/scontrol") << "#!/bin/sh\nexec sleep 30\n";
+  fs::permissions(bin + "/scontrol", fs::perms::owner_all);
+  const std::string path = std::getenv("PATH");
+  setenv("PATH", (bin + ":" + path).c_str(), 1);
+  setenv("SLURM_JOB_ID", "7", 1);
+  setenv("SLURM_NNODES", "2", 1);
+  setenv("SLURM_NODEID", "0", 1);
+  setenv("SLURM_JOB_NODELIST", "n[1-2]", 1);
+  const std::string config = write_config(dir_, "stopped");
+  pid_t pid = testing::spawn_cli({"slurm", "node", "--", "config", "validate", "--config", config}, dir_);
+  setenv("PATH", path.c_str(), 1);
+  for (const char* name : {"SLURM_JOB_ID", "SLURM_NNODES", "SLURM_NODEID", "SLURM_JOB_NODELIST"}) unsetenv(name);
+  // Wait until the fake scontrol runs (a child of primus-cli), then stop the node entry as slurmstepd would.
+  bool asking = false;
+  for (auto deadline = Clock::now() + std::chrono::seconds(20); !asking && Clock::now() < deadline;) {
+    for (const auto& entry : fs::directory_iterator("/proc")) {
+      const std::string stat = read_text(entry.path() / "stat");
+      asking = asking || (stat.find("(sleep)") != std::string::npos &&
+                          stat.find(") S " + std::to_string(pid) + " ") != std::string::npos);
+    }
+    if (!asking) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(asking) << "the node entry did not run scontrol:\n" << read_text(dir_ + "/stderr");
+  ::kill(-pid, SIGTERM);  // the whole process group, as slurmstepd signals every process of the step
+  ::kill(pid, SIGTERM);
+  CliResult result = testing::wait_cli(pid, dir_);
+  EXPECT_EQ(result.exit_code, 128 + SIGTERM) << result.err;
+  EXPECT_CONTAINS(result.err, "slurm node: stopped by signal 15 before the workers started");
+  EXPECT_EQ(result.err.find("started, pid"), std::string::npos) << result.err;
 }
 
 TEST_F(SlurmCli, BadInputExitsTwoBeforeAnythingIsSubmitted) {
