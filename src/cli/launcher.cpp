@@ -3,7 +3,8 @@
 // parser (train, config, data, benchmark, report). Two parsers rather than one because CLI11 treats `--` as
 // "positionals follow", which would swallow the command. This file also owns the mapping from exceptions to
 // exit codes, and hands a multi-process direct launch over to the worker pool (worker_pool.h) once the command
-// has parsed.
+// has parsed, and a slurm launch to slurm_mode.h (srun/sbatch here; `slurm node` becomes a direct launch whose
+// layout comes from Slurm's variables).
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
