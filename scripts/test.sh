@@ -9,9 +9,10 @@ export CCACHE_DIR="${CCACHE_DIR:-$PWD/.ccache}"
 bash scripts/build.sh -DPRIMUS_WERROR=ON -DPRIMUS_TESTS=ON
 ctest --test-dir build --output-on-failure --no-tests=error -j"$(nproc)"
 
-# Bad configs and bad arguments must fail cleanly under the sanitizers too.
+# Bad configs and bad arguments (also Slurm flags and the slurm: section) must fail cleanly under the sanitizers too.
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DPRIMUS_WERROR=ON -DPRIMUS_TESTS=ON \
   -DPRIMUS_SANITIZE=address,undefined -DPRIMUS_CUDA=OFF >/dev/null
-cmake --build build-asan -j"$(nproc)" --target primus-cli config_errors_test config_load_test config_overrides_test cli_test
-ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure --no-tests=error -R '^(Config|Cli)' \
-  -j"$(nproc)"
+cmake --build build-asan -j"$(nproc)" --target primus-cli config_errors_test config_load_test config_overrides_test cli_test \
+  slurm_script_test
+ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure --no-tests=error \
+  -R '^(Config|Cli|Slurm(Arguments|Job|Script|Time|Section)\.)' -j"$(nproc)"
