@@ -3,7 +3,8 @@
 #   scripts/setup.sh          build dependencies and the default job's inputs: its text (fortunes), and Node.js and
 #                             npm, which install the pinned npm package that ships its tokenizer (GPT-2's)
 #   scripts/setup.sh --test   also what the tests need (PyTorch and numpy for the parity tests, Chromium for the
-#                             HTML report rendering test, Podman with runc for the container-mode test)
+#                             HTML report rendering test, Podman with runc for the container-mode test, Slurm and
+#                             MUNGE for the two-node cluster that tests/cli/slurm_cluster_test starts on localhost)
 # Packages already present are skipped, so a second run costs nothing.
 set -euo pipefail
 
@@ -16,7 +17,7 @@ packages=(cmake ninja-build ccache g++ pkg-config
 # when npm is absent.
 command -v npm >/dev/null || packages+=(nodejs npm)
 if [[ "${1:-}" == "--test" ]]; then
-  packages+=(python3 python3-torch python3-numpy chromium podman runc)
+  packages+=(python3 python3-torch python3-numpy chromium podman runc slurm-wlm munge)
 fi
 
 missing=()

@@ -34,7 +34,7 @@ struct CommandPlan {
 
 // Everything given before `--`: global flags and the launch mode with its flags.
 struct LaunchOptions {
-  std::string mode = "direct";  // direct | container | slurm
+  std::string mode = "direct";  // direct | container | slurm srun | slurm sbatch | slurm node
   bool dry_run = false;
   bool debug = false;
   std::string log_file;                    // direct mode: tee log output here too; empty: console only

@@ -3,7 +3,8 @@
 // parser (train, config, data, benchmark, report). Two parsers rather than one because CLI11 treats `--` as
 // "positionals follow", which would swallow the command. This file also owns the mapping from exceptions to
 // exit codes, and hands a multi-process direct launch over to the worker pool (worker_pool.h) once the command
-// has parsed, and a container launch to container_mode.h once the command has been checked here.
+// has parsed, a container launch to container_mode.h once the command has been checked here, and a slurm launch
+// to slurm_mode.h (srun/sbatch here; `slurm node` becomes a direct launch whose layout comes from Slurm's variables).
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include "cli/cli.h"
 #include "cli/container_mode.h"
 #include "cli/launch_layout.h"
+#include "cli/slurm_mode.h"
 #include "cli/worker_pool.h"
 #include "core/error.h"
 
@@ -61,6 +63,23 @@ Examples:
   primus-cli --debug direct --log-file out/run.log -- train pretrain --config exp.yaml)";
 
 constexpr const char* kContainerHelp = "primus-cli container --help";
+
+constexpr const char* kSlurmFooter =
+    R"(Usage: primus-cli slurm [srun|sbatch] [Slurm flags] [--nproc-per-node N] [--master-port P] -- <command>
+
+srun (the default) runs the job in the foreground; sbatch writes a batch script into the run directory
+(<workspace>/<exp_name>/slurm/) and submits it, printing the job id (--wait: wait for it and report how it ended).
+Flags: -N/--nodes, -p/--partition, -t/--time, -J/--job-name, -A/--account, --gpus-per-node, -o/--output,
+-e/--error; they win over the experiment's slurm: section (nodes, partition, time, job_name, account,
+gpus_per_node, output, error). Other Slurm flags are passed on as they are. Each node runs one task,
+`primus-cli slurm node -- <command>`, which takes NNODES, NODE_RANK and MASTER_ADDR from SLURM_NNODES,
+SLURM_NODEID and the first host of SLURM_STEP_NODELIST, and starts one worker per GPU (--gpus-per-node or
+--nproc-per-node set the number). A failing node stops the others; the error names the node and the rank.
+
+Examples:
+  primus-cli slurm srun -N 2 -p gpu -- train pretrain --config exp.yaml
+  primus-cli slurm sbatch -N 4 --gpus-per-node 8 -t 4:00:00 -- train pretrain --config exp.yaml
+  primus-cli --dry-run slurm sbatch -N 4 --partition p -- train pretrain --config exp.yaml)";
 
 // The direct-mode options that take a value, in both spellings (ours and torchrun's).
 bool takes_value(const std::string& word) {
@@ -195,6 +214,14 @@ bool command_uses_devices(const CLI::App& commands) {
   return name == "train" || name == "benchmark";
 }
 
+// The `--config FILE` and the override words of the parsed command, when it takes a config.
+std::optional<CommandExperiment> command_experiment(const CLI::App& commands) {
+  const CLI::App* leaf = deepest_command(commands, "").app;
+  const CLI::Option* config = leaf->get_option_no_throw("--config");
+  if (config == nullptr || config->count() == 0) return std::nullopt;
+  return CommandExperiment{config->as<std::string>(), leaf->remaining()};
+}
+
 // The parser of the words after `--`: every command family under one root.
 void add_commands(CLI::App& commands, const LaunchOptions& launch, Action& action) {
   commands.require_subcommand(1);
@@ -226,7 +253,10 @@ std::optional<int> parse_command(CLI::App& commands, const std::vector<std::stri
   return std::nullopt;
 }
 
-int run_command(const LaunchOptions& launch, const LaunchRequest& request, const std::vector<std::string>& words) {
+// `slurm` is set for `primus-cli slurm srun|sbatch`: the command is parsed (so a bad one fails here, not on the
+// nodes) and then submitted instead of run.
+int run_command(const LaunchOptions& launch, const LaunchRequest& request, const std::vector<std::string>& words,
+                const SlurmArguments* slurm) {
   CLI::App commands{"The commands of primus-cli, given after `--`.", "primus-cli --"};
   Action action;
   add_commands(commands, launch, action);
@@ -238,6 +268,14 @@ int run_command(const LaunchOptions& launch, const LaunchRequest& request, const
   } catch (const UsageError& error) {
     print_usage_error(error.what(), "primus-cli direct --help");
     return error.exit_code();
+  }
+  if (slurm != nullptr) {
+    try {
+      return run_slurm_job(launch, *slurm, words, command_experiment(commands));
+    } catch (const UsageError& error) {
+      print_usage_error(error.what(), "primus-cli slurm --help");
+      return error.exit_code();
+    }
   }
   // A worker (PRIMUS_LAUNCHED=1) runs its command itself, so a launch never nests.
   LaunchLayout layout;
@@ -257,6 +295,10 @@ int run_command(const LaunchOptions& launch, const LaunchRequest& request, const
       pool.layout = layout;
       pool.argv = worker_argv(launch, words);
       pool.log_file = launch.log_file;
+      if (launch.mode == "slurm node") {
+        pool.forward_stop_signals = false;
+        pool.alerts_only = layout.node_rank > 0;
+      }
       return run_worker_pool(pool);
     }
     int code = action();
@@ -365,11 +407,9 @@ int run_cli(int argc, char** argv) {
   direct->footer(kDirectFooter);
   ContainerFlags container_flags;
   CLI::App* container = add_container_mode(launcher, container_flags);
-  CLI::App* slurm =
-      launcher.add_subcommand("slurm", "Run the command on Slurm nodes through srun/sbatch (not implemented yet)");
-  slurm->footer(
-      "Not implemented yet: run the command in direct mode, e.g. primus-cli direct -- train pretrain "
-      "--config exp.yaml");
+  CLI::App* slurm = launcher.add_subcommand(
+      "slurm", "Run the command on Slurm nodes: srun (foreground) or sbatch (a batch script in the run directory)");
+  slurm->footer(kSlurmFooter);
   slurm->allow_extras();
   slurm->prefix_command();
 
@@ -378,18 +418,38 @@ int run_cli(int argc, char** argv) {
   } catch (const CLI::ParseError& error) {
     return handle_parse_error(launcher, error, "primus-cli");
   }
-  if (slurm->parsed()) {
-    report_error("slurm mode is not implemented yet; use direct");
-    return kExitUsage;
-  }
   launch.command_words = split.command;
+
+  std::optional<SlurmArguments> slurm_arguments;
+  if (slurm->parsed()) {
+    try {
+      slurm_arguments = parse_slurm_arguments(slurm->remaining());
+      launch.mode = "slurm " + slurm_arguments->launcher;
+      launch.dry_run = launch.dry_run || slurm_arguments->dry_run;
+      launch.debug = launch.debug || slurm_arguments->debug;
+      if (slurm_arguments->launcher == "node") {
+        setup_logging(launch.debug, "");
+        request = slurm_node_request(*slurm_arguments);
+      }
+    } catch (const NodeStopped& stopped) {
+      spdlog::warn("{}", stopped.what());
+      return stopped.exit_code();
+    } catch (const UsageError& error) {
+      print_usage_error(error.what(), "primus-cli slurm --help");
+      return error.exit_code();
+    } catch (const Error& error) {
+      report_error(error.what());
+      return error.exit_code();
+    }
+  }
+  const SlurmArguments* submit = slurm_arguments && slurm_arguments->launcher != "node" ? &*slurm_arguments : nullptr;
 
   try {
     if (container->parsed()) {
       launch.mode = "container";
       return run_container(launch, container_flags, split.command);
     }
-    return run_command(launch, request, split.command);
+    return run_command(launch, request, split.command, submit);
   } catch (const Error& error) {
     report_error(error.what());
     return error.exit_code();

@@ -284,7 +284,7 @@ void WorkerPool::write_console(int fd, const std::string& text) {
 void WorkerPool::handle_line(Worker& worker, const Stream& stream, const std::string& line) {
   worker.tail.push_back(line);
   if (worker.tail.size() > kTailLines) worker.tail.pop_front();
-  if (worker.local_rank == 0) {
+  if (worker.local_rank == 0 && !options_.alerts_only) {
     write_console(stream.is_stderr ? STDERR_FILENO : STDOUT_FILENO, line + "\n");
   } else if (is_alert_line(line)) {
     write_console(STDERR_FILENO, fmt::format("[rank {}] {}\n", worker.rank, line));
@@ -370,6 +370,12 @@ void WorkerPool::reap() {
 // What a rank does when asked to stop: exit 0 or 128+N after the forwarded signal, die by it, or by our SIGKILL.
 bool WorkerPool::is_expected_end(int status) const {
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return true;
+  if (stop_signal_ == 0 && !first_failure_ && !options_.forward_stop_signals) {
+    // Under Slurm the step's signal reaches the ranks and us at about the same time; a rank it ended may be
+    // reaped before our own copy is read. That is a stop, not a failure.
+    const int code = WIFEXITED(status) ? WEXITSTATUS(status) - 128 : WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+    return code == SIGINT || code == SIGTERM;
+  }
   if (stop_signal_ == 0 && !first_failure_) return false;
   if (WIFEXITED(status)) return WEXITSTATUS(status) == 128 + SIGINT || WEXITSTATUS(status) == 128 + SIGTERM;
   if (!WIFSIGNALED(status)) return false;
@@ -386,6 +392,10 @@ void WorkerPool::on_worker_end(Worker& worker, int status) {
   close_fd(worker.err.fd);
 
   bool expected = is_expected_end(status);
+  if (expected && stop_signal_ == 0 && !first_failure_ && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+    stop_signal_ = WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status) - 128;
+    spdlog::warn("launcher: rank {} was stopped by {} from Slurm", worker.rank, signal_name(stop_signal_));
+  }
   if (expected) {
     spdlog::info("launcher: rank {} (pid {}) {}", worker.rank, worker.pid, describe_status(status));
     return;
@@ -406,6 +416,14 @@ void WorkerPool::on_worker_end(Worker& worker, int status) {
 }
 
 void WorkerPool::on_launcher_signal_received(int signal_number) {
+  if (stop_signal_ == 0 && !first_failure_ && !options_.forward_stop_signals) {
+    stop_signal_ = signal_number;
+    spdlog::warn(
+        "launcher: {} received; the ranks got it from Slurm too, so it is not forwarded (send it again to "
+        "kill the ranks now)",
+        signal_name(signal_number));
+    return;
+  }
   if (stop_signal_ == 0 && !first_failure_) {
     stop_signal_ = signal_number;
     spdlog::warn(

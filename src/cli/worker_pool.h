@@ -17,6 +17,12 @@ struct WorkerPoolOptions {
   // A failure stop sends SIGTERM, then SIGKILL to ranks still running this much later. Short, because the
   // survivors of a dead rank usually wait on it inside a collective and cannot finish a checkpoint anyway.
   double failure_grace_s = 10;
+  // False under Slurm: slurmstepd signals every process of the step itself (scancel, the time limit), and a
+  // second copy from us would make the trainer exit without its checkpoint.
+  bool forward_stop_signals = true;
+  // True on the other nodes of a Slurm job, whose consoles srun merges: local rank 0 is shown like the other
+  // ranks (errors and warnings only), so the job's output is node 0's.
+  bool alerts_only = false;
 };
 
 // Starts the workers and returns when all have ended, with the exit code for the launcher:

@@ -34,6 +34,10 @@ std::string format_config_show(const LoadedConfig& loaded);
 // The Markdown reference of every key (the content of docs/config-reference.md).
 std::string schema_markdown();
 
+// True for a Slurm time limit: MINUTES, MINUTES:SECONDS, HOURS:MINUTES:SECONDS, DAYS-HOURS,
+// DAYS-HOURS:MINUTES, DAYS-HOURS:MINUTES:SECONDS, or UNLIMITED / INFINITE (as sbatch --time reads them).
+bool is_slurm_time(const std::string& text);
+
 // The configs/ directory (holding models/): $PRIMUS_CONFIGS_DIR, else next to the executable
 // (../configs, ../../configs, ../share/primus/configs), else the source tree's configs/.
 std::string find_configs_dir();

@@ -121,6 +121,22 @@ struct ContainerSettings {
   std::vector<std::pair<std::string, SourcedValue>> options;
 };
 
+// The `slurm:` section, read by `primus-cli slurm` (as Primus users write it; flags on the command line win).
+// Unset: absent from the file. Validated when loaded (nodes >= 1, gpus_per_node >= 0, a Slurm time format).
+struct SlurmSettings {
+  std::optional<int64_t> nodes;          // --nodes
+  std::optional<int64_t> gpus_per_node;  // --gpus-per-node; also the workers started on each node
+  std::string partition;                 // --partition
+  std::string time;                      // --time, e.g. 4:00:00, 2-00:00:00, 90
+  std::string job_name;                  // --job-name
+  std::string account;                   // --account
+  std::string output;                    // --output (sbatch), a path with Slurm's %j etc.
+  std::string error;                     // --error (sbatch)
+  // Where each given key was written ("exp.yaml:12"), by its canonical name (job_name, gpus_per_node, ...).
+  std::map<std::string, std::string> sources;
+  bool empty() const { return sources.empty(); }
+};
+
 struct ExperimentConfig {
   std::string source_path;             // the experiment file as given
   std::string work_group;
@@ -129,6 +145,7 @@ struct ExperimentConfig {
   std::string workspace;
   std::map<std::string, std::string> env;  // applied to the process environment before the run
   ContainerSettings container;             // for `primus-cli container`
+  SlurmSettings slurm;                     // used only by `primus-cli slurm`
   std::string module_name;             // "pre_trainer"
   std::string framework;               // "megatron"
   ModelArgs model;

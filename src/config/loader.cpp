@@ -200,6 +200,7 @@ LoadedConfig load_experiment_config(const std::string& path, const std::vector<s
   for (const std::string& o : overrides) apply_override(root, o);
   read_top_level(root, cfg, loaded.entries);
   read_container_section(root, cfg.container, loaded.entries);
+  read_slurm_section(root, cfg, loaded.entries);
 
   const ConfigNode& module = find_module(root);
   const ConfigNode* framework = module.find("framework");

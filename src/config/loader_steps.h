@@ -29,6 +29,11 @@ void check_module_keys(const ModuleKeys& keys, const Origin& module_origin);
 // and appends one entry per module key.
 void resolve_module_keys(const ModuleKeys& keys, ExperimentConfig& config, std::vector<ConfigEntry>& entries);
 
+// The `slurm:` section into config.slurm, one entry per given key (slurm_section.cpp).
+void read_slurm_section(const ConfigNode& root, ExperimentConfig& config, std::vector<ConfigEntry>& entries);
+// The section as YAML ("" when empty), for the effective config.
+std::string render_slurm_yaml(const SlurmSettings& settings);
+
 // The merged config as YAML that loads back to the same ExperimentConfig: top-level keys and every module
 // key under overrides (unset optional keys as null). The model preset's keys are copied, so no `model:` key.
 std::string render_effective_yaml(const ExperimentConfig& config, const ModuleKeys& keys);

@@ -73,6 +73,7 @@ std::string render_effective_yaml(const ExperimentConfig& config, const ModuleKe
     }
   }
   out += render_container_section(config.container);
+  out += render_slurm_yaml(config.slurm);
   out += fmt::format("modules:\n  {}:\n    framework: {}\n    overrides:\n", config.module_name,
                      yaml_string(config.framework));
   for (KeyGroup group : {KeyGroup::kModel, KeyGroup::kTraining}) {
@@ -162,6 +163,7 @@ user_name: ${PRIMUS_USER:root}
 exp_name: my_exp                # required: the run directory is <workspace>/<exp_name>
 workspace: ./output
 env: {OMP_NUM_THREADS: 2}       # set in the process environment before the run
+slurm: {nodes: 2, time: "4:00:00"}  # optional: primus-cli slurm's settings (flags win)
 modules:
   pre_trainer:                  # the only module for now
     framework: megatron         # the only framework for now
@@ -180,6 +182,7 @@ modules:
 | `workspace` | string | `./output` | parent of the run directory |
 | `env` | map of scalars | `{}` | environment variables for the run; names containing TOKEN, KEY, SECRET or PASSWORD are shown as `***` by `config show`, dry runs and the run's `config.yaml` |
 | `container` | map | none | for `primus-cli container` (flags win): `runtime` (podman or docker) and, at its top or under `options:` as Primus writes them, `image`, `volume` (list of `SRC[:DST[:ro]]`), `env` (list of `NAME=VALUE`, or a map) and the run options `ipc`, `network`, `shm-size`, `cpus`, `memory`, `device`, `cap-add`, `security-opt`, `ulimit`, `group-add`, `gpus`, `privileged`; see docs/cli.md |
+| `slurm` | map | `{}` | `primus-cli slurm` settings, each optional (flags on its command line win): `nodes` (>= 1), `partition`, `time` (Slurm's format: `4:00:00`, `2-00:00:00`, `90`), `job_name`, `account`, `gpus_per_node` (>= 0; also the workers per node), `output`, `error`; `job-name` and `gpus-per-node` are the same keys; other Slurm flags go on the command line |
 | `modules` | map | required | holds `pre_trainer` (`post_trainer` is not supported yet) |
 | `modules.pre_trainer.framework` | string | required | `megatron` |
 | `modules.pre_trainer.model` | string | none | model preset: a path relative to the file naming it, else `<configs>/models/<name>[.yaml]` |

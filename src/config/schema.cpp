@@ -748,7 +748,7 @@ const KeySpec* find_key_spec(std::string_view name) {
 
 const std::vector<std::string>& top_level_keys() {
   static const std::vector<std::string> keys = {"extends",   "work_group", "user_name", "exp_name",
-                                                "workspace", "env",        "modules",   "container"};
+                                                "workspace", "env",        "modules",   "container", "slurm"};
   return keys;
 }
 

@@ -88,7 +88,7 @@ TEST_F(CliTest, HelpAtEveryLevelExitsZeroAndListsWhatIsThere) {
       {{"-h"}, {"direct", "train pretrain"}},
       {{"direct", "--help"}, {"--log-file", "Examples"}},
       {{"container", "--help"}, {"--image", "--runtime", "--volume", "--env", "Exit codes", "Examples"}},
-      {{"slurm", "--help"}, {"not implemented yet"}},
+      {{"slurm", "--help"}, {"srun|sbatch", "--gpus-per-node", "slurm node"}},
       {{"--", "--help"}, {"train", "config"}},
       {{"--", "train", "--help"}, {"pretrain", "posttrain", "Examples"}},
       {{"--", "train", "pretrain", "--help"}, {"--config", "Overrides", "KEY=VALUE", "Examples"}},
@@ -135,14 +135,6 @@ TEST_F(CliTest, UnknownCommandsAndFlagsExitTwoWithAHint) {
   EXPECT_CONTAINS(result.err, "no command given");
 }
 
-TEST_F(CliTest, SlurmModeIsNotImplementedYet) {
-  std::string config = write_config("exp.yaml");
-  CliResult result = run({"slurm", "srun", "-N", "2", "--", "train", "pretrain", "--config", config});
-  EXPECT_EQ(result.exit_code, 2);
-  EXPECT_EQ(result.err, "primus-cli: error: slurm mode is not implemented yet; use direct\n");
-  result = run({"--dry-run", "slurm", "--", "config", "schema"});
-  EXPECT_EQ(result.exit_code, 2);
-}
 
 TEST_F(CliTest, PosttrainIsNotImplementedYet) {
   CliResult result = run({"--", "train", "posttrain", "--config", write_config("exp.yaml")});
