@@ -261,8 +261,9 @@ TEST_F(LauncherTest, AKilledWorkerStopsTheOthersAndIsNamed) {
   pid_t launcher = spawn(long_run({"--nproc-per-node", "2", "--master-port", free_port()}));
   std::vector<StartedRank> ranks = wait_for_workers(2, "benchmark");
   ASSERT_EQ(ranks.size(), 2u);
-  // Let rank 1 print something for the failure report.
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  // Let rank 1 print something for the failure report (500 ms was too short on a loaded 2-core machine: "Rank 1
+  // printed nothing").
+  std::this_thread::sleep_for(std::chrono::seconds(2));
   auto start = Clock::now();
   ASSERT_EQ(::kill(ranks[1].pid, SIGKILL), 0);
   CliResult result = wait(launcher);
