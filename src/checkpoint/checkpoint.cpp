@@ -95,7 +95,27 @@ int64_t save_checkpoint(const std::string& save_dir, const Model& model, const A
 
 std::optional<std::string> find_latest_checkpoint(const std::string& dir) {
   const std::string tracker = dir + "/" + kTrackerFile;
-  if (!fs::exists(tracker)) return std::nullopt;
+  if (!fs::exists(tracker)) {
+    // Complete checkpoints without the tracker (deleted by hand, say): starting from scratch would overwrite them.
+    std::vector<std::string> stranded;
+    std::error_code ignored;
+    if (fs::is_directory(dir, ignored)) {
+      for (const auto& entry : fs::directory_iterator(dir, ignored)) {
+        const std::string name = entry.path().filename().string();
+        if (entry.is_directory() && name.size() == 12 && name.rfind("iter_", 0) == 0 &&
+            name.find_first_not_of("0123456789", 5) == std::string::npos) {
+          stranded.push_back(name);
+        }
+      }
+    }
+    if (stranded.empty()) return std::nullopt;
+    std::sort(stranded.begin(), stranded.end());
+    throw UsageError(fmt::format(
+        "{}: holds checkpoints ({}{}) but no {}: a run would start from scratch and overwrite them. Write the "
+        "iteration to resume from into {} (e.g. {}), or move the checkpoints away",
+        dir, stranded.front(), stranded.size() > 1 ? fmt::format(" ... {}", stranded.back()) : "", kTrackerFile,
+        tracker, std::stoll(stranded.back().substr(5))));
+  }
   const std::string text = read_file(tracker);
   int64_t iteration = -1;
   try {

@@ -15,6 +15,8 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/checkpoint_dir.h"
+#include "checkpoint/convert.h"
 #include "checkpoint/sharded_checkpoint.h"
 #include "core/file_io.h"
 #include "core/rng.h"
@@ -24,6 +26,7 @@
 #include "data/text_corpus.h"
 #include "data/tokenizer.h"
 #include "observe/metric_sinks.h"
+#include "ops/ops.h"
 #include "ops/profile.h"
 #include "optim/lr_schedule.h"
 #include "train/sampling.h"
@@ -230,7 +233,18 @@ int run_training(const ExperimentConfig& config, const RunOptions& options, std:
   TrainerState state;
   state.seed = t.seed;
   const CheckpointProgressFn checkpoint_bars = checkpoint_progress_bars(options.progress);
-  if (std::optional<std::string> latest = find_latest_checkpoint(load_dir)) {
+  std::optional<std::string> latest;
+  if (!t.load.empty() && fs::absolute(load_dir).lexically_normal() != fs::absolute(save_dir).lexically_normal()) {
+    // An explicit load elsewhere must name a checkpoint: training from scratch instead would be silent.
+    try {
+      latest = resolve_checkpoint_dir(load_dir);
+    } catch (const UsageError& error) {
+      throw UsageError(fmt::format("[config] load: {}", error.what()));
+    }
+  } else {
+    latest = find_latest_checkpoint(load_dir);
+  }
+  if (latest) {
     state = load_checkpoint(*latest, model, optimizer, checkpoint_bars);
     if (state.seed != t.seed) {
       throw UsageError(fmt::format("[config] seed is {} but checkpoint {} was trained with seed {}", t.seed, *latest, state.seed));
@@ -276,6 +290,16 @@ int run_training(const ExperimentConfig& config, const RunOptions& options, std:
   auto save = [&]() {
     if (saved_iteration == state.iteration) return;
     saved_iteration = state.iteration;
+    // Weights that overflowed (an update with a huge learning rate) would be saved as the latest checkpoint.
+    double local = 0.0;
+    for (const FlatRange& r : dp->shard_ranges()) {
+      for (const Tensor& view : weight_views(model.params(), optimizer, r.begin, r.end)) local += ops::sum_squares(view);
+    }
+    if (dp->any(!std::isfinite(local))) {
+      throw RuntimeError(fmt::format("the weights are not finite (inf or NaN) at iteration {}: not saving them (the "
+                                     "previous checkpoint, if any, stays the latest); a smaller lr or clip_grad helps",
+                                     state.iteration));
+    }
     state.consumed_train_samples = loader.consumed_samples();
     state.optimizer_steps = optimizer.steps_taken();
     const Clock::time_point save_start = Clock::now();

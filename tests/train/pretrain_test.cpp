@@ -152,6 +152,55 @@ TEST(Pretrain, CorruptOrTruncatedCheckpointIsRefused) {
   }
 }
 
+// Checkpoints whose tracker was deleted are not overwritten by a run from scratch: the run is refused, naming them.
+TEST(Pretrain, CheckpointsWithoutTheirTrackerAreRefused) {
+  ExperimentConfig c = shakespeare_config(testing::temp_dir("notracker"), 3);
+  ASSERT_EQ(run_pretrain(c, {}), 0);
+  std::filesystem::remove(c.run_dir() + "/checkpoints/latest_checkpointed_iteration.txt");
+  c.train.train_iters = 5;
+  try {
+    run_pretrain(c, {});
+    FAIL() << "trained from scratch over existing checkpoints";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("iter_0000003"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("latest_checkpointed_iteration.txt"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(std::filesystem::exists(c.run_dir() + "/checkpoints/iter_0000005"));
+}
+
+// An explicit load= that names no checkpoint (a missing path, a file, an empty folder) is an error, not a run from
+// scratch.
+TEST(Pretrain, LoadNamingNoCheckpointIsAUsageError) {
+  const std::string dir = testing::temp_dir("badload");
+  write_file_atomic(dir + "/file", "x");
+  std::filesystem::create_directories(dir + "/empty");
+  for (const std::string& load : {dir + "/missing", dir + "/file", dir + "/empty"}) {
+    ExperimentConfig c = shakespeare_config(dir, 2);
+    c.train.load = load;
+    try {
+      run_pretrain(c, {});
+      FAIL() << "load=" << load << " was ignored";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("load: " + load), std::string::npos) << e.what();
+    }
+  }
+}
+
+// Weights that overflowed in the update are never saved as a checkpoint.
+TEST(Pretrain, NonFiniteWeightsAreNotSaved) {
+  ExperimentConfig c = shakespeare_config(testing::temp_dir("inf"), 1);
+  c.train.lr = 1e308;
+  c.train.lr_decay_style = "constant";
+  c.train.lr_warmup_iters = 0;
+  try {
+    run_pretrain(c, {});
+    FAIL() << "non-finite weights were saved";
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("not finite"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(std::filesystem::exists(c.run_dir() + "/checkpoints/latest_checkpointed_iteration.txt"));
+}
+
 TEST(Pretrain, MissingDataPathIsAUsageError) {
   ExperimentConfig c = shakespeare_config(testing::temp_dir("nodata"), 3);
   c.train.data_path = {"/nonexistent/corpus.txt"};
