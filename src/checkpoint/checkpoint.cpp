@@ -116,7 +116,7 @@ std::optional<std::string> find_latest_checkpoint(const std::string& dir) {
         dir, stranded.front(), stranded.size() > 1 ? fmt::format(" ... {}", stranded.back()) : "", kTrackerFile,
         tracker, std::stoll(stranded.back().substr(5))));
   }
-  const std::string text = read_file(tracker);
+  const std::string text = read_file(tracker, FileKinds::kRegularOnly);
   int64_t iteration = -1;
   try {
     size_t used = 0;
@@ -141,7 +141,7 @@ void verify_checkpoint(const std::string& checkpoint_dir, const CheckpointProgre
   }
   json manifest;
   try {
-    manifest = json::parse(read_file(manifest_path));
+    manifest = json::parse(read_file(manifest_path, FileKinds::kRegularOnly));
   } catch (const json::exception& e) {
     throw RuntimeError(fmt::format("{}: unreadable manifest ({})", manifest_path, e.what()));
   }
@@ -231,7 +231,7 @@ void load_hf_weights(const std::string& dir, Model& model) {
   if (!fs::exists(config_path)) throw UsageError(fmt::format("pretrained_checkpoint: {} does not exist", config_path));
   json config;
   try {
-    config = json::parse(read_file(config_path));
+    config = json::parse(read_file(config_path, FileKinds::kRegularOnly));
   } catch (const json::exception& e) {
     throw UsageError(fmt::format("{}: not valid JSON ({})", config_path, e.what()));
   }
@@ -254,7 +254,7 @@ void load_hf_weights(const std::string& dir, Model& model) {
   if (fs::exists(dir + "/model.safetensors")) {
     for (const ParamSpec& spec : model.params().specs()) file_of[spec.name] = dir + "/model.safetensors";
   } else if (fs::exists(index_path)) {
-    json index = json::parse(read_file(index_path));
+    json index = json::parse(read_file(index_path, FileKinds::kRegularOnly));
     for (const auto& [name, file] : index.at("weight_map").items()) file_of[name] = dir + "/" + file.get<std::string>();
   } else {
     throw UsageError(fmt::format("pretrained_checkpoint: {} has neither model.safetensors nor an index", dir));

@@ -64,7 +64,7 @@ TrainerState read_trainer_state(const std::string& checkpoint_dir) {
   const std::string state_file = checkpoint_dir + "/trainer_state.json";
   TrainerState state;
   try {
-    const json j = json::parse(read_file(state_file));
+    const json j = json::parse(read_file(state_file, FileKinds::kRegularOnly));
     state.iteration = j.at("iteration").get<int64_t>();
     state.consumed_train_samples = j.at("consumed_train_samples").get<int64_t>();
     state.optimizer_steps = j.at("optimizer_steps").get<int64_t>();

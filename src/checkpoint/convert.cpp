@@ -56,7 +56,7 @@ ConversionSummary export_checkpoint_to_hf(const std::string& checkpoint_dir, con
     summary.parameters += shape_numel(tensor.shape);
   }
   if (summary.tensors == 0) throw RuntimeError(fmt::format("{}: holds no weights", catalog.source()));
-  const std::string config = read_file(checkpoint_dir + "/config.json");
+  const std::string config = read_file(checkpoint_dir + "/config.json", FileKinds::kRegularOnly);
 
   std::error_code error;
   fs::create_directories(hf_dir, error);

@@ -194,7 +194,7 @@ ModelArgs model_args_from_hf_config(const json& j, const std::string& source_nam
 ModelArgs read_hf_config(const std::string& path) {
   std::string text;
   try {
-    text = read_file(path);
+    text = read_file(path, FileKinds::kRegularOnly);
   } catch (const RuntimeError& e) {
     throw UsageError(e.what());
   }

@@ -263,7 +263,7 @@ struct SafetensorsFile::Mapping {
 };
 
 SafetensorsFile SafetensorsFile::open(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // a FIFO is refused below, not waited on
   if (fd < 0) throw RuntimeError(fmt::format("cannot open {}: {}", path, os_error(errno)));
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {

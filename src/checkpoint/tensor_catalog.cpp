@@ -88,7 +88,7 @@ TensorCatalog TensorCatalog::open_checkpoint(const std::string& dir) {
   catalog.sharded_ = true;
   json index;
   try {
-    index = json::parse(read_file(index_path));
+    index = json::parse(read_file(index_path, FileKinds::kRegularOnly));
   } catch (const json::exception& e) {
     throw RuntimeError(fmt::format("{}: unreadable index ({})", index_path, e.what()));
   }
@@ -160,7 +160,7 @@ TensorCatalog TensorCatalog::open_hf_folder(const std::string& dir) {
   catalog.source_ = index_path;
   json index;
   try {
-    index = json::parse(read_file(index_path));
+    index = json::parse(read_file(index_path, FileKinds::kRegularOnly));
   } catch (const json::exception& e) {
     throw UsageError(fmt::format("{}: not valid JSON ({})", index_path, e.what()));
   }

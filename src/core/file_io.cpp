@@ -33,8 +33,11 @@ void close_or_throw(int fd, const std::string& path) {
 
 }  // namespace
 
-std::string read_file(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+std::string read_file(const std::string& path) { return read_file(path, FileKinds::kAny); }
+
+std::string read_file(const std::string& path, FileKinds kinds) {
+  // O_NONBLOCK: opening a FIFO without a writer would block; regular files ignore it, and it is cleared below.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) throw RuntimeError(fmt::format("cannot open {}: {}", path, os_error(errno)));
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
@@ -46,6 +49,11 @@ std::string read_file(const std::string& path) {
     ::close(fd);
     throw RuntimeError(fmt::format("cannot read {}: {}", path, os_error(EISDIR)));
   }
+  if (kinds == FileKinds::kRegularOnly && !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw RuntimeError(fmt::format("{}: not a regular file (a FIFO, device or socket); refusing to read it", path));
+  }
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);  // a pipe (`--config <(...)`) is then read blocking
   std::string bytes;
   // st_size is a hint only (pipes and /proc files report 0); read until end of file either way.
   size_t capacity = st.st_size > 0 ? static_cast<size_t>(st.st_size) + 1 : 4096;
@@ -81,6 +89,14 @@ void fsync_directory(const std::string& dir) {
 
 AtomicFileWriter::AtomicFileWriter(std::string path)
     : path_(std::move(path)), tmp_path_(fmt::format("{}.tmp.{}", path_, ::getpid())) {
+  // The rename would replace whatever is there: a device (/dev/full), a FIFO or a symlink given as an output
+  // must not become a plain file.
+  struct stat st {};
+  if (::lstat(path_.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    throw RuntimeError(fmt::format("{}: exists and is not a regular file (a directory, device, FIFO, socket or "
+                                   "symbolic link); refusing to replace it",
+                                   path_));
+  }
   fd_ = ::open(tmp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd_ < 0) throw RuntimeError(fmt::format("cannot create {}: {}", tmp_path_, os_error(errno)));
 }

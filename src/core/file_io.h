@@ -19,6 +19,10 @@ namespace primus {
 // The whole file as bytes. Throws RuntimeError naming the path and the OS error; callers reading a file the
 // user named may catch it and rethrow as UsageError.
 std::string read_file(const std::string& path);
+// kRegularOnly: a FIFO, device or socket is refused at once (a FIFO would block a reader forever): for files a
+// program writes, such as checkpoint metadata.
+enum class FileKinds { kAny, kRegularOnly };
+std::string read_file(const std::string& path, FileKinds kinds);
 
 // Replaces `path` with `bytes` atomically (see above). Throws RuntimeError on any I/O failure; the old file
 // is left untouched and the temporary removed.

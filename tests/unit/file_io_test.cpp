@@ -3,6 +3,7 @@
 #include "core/file_io.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -188,4 +189,42 @@ TEST(FileIo, WriteErrorsNameThePath) {
 }
 
 }  // namespace
+// A FIFO named where a program's own file should be (a checkpoint's tracker or manifest) is refused at once
+// instead of blocking the reader forever; a pipe is still read where any file is allowed.
+TEST(FileIo, RegularOnlyReadRefusesAFifoWithoutBlocking) {
+  const std::string dir = testing::temp_dir("fifo_read");
+  const std::string fifo = dir + "/latest_checkpointed_iteration.txt";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  try {
+    read_file(fifo, FileKinds::kRegularOnly);
+    FAIL() << "a FIFO was read";
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("not a regular file"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(fifo), std::string::npos) << e.what();
+  }
+}
+
+// Outputs that are not regular files (a device such as /dev/full, a FIFO, a symbolic link) are never replaced.
+TEST(FileIo, WriteFileAtomicRefusesToReplaceNonRegularFiles) {
+  const std::string dir = testing::temp_dir("nonregular_write");
+  const std::string fifo = dir + "/fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  const std::string target = dir + "/target";
+  write_file_atomic(target, "kept");
+  const std::string link = dir + "/link";
+  std::filesystem::create_symlink(target, link);
+  for (const std::string& path : {fifo, link, std::string("/dev/null")}) {
+    try {
+      write_file_atomic(path, "replaced");
+      FAIL() << path << " was replaced";
+    } catch (const RuntimeError& e) {
+      EXPECT_NE(std::string(e.what()).find("not a regular file"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_TRUE(std::filesystem::is_fifo(fifo));
+  EXPECT_TRUE(std::filesystem::is_symlink(link));
+  EXPECT_EQ(read_file(target), "kept");
+  EXPECT_TRUE(std::filesystem::is_character_file("/dev/null"));
+}
+
 }  // namespace primus
