@@ -237,27 +237,10 @@ bool matches(const std::string& candidate, const std::string& name, bool exact) 
   return exact ? candidate == name : candidate.starts_with(name);
 }
 
-void add_socket_ifname(Checks& out) {
-  const std::map<std::string, Interface> interfaces = list_interfaces();
-  std::vector<std::string> described;
-  for (const auto& [name, i] : interfaces) {
-    described.push_back(fmt::format("{}{} {}", name, i.up ? "" : " (down)",
-                                    i.addresses.empty() ? "no address" : fmt::format("{}", fmt::join(i.addresses, " "))));
-  }
-  const char* env = std::getenv("NCCL_SOCKET_IFNAME");
-  if (env == nullptr || *env == '\0') {
-    out.push_back(make_check("network", "NCCL_SOCKET_IFNAME", CheckStatus::kInfo,
-                             "not set: NCCL picks an interface (not lo or docker*)",
-                             fmt::format("interfaces: {}", fmt::join(described, "; "))));
-    return;
-  }
-  const NameList list = parse_name_list(env);
-  if (list.exclude) {
-    out.push_back(make_check("network", "NCCL_SOCKET_IFNAME", CheckStatus::kInfo,
-                             fmt::format("'{}' excludes interfaces", env),
-                             fmt::format("interfaces: {}", fmt::join(described, "; "))));
-    return;
-  }
+// The interfaces a variable names (`list`, parsed from its value `raw`) against those of this host.
+void check_interfaces(const std::string& variable, const std::string& raw, const NameList& list,
+                      const std::map<std::string, Interface>& interfaces, const std::vector<std::string>& described,
+                      Checks& out) {
   std::vector<std::string> missing, down, good;
   for (const std::string& name : list.names) {
     bool any = false, any_up = false;
@@ -275,17 +258,45 @@ void add_socket_ifname(Checks& out) {
   std::vector<std::string> names;
   for (const auto& [name, i] : interfaces) names.push_back(name);
   if (!missing.empty()) {
-    out.push_back(make_check("network", "NCCL_SOCKET_IFNAME", CheckStatus::kFail,
-                             fmt::format("'{}': no interface named {}", env, fmt::join(missing, ", ")),
+    out.push_back(make_check("network", variable, CheckStatus::kFail,
+                             fmt::format("'{}': no interface named {}", raw, fmt::join(missing, ", ")),
                              fmt::format("this host has: {}", fmt::join(names, ", "))));
   } else if (good.empty()) {
-    out.push_back(make_check("network", "NCCL_SOCKET_IFNAME", CheckStatus::kFail,
-                             fmt::format("'{}': interface {} is down", env, fmt::join(down, ", ")),
+    out.push_back(make_check("network", variable, CheckStatus::kFail,
+                             fmt::format("'{}': interface {} is down", raw, fmt::join(down, ", ")),
                              fmt::format("interfaces: {}", fmt::join(described, "; "))));
   } else {
-    out.push_back(make_check("network", "NCCL_SOCKET_IFNAME", down.empty() ? CheckStatus::kPass : CheckStatus::kWarn,
-                             fmt::format("'{}': {}", env, fmt::join(good, "; ")),
+    out.push_back(make_check("network", variable, down.empty() ? CheckStatus::kPass : CheckStatus::kWarn,
+                             fmt::format("'{}': {}", raw, fmt::join(good, "; ")),
                              down.empty() ? "" : fmt::format("down: {}", fmt::join(down, ", "))));
+  }
+}
+
+// NCCL_SOCKET_IFNAME in NCCL's syntax; GLOO_SOCKET_IFNAME (CPU ranks' Gloo) one exact name, checked only when set.
+void add_socket_ifname(Checks& out) {
+  const std::map<std::string, Interface> interfaces = list_interfaces();
+  std::vector<std::string> described;
+  for (const auto& [name, i] : interfaces) {
+    described.push_back(fmt::format("{}{} {}", name, i.up ? "" : " (down)",
+                                    i.addresses.empty() ? "no address" : fmt::format("{}", fmt::join(i.addresses, " "))));
+  }
+  const char* env = std::getenv("NCCL_SOCKET_IFNAME");
+  if (env == nullptr || *env == '\0') {
+    out.push_back(make_check("network", "NCCL_SOCKET_IFNAME", CheckStatus::kInfo,
+                             "not set: NCCL picks an interface (not lo or docker*)",
+                             fmt::format("interfaces: {}", fmt::join(described, "; "))));
+  } else if (const NameList list = parse_name_list(env); list.exclude) {
+    out.push_back(make_check("network", "NCCL_SOCKET_IFNAME", CheckStatus::kInfo,
+                             fmt::format("'{}' excludes interfaces", env),
+                             fmt::format("interfaces: {}", fmt::join(described, "; "))));
+  } else {
+    check_interfaces("NCCL_SOCKET_IFNAME", env, list, interfaces, described, out);
+  }
+  if (const char* gloo = std::getenv("GLOO_SOCKET_IFNAME"); gloo != nullptr && *gloo != '\0') {
+    NameList list;
+    list.exact = true;
+    list.names = {gloo};
+    check_interfaces("GLOO_SOCKET_IFNAME", gloo, list, interfaces, described, out);
   }
 }
 

@@ -24,7 +24,8 @@ class PreflightRanks : public ::testing::Test {
   void SetUp() override {
     ASSERT_TRUE(fs::exists(testing::cli_path())) << testing::cli_path() << " not found: build primus-cli first";
     for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                             "PRIMUS_LAUNCHED", "NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "OMP_NUM_THREADS"}) {
+                             "PRIMUS_LAUNCHED", "NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "GLOO_SOCKET_IFNAME",
+                             "OMP_NUM_THREADS"}) {
       const char* old = std::getenv(name);
       saved_.emplace_back(name, old ? std::optional<std::string>(old) : std::nullopt);
       unsetenv(name);

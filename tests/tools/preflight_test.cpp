@@ -27,7 +27,7 @@ class Preflight : public ::testing::Test {
     ASSERT_TRUE(fs::exists(testing::cli_path())) << testing::cli_path() << " not found: build primus-cli first";
     // The job's variables and the network ones the checks read: each test sets what it needs.
     for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                             "PRIMUS_LAUNCHED", "NCCL_SOCKET_IFNAME", "NCCL_IB_HCA"}) {
+                             "PRIMUS_LAUNCHED", "NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "GLOO_SOCKET_IFNAME"}) {
       const char* old = std::getenv(name);
       saved_.emplace_back(name, old ? std::optional<std::string>(old) : std::nullopt);
       unsetenv(name);
@@ -129,6 +129,14 @@ TEST_F(Preflight, AMissingSocketInterfaceFailsNamingIt) {
   EXPECT_EQ(r["result"], "fail");
   EXPECT_EQ(r["counts"]["fail"], 1);
   EXPECT_EQ(find(r, "network", "NCCL_SOCKET_IFNAME").at(0)["status"], "fail");
+}
+
+TEST_F(Preflight, AMissingGlooInterfaceFailsNamingIt) {
+  setenv("GLOO_SOCKET_IFNAME", "lo9", 1);  // an exact name: "lo" exists, "lo9" does not
+  testing::CliResult result = run({});
+  EXPECT_EQ(result.exit_code, 1) << result.out << result.err;
+  EXPECT_CONTAINS(result.out, "FAIL   network/GLOO_SOCKET_IFNAME");
+  EXPECT_CONTAINS(result.out, "'lo9': no interface named lo9");
 }
 
 TEST_F(Preflight, LoopbackAsSocketInterfacePasses) {
