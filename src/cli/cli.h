@@ -52,6 +52,7 @@ void add_data_commands(CLI::App& root, const LaunchOptions& launch, Action& acti
 void add_benchmark_commands(CLI::App& root, const LaunchOptions& launch, Action& action);
 void add_report_commands(CLI::App& root, const LaunchOptions& launch, Action& action);
 void add_checkpoint_commands(CLI::App& root, const LaunchOptions& launch, Action& action);
+void add_preflight_commands(CLI::App& root, const LaunchOptions& launch, Action& action);
 
 // Turns the free arguments of a command into "key=value" overrides. Accepts key=value, --key=value,
 // --key value and a bare --flag (meaning flag=true); throws UsageError on anything else.
@@ -68,7 +69,8 @@ void setup_logging(bool debug, const std::string& log_file);
 // Prints one "primus-cli: error: ..." line to stderr (and into the log file when one is open).
 void report_error(const std::string& message);
 
-// Parses argv, runs the command and returns the process exit code (0, 2 usage, 3 runtime, 128+N signal).
+// Parses argv, runs the command and returns the process exit code (0, 1 preflight checks failed, 2 usage, 3 runtime,
+// 128+N signal).
 int run_cli(int argc, char** argv);
 
 }  // namespace primus::cli

@@ -19,6 +19,7 @@
 #include "cli/slurm_mode.h"
 #include "cli/worker_pool.h"
 #include "core/error.h"
+#include "tools/build_info.h"
 
 namespace primus::cli {
 namespace {
@@ -33,9 +34,11 @@ constexpr const char* kLauncherFooter = R"(Commands (given after `--`; `--` may 
   data inspect PREFIX                             documents, tokens, lengths, a decoded sample
   benchmark train --config FILE [KEY=VALUE ...]   time the training step on random tokens
   report RUN_DIR [--output FILE]                  an HTML page of a run: loss/lr/throughput charts, config
+  preflight [--report-dir DIR]                    check host, GPUs, network, GEMM, bandwidth, all-reduce
 Run 'primus-cli -- <command> --help' for the options of a command.
 
-Exit codes: 0 ok, 2 bad arguments or config, 3 runtime failure, 128+N stopped by signal N.
+Exit codes: 0 ok, 1 preflight checks failed, 2 bad arguments or config, 3 runtime failure, 128+N stopped by
+signal N.
 
 Examples:
   primus-cli -- train pretrain --config exp.yaml
@@ -206,12 +209,13 @@ std::vector<std::string> worker_argv(const LaunchOptions& launch, const std::vec
   return argv;
 }
 
-// Train and benchmark use devices, so only they default to one worker per GPU (see resolve_launch_layout).
+// Train, benchmark and preflight use devices, so only they default to one worker per GPU (see
+// resolve_launch_layout).
 bool command_uses_devices(const CLI::App& commands) {
   auto chosen = commands.get_subcommands();
   if (chosen.empty()) return false;
   const std::string& name = chosen.front()->get_name();
-  return name == "train" || name == "benchmark";
+  return name == "train" || name == "benchmark" || name == "preflight";
 }
 
 // The `--config FILE` and the override words of the parsed command, when it takes a config.
@@ -232,6 +236,7 @@ void add_commands(CLI::App& commands, const LaunchOptions& launch, Action& actio
   add_benchmark_commands(commands, launch, action);
   add_report_commands(commands, launch, action);
   add_checkpoint_commands(commands, launch, action);
+  add_preflight_commands(commands, launch, action);
 }
 
 // Parses the command words; an exit code when they do not parse, or asked for help (then printed).
@@ -370,7 +375,8 @@ int run_cli(int argc, char** argv) {
 
   LaunchOptions launch;
   CLI::App launcher{"Primus: train large language models. Runs one command in a launch mode.", "primus-cli"};
-  launcher.set_version_flag("--version", std::string("primus-cli ") + PRIMUS_VERSION, "Print the version and exit");
+  launcher.set_version_flag("--version", std::function<std::string()>(version_text),
+                            "Print the version and the CUDA, cuDNN and NCCL versions of the build, and exit");
   launcher.add_flag("--dry-run", launch.dry_run,
                     "Print what would run (after validating the config) and exit 0 without running it");
   launcher.add_flag("--debug", launch.debug, "Debug-level logging");

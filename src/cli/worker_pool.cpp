@@ -150,6 +150,7 @@ class WorkerPool {
   std::optional<size_t> first_failure_;       // index into workers_
   bool failure_before_signal_ = false;        // the failure, not a signal, is why the ranks were stopped
   bool killed_ = false;                       // SIGKILL was sent to every running rank
+  std::vector<int> checks_failed_;            // ranks that exited 1: their checks failed (preflight), not a crash
   std::optional<Clock::time_point> kill_at_;  // when the ranks still running get SIGKILL
 };
 
@@ -391,6 +392,12 @@ void WorkerPool::on_worker_end(Worker& worker, int status) {
   close_fd(worker.out.fd);
   close_fd(worker.err.fd);
 
+  // Exit 1 is a result (preflight found a failed check), not a crash: the other ranks finish, the launcher exits 1.
+  if (WIFEXITED(status) && WEXITSTATUS(status) == kExitChecksFailed && stop_signal_ == 0 && !first_failure_) {
+    spdlog::info("launcher: rank {} (pid {}) exited with code 1 (checks failed)", worker.rank, worker.pid);
+    checks_failed_.push_back(worker.rank);
+    return;
+  }
   bool expected = is_expected_end(status);
   if (expected && stop_signal_ == 0 && !first_failure_ && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
     stop_signal_ = WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status) - 128;
@@ -492,6 +499,11 @@ int WorkerPool::finish() {
   if (stop_signal_ != 0) {
     spdlog::info("launcher: stopped by {}", signal_name(stop_signal_));
     return 128 + stop_signal_;
+  }
+  if (!checks_failed_.empty()) {
+    spdlog::info("launcher: all {} rank(s) finished; checks failed on rank(s) {}", workers_.size(),
+                 fmt::join(checks_failed_, ", "));
+    return kExitChecksFailed;
   }
   spdlog::info("launcher: all {} rank(s) finished", workers_.size());
   return kExitOk;

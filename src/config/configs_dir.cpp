@@ -1,4 +1,7 @@
 // Locating the configs/ directory (installed, build tree or source tree) and model presets inside it.
+// Order: PRIMUS_CONFIGS_DIR; beside an installed binary (<prefix>/bin/primus-cli ->
+// <prefix>/share/primus/configs, where `cmake --install` and the .deb put them); a configs/ one or two folders
+// above the binary (a checkout's build/primus-cli, its build/tests/*); the source tree the binary was built from.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -17,7 +20,7 @@ std::string find_configs_dir() {
   if (!ec) {
     fs::path dir = exe.parent_path();
     for (const fs::path& candidate :
-         {dir / ".." / "configs", dir / ".." / ".." / "configs", dir / ".." / "share" / "primus" / "configs"}) {
+         {dir / ".." / "share" / "primus" / "configs", dir / ".." / "configs", dir / ".." / ".." / "configs"}) {
       if (fs::is_directory(candidate, ec)) return candidate.lexically_normal().string();
     }
   }

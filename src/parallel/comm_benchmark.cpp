@@ -192,7 +192,7 @@ Device select_comm_device(const std::string& choice, int local_rank) {
   if (count > 0) {
     if (local_rank >= count) {
       throw UsageError(
-          fmt::format("benchmark comm: LOCAL_RANK {} needs GPU {}, but only {} are visible; start at "
+          fmt::format("LOCAL_RANK {} needs GPU {}, but only {} are visible; start at "
                       "most {} processes per node",
                       local_rank, local_rank, count, count));
     }
@@ -200,7 +200,7 @@ Device select_comm_device(const std::string& choice, int local_rank) {
     return Device{DeviceType::kCuda, local_rank};
   }
   if (choice == "cuda") throw UsageError(fmt::format("--device cuda, but no CUDA device is usable: {}", why));
-  spdlog::info("benchmark comm: --device auto found no usable CUDA device ({}), so the CPU (Gloo)", why);
+  spdlog::info("--device auto: no usable CUDA device ({}), so the CPU (Gloo)", why);
 #else
   if (choice == "cuda") throw UsageError("--device cuda, but this primus-cli was built without CUDA");
 #endif

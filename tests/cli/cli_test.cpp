@@ -77,7 +77,15 @@ class CliTest : public ::testing::Test {
 TEST_F(CliTest, VersionPrintsNameAndVersion) {
   CliResult result = run({"--version"});
   EXPECT_EQ(result.exit_code, 0);
-  EXPECT_EQ(result.out, std::string("primus-cli ") + PRIMUS_VERSION + "\n");
+#if PRIMUS_WITH_CUDA
+  // The versions of the headers the build used, e.g. "(built with CUDA 13.0, cuDNN 9.19.0, NCCL 2.28.9)".
+  EXPECT_TRUE(result.out.starts_with(std::string("primus-cli ") + PRIMUS_VERSION + " (built with CUDA "))
+      << result.out;
+  EXPECT_NE(result.out.find(", cuDNN 9."), std::string::npos) << result.out;
+  EXPECT_NE(result.out.find(", NCCL 2."), std::string::npos) << result.out;
+#else
+  EXPECT_EQ(result.out, std::string("primus-cli ") + PRIMUS_VERSION + " (built without CUDA)\n");
+#endif
 }
 
 TEST_F(CliTest, HelpAtEveryLevelExitsZeroAndListsWhatIsThere) {
@@ -112,7 +120,7 @@ TEST_F(CliTest, HelpAtEveryLevelExitsZeroAndListsWhatIsThere) {
 TEST_F(CliTest, UnknownCommandsAndFlagsExitTwoWithAHint) {
   CliResult result = run({"--", "bogus"});
   EXPECT_EQ(result.exit_code, 2);
-  EXPECT_CONTAINS(result.err, "primus-cli: error: unknown command 'bogus' (expected one of: train, config, data, benchmark, report, checkpoint)");
+  EXPECT_CONTAINS(result.err, "primus-cli: error: unknown command 'bogus' (expected one of: train, config, data, benchmark, report, checkpoint, preflight)");
   EXPECT_CONTAINS(result.err, "run 'primus-cli --help'");
   EXPECT_TRUE(result.out.empty());
 
