@@ -407,10 +407,12 @@ int run_training(const ExperimentConfig& config, const RunOptions& options, std:
   }
   if (step_bar) step_bar->finish();
   save();
-  if (rank0 && t.sample_length > 0) {
+  // Rank 0 shows the sample; under FSDP every rank runs the same forwards, whose weight gathers are collectives
+  // (the sampling is seeded, so the ranks draw the same tokens).
+  if (t.sample_length > 0 && (rank0 || dp->fsdp() != nullptr)) {
     const std::string text = generate_sample(model, *tokenizer, t.sample_prompt, t.sample_length, t.seq_length,
                                              static_cast<uint64_t>(t.seed));
-    spdlog::info("sample after {} iterations:\n{}{}", state.iteration, t.sample_prompt, text);
+    if (rank0) spdlog::info("sample after {} iterations:\n{}{}", state.iteration, t.sample_prompt, text);
   }
   spdlog::info("done: {} iterations in {:.1f} s; run directory {}", state.iteration, seconds_since(start), run_dir);
   sinks.finish(MlflowRunStatus::kFinished);
