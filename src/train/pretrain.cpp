@@ -156,6 +156,8 @@ class RunLogSink {
   explicit RunLogSink(const std::string& path)
       : sink_(std::make_shared<spdlog::sinks::basic_file_sink_mt>(path, /*truncate=*/false)) {
     spdlog::default_logger()->sinks().push_back(sink_);
+    // Every line reaches the file at once: a run killed hard (SIGKILL, OOM) still leaves its log up to the end.
+    spdlog::default_logger()->flush_on(spdlog::level::trace);
   }
   ~RunLogSink() {
     auto& sinks = spdlog::default_logger()->sinks();

@@ -84,6 +84,10 @@ TEST(KillResume, SigkillAfterACheckpointThenResumeMatchesAnUninterruptedRun) {
   testing::CliResult killed = testing::wait_cli(pid, killed_dir);
   ASSERT_EQ(killed.exit_code, 1000 + SIGKILL) << "the run finished before it could be killed";
   const int64_t saved = latest_checkpoint(run_dir);
+  // The run's log is flushed line by line: the line of the step the last checkpoint holds (logged before that
+  // save began) is on disk although the process was killed.
+  const std::string log = testing::read_text(run_dir + "/logs/train.log");
+  EXPECT_NE(log.find(fmt::format(" {}/40 ", saved)), std::string::npos) << log;
 
   testing::CliResult resumed = testing::wait_cli(testing::spawn_cli(args, killed_dir), killed_dir);
   ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
