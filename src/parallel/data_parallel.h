@@ -45,8 +45,8 @@ class DataParallel final : public ParamUnitHooks {
   FullyShardedDataParallel* fsdp() { return fsdp_.get(); }
   // The ranges whose optimizer state this rank keeps: its shards, or everything.
   std::vector<FlatRange> optimizer_ranges() const;
-  // This rank's shards of the bucket layout, distributed optimizer or not: the part of a checkpoint it writes
-  // (together the ranks write every element once, in parallel).
+  // This rank's shards (of the bucket layout, distributed optimizer or not, or of FSDP's units): the part of a
+  // checkpoint it writes (together the ranks write every element once, in parallel).
   std::vector<FlatRange> shard_ranges() const;
 
   int64_t global_tokens(int64_t local_tokens);
@@ -64,6 +64,7 @@ class DataParallel final : public ParamUnitHooks {
   void zero_grads();
   void begin_micro_batch();
   // `last`: the backward that completes the step's gradients (buckets reduce only then; FSDP reduces every one).
+  // (Not the unit hook of the same name below, which the model calls with a unit index.)
   void before_backward(bool last);
   // The hook for that backward (empty when the reduction does not follow gradient ranges).
   GradsReadyFn grads_ready_hook(bool last);
