@@ -131,8 +131,7 @@ std::vector<FlatRange> LlamaModel::param_units() const {
   return units;
 }
 
-size_t LlamaModel::unit_of(size_t i) const {
-  const std::vector<FlatRange> units = param_units();
+size_t LlamaModel::unit_of(size_t i, const std::vector<FlatRange>& units) const {
   const int64_t offset = params_.offset(i);
   for (size_t u = 0; u < units.size(); ++u) {
     if (offset >= units[u].begin && offset < units[u].end) return u;
@@ -163,7 +162,7 @@ void LlamaModel::bind_layers(const UnitBuffers& buffers) {
   // A parameter's view in its unit's buffer; `rows` > 0 widens it to that many rows (two adjacent tensors as one).
   auto view = [&](const std::vector<Tensor>& unit_buffers, const std::string& name, int64_t rows = 0) {
     const size_t i = params_.index_of(name);
-    const size_t u = unit_of(i);
+    const size_t u = unit_of(i, units);
     Shape shape = params_.specs()[i].shape;
     if (rows > 0) shape[0] = rows;
     return unit_buffers[u].slice_elements(params_.offset(i) - units[u].begin, shape);

@@ -65,8 +65,8 @@ class LlamaModel final : public Model {
 
   // Points every module at its weights and gradients in `buffers` (one tensor per param_units() unit).
   void bind_layers(const UnitBuffers& buffers);
-  // The unit holding parameter i of the ParamStore.
-  size_t unit_of(size_t i) const;
+  // The unit (of param_units()) holding parameter i of the ParamStore.
+  size_t unit_of(size_t i, const std::vector<FlatRange>& units) const;
   // Hooks, when set.
   void hook_before_forward(size_t unit) { if (hooks_ != nullptr) hooks_->before_forward(unit); }
   void hook_after_forward(size_t unit) { if (hooks_ != nullptr) hooks_->after_forward(unit); }
