@@ -61,6 +61,8 @@ std::unique_ptr<DeviceEvent> Backend::record_event(Stream) { return std::make_un
 void Backend::wait_event(Stream, const DeviceEvent&) {}
 void Backend::wait_host(const DeviceEvent&) {}
 void Backend::record_stream(const Tensor&, Stream) {}
+void Backend::pin_host(void*, size_t) {}
+void Backend::unpin_host(void*) {}
 
 void Backend::range_push(const char*) {}
 void Backend::range_pop() {}

@@ -194,6 +194,11 @@ class Backend {
   // when `t` is freed, its block is not handed out again before that work is done (PyTorch's record_stream).
   // A no-op where memory is not reused asynchronously (the host).
   virtual void record_stream(const Tensor& t, Stream stream);
+  // Page-locks host memory so that copies between it and the device run at the bus's full speed, without the
+  // driver staging them (the snapshot of an asynchronous checkpoint save); unpin_host undoes it before the memory
+  // is freed. No-ops on the host backend.
+  virtual void pin_host(void* ptr, size_t bytes);
+  virtual void unpin_host(void* ptr);
 
   // Timing and profiling. mark() queues a timestamp without waiting; elapsed_ms waits until `to` is reached.
   virtual std::unique_ptr<DeviceMark> mark();

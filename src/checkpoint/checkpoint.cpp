@@ -9,6 +9,7 @@
 #include "checkpoint/checkpoint_dir.h"
 #include "checkpoint/hf_config.h"
 #include "checkpoint/safetensors.h"
+#include "checkpoint/sharded_checkpoint.h"
 #include "checkpoint/tensor_catalog.h"
 #include "core/file_io.h"
 #include "ops/ops.h"
@@ -27,19 +28,6 @@ SafetensorsWriter model_writer(const Model& model) {
   SafetensorsWriter writer;
   const ParamStore& params = model.params();
   for (size_t i = 0; i < params.specs().size(); ++i) writer.add(params.specs()[i].name, params.param(i));
-  return writer;
-}
-
-// The same, with the weights from wherever the optimizer's step keeps them (FSDP's shards hold them).
-SafetensorsWriter trained_weights_writer(const Model& model, const AdamW& optimizer) {
-  if (!optimizer.holds_weights()) return model_writer(model);
-  SafetensorsWriter writer;
-  const ParamStore& params = model.params();
-  for (size_t i = 0; i < params.specs().size(); ++i) {
-    const int64_t begin = params.offset(i);
-    const Shape& shape = params.specs()[i].shape;
-    add_views(writer, params.specs()[i].name, shape, weight_views(params, optimizer, begin, begin + shape_numel(shape)));
-  }
   return writer;
 }
 
@@ -78,19 +66,9 @@ std::string checkpoint_dir_name(int64_t iteration) { return fmt::format("iter_{:
 int64_t save_checkpoint(const std::string& save_dir, const Model& model, const AdamW& optimizer,
                         const TrainerState& state, const std::string& config_yaml,
                         const CheckpointProgressFn& progress) {
-  const ParamStore& params = model.params();
-  const SafetensorsWriter weights = trained_weights_writer(model, optimizer);
-  SafetensorsWriter moments;
-  for (size_t i = 0; i < params.specs().size(); ++i) {
-    const ParamSpec& spec = params.specs()[i];
-    const int64_t begin = params.offset(i);
-    const int64_t end = begin + shape_numel(spec.shape);
-    // One view when one owned range holds the tensor, else several (an optimizer that owns several ranges,
-    // e.g. the shards of every bucket of a world of one).
-    add_views(moments, "exp_avg." + spec.name, spec.shape, moment_views(optimizer, false, begin, end));
-    add_views(moments, "exp_avg_sq." + spec.name, spec.shape, moment_views(optimizer, true, begin, end));
-  }
-  return write_single_file_checkpoint(save_dir, weights, moments, hf_config_text(model), state, config_yaml, progress);
+  CheckpointSave save(save_dir, model, {{0, model.params().numel()}}, nullptr, state, config_yaml);
+  save.write(live_state(model.params(), optimizer), progress);
+  return save.finish();
 }
 
 std::optional<std::string> find_latest_checkpoint(const std::string& dir) {

@@ -1,9 +1,9 @@
 // Checkpoint directories: temporaries, manifest, trainer state, commit, and the single-file writer.
-#include <functional>
 #include "checkpoint/checkpoint_dir.h"
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 
 #include "checkpoint/hf_config.h"
 #include "checkpoint/tensor_catalog.h"
@@ -19,8 +19,8 @@ std::string temporary_checkpoint_dir(const std::string& save_dir, int64_t iterat
   return save_dir + "/" + checkpoint_dir_name(iteration) + ".tmp";
 }
 
-int remove_stale_temporaries(const std::string& save_dir) {
-  int removed = 0;
+std::vector<std::string> remove_stale_temporaries(const std::string& save_dir) {
+  std::vector<std::string> removed;
   std::error_code error;
   for (const fs::directory_entry& entry : fs::directory_iterator(save_dir, error)) {
     const std::string name = entry.path().filename().string();
@@ -28,10 +28,34 @@ int remove_stale_temporaries(const std::string& save_dir) {
         name.rfind("iter_", 0) == 0 && (name.ends_with(".tmp") || name.find(".tmp.") != std::string::npos);
     if (!temporary) continue;
     fs::remove_all(entry.path());
-    ++removed;
+    removed.push_back(name);
   }
   if (error) throw RuntimeError(fmt::format("{}: cannot list the save directory: {}", save_dir, error.message()));
+  std::sort(removed.begin(), removed.end());
   return removed;
+}
+
+void check_free_space(const std::string& dir, uint64_t bytes_needed) {
+  std::error_code error;
+  const fs::space_info space = fs::space(dir, error);
+  if (error) throw RuntimeError(fmt::format("{}: cannot read the free space: {}", dir, error.message()));
+  if (space.available < bytes_needed) {
+    throw RuntimeError(fmt::format(
+        "{}: {:.2f} GB free, the checkpoint needs about {:.2f} GB: not saving (the previous checkpoint stays the "
+        "latest); free space, or keep fewer checkpoints (keep_latest_k)",
+        dir, static_cast<double>(space.available) / 1e9, static_cast<double>(bytes_needed) / 1e9));
+  }
+}
+
+uint64_t checkpoint_bytes_estimate(int64_t numel) { return 12 * static_cast<uint64_t>(numel) + (uint64_t{16} << 20); }
+
+std::string prepare_temporary_dir(const std::string& save_dir, int64_t iteration, uint64_t bytes_needed) {
+  fs::create_directories(save_dir);
+  remove_stale_temporaries(save_dir);
+  check_free_space(save_dir, bytes_needed);
+  const std::string tmp_dir = temporary_checkpoint_dir(save_dir, iteration);
+  fs::create_directories(tmp_dir);
+  return tmp_dir;
 }
 
 void ManifestFiles::add(const std::string& name, uint64_t bytes, uint32_t crc32c) {
@@ -75,14 +99,34 @@ TrainerState read_trainer_state(const std::string& checkpoint_dir) {
   return state;
 }
 
+namespace {
+
+// The iteration the tracker names, or -1 when there is no tracker (or it does not hold a plain number).
+int64_t tracked_iteration(const std::string& save_dir) {
+  const std::string tracker = save_dir + "/" + kTrackerFile;
+  if (!fs::is_regular_file(tracker)) return -1;
+  const std::string text = read_file(tracker, FileKinds::kRegularOnly);
+  if (text.empty() || text.find_first_not_of("0123456789\n") != std::string::npos || text.size() > 20) return -1;
+  return std::stoll(text);
+}
+
+}  // namespace
+
 void commit_checkpoint_dir(const std::string& tmp_dir, const std::string& save_dir, int64_t iteration) {
   const std::string final_dir = save_dir + "/" + checkpoint_dir_name(iteration);
+  if (tracked_iteration(save_dir) == iteration) {
+    throw RuntimeError(fmt::format("{} is already the latest checkpoint: an iteration is saved once, so it is kept "
+                                   "as it is",
+                                   final_dir));
+  }
   if (fs::exists(final_dir)) {
-    const std::string old_dir = final_dir + ".old";
-    fs::remove_all(old_dir);
-    fs::rename(final_dir, old_dir);
+    // The tracker names another iteration, which stays whole whatever happens here; a crash between the renames
+    // leaves `.tmp.replaced`, a temporary the next run removes.
+    const std::string replaced = temporary_checkpoint_dir(save_dir, iteration) + ".replaced";
+    fs::remove_all(replaced);
+    fs::rename(final_dir, replaced);
     fs::rename(tmp_dir, final_dir);
-    fs::remove_all(old_dir);
+    fs::remove_all(replaced);
   } else {
     fs::rename(tmp_dir, final_dir);
   }
@@ -90,30 +134,38 @@ void commit_checkpoint_dir(const std::string& tmp_dir, const std::string& save_d
   write_file_atomic(save_dir + "/" + kTrackerFile, std::to_string(iteration) + "\n");
 }
 
-int64_t write_single_file_checkpoint(const std::string& save_dir, const SafetensorsWriter& weights,
-                                     const SafetensorsWriter& moments, const std::string& hf_config_json,
-                                     const TrainerState& state, const std::string& config_yaml,
-                                     const CheckpointProgressFn& progress) {
-  fs::create_directories(save_dir);
-  remove_stale_temporaries(save_dir);
-  const std::string tmp_dir = temporary_checkpoint_dir(save_dir, state.iteration);
-  fs::create_directories(tmp_dir);
-
-  int64_t done = 0;
-  const auto on_bytes =
-      save_progress(progress, static_cast<int64_t>(weights.file_bytes() + moments.file_bytes()), done);
-
-  ManifestFiles files;
-  const SafetensorsWriter::Written model = weights.write(tmp_dir + "/model.safetensors", on_bytes);
-  files.add("model.safetensors", model.bytes, model.crc32c);
+void finish_checkpoint_dir(ManifestFiles& files, const std::string& tmp_dir, const std::string& save_dir,
+                           const std::string& hf_config_json, const TrainerState& state,
+                           const std::string& config_yaml) {
   files.write_text(tmp_dir, "config.json", hf_config_json);
-  const SafetensorsWriter::Written optim = moments.write(tmp_dir + "/optimizer.safetensors", on_bytes);
-  files.add("optimizer.safetensors", optim.bytes, optim.crc32c);
   files.write_text(tmp_dir, "trainer_state.json", trainer_state_text(state));
   files.write_text(tmp_dir, "config.yaml", config_yaml);
   files.write_manifest(tmp_dir, state.iteration);
   commit_checkpoint_dir(tmp_dir, save_dir, state.iteration);
-  return done;
+}
+
+int64_t write_single_file_checkpoint(const std::string& save_dir, const SafetensorsWriter& weights,
+                                     const SafetensorsWriter& moments, const std::string& hf_config_json,
+                                     const TrainerState& state, const std::string& config_yaml,
+                                     const CheckpointProgressFn& progress) {
+  const uint64_t data_bytes = weights.file_bytes() + moments.file_bytes();
+  const std::string tmp_dir = prepare_temporary_dir(save_dir, state.iteration, data_bytes + (uint64_t{16} << 20));
+  try {
+    int64_t done = 0;
+    const auto on_bytes = save_progress(progress, static_cast<int64_t>(data_bytes), done);
+    ManifestFiles files;
+    const SafetensorsWriter::Written model = weights.write(tmp_dir + "/model.safetensors", on_bytes);
+    files.add("model.safetensors", model.bytes, model.crc32c);
+    const SafetensorsWriter::Written optim = moments.write(tmp_dir + "/optimizer.safetensors", on_bytes);
+    files.add("optimizer.safetensors", optim.bytes, optim.crc32c);
+    finish_checkpoint_dir(files, tmp_dir, save_dir, hf_config_json, state, config_yaml);
+    return done;
+  } catch (...) {
+    // A failed save (a full disk, say) must not leave gigabytes behind.
+    std::error_code ignored;
+    fs::remove_all(tmp_dir, ignored);
+    throw;
+  }
 }
 
 namespace {

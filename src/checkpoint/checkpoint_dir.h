@@ -26,9 +26,19 @@ inline constexpr int kCheckpointFormatVersion = 1;
 // `<save>/iter_N.tmp`: one fixed name per iteration, so the ranks of a sharded save agree on it without a
 // message, and a crashed attempt is found (and removed) by the next save.
 std::string temporary_checkpoint_dir(const std::string& save_dir, int64_t iteration);
-// Removes every `iter_*.tmp` (and the `iter_*.tmp.<pid>` of older versions) in save_dir: saves that crashed.
-// Only one job saves into a save directory at a time. Returns how many were removed.
-int remove_stale_temporaries(const std::string& save_dir);
+// Removes every `iter_*.tmp` and `iter_*.tmp.<suffix>` in save_dir: saves that crashed, checkpoints a crash left
+// half replaced or half removed by retention. Only one job saves into a save directory at a time. Returns the
+// names removed.
+std::vector<std::string> remove_stale_temporaries(const std::string& save_dir);
+// Throws RuntimeError naming `dir`, the bytes free there and the bytes needed when its filesystem has less room
+// than `bytes_needed`: a save fails at once instead of after writing most of a checkpoint.
+void check_free_space(const std::string& dir, uint64_t bytes_needed);
+// A checkpoint's data files take about 12 bytes per parameter (fp32 weights and two moments); the headers and
+// small files are well inside the margin added here.
+uint64_t checkpoint_bytes_estimate(int64_t numel);
+// What a save does before writing data: creates save_dir, removes stale temporaries, checks the free space for
+// `bytes_needed` and creates the iteration's temporary directory, which it returns.
+std::string prepare_temporary_dir(const std::string& save_dir, int64_t iteration, uint64_t bytes_needed);
 
 // The manifest's file table, filled as files are written.
 class ManifestFiles {
@@ -48,9 +58,16 @@ std::string trainer_state_text(const TrainerState& state);
 std::string hf_config_json_text(const ModelArgs& args);
 TrainerState read_trainer_state(const std::string& checkpoint_dir);
 
-// Renames tmp_dir to `<save>/iter_N` (an older directory of the same iteration is replaced only once the new
-// one is complete), fsyncs the save directory and points the tracker at N.
+// Renames tmp_dir to `<save>/iter_N`, fsyncs the save directory and points the tracker at N. An iteration is
+// saved once: when the tracker already names N, nothing is replaced and RuntimeError says so. An `iter_N` that is
+// not the latest (left by a run that went further before this one resumed from an earlier checkpoint) is
+// replaced; a crash while it is swapped leaves the tracker naming the previous iteration, which stays complete.
 void commit_checkpoint_dir(const std::string& tmp_dir, const std::string& save_dir, int64_t iteration);
+// The last step of every save: config.json, trainer_state.json, config.yaml and the manifest written into tmp_dir
+// beside the data files already in `files`, then committed.
+void finish_checkpoint_dir(ManifestFiles& files, const std::string& tmp_dir, const std::string& save_dir,
+                           const std::string& hf_config_json, const TrainerState& state,
+                           const std::string& config_yaml);
 
 // The single-file format from its two safetensors files' contents: model.safetensors, config.json,
 // optimizer.safetensors, trainer_state.json, config.yaml and the manifest, committed. Progress: "save" over the

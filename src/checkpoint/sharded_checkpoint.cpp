@@ -95,18 +95,33 @@ std::vector<std::string> piece_keys(const ParamStore& params, const std::vector<
   return keys;
 }
 
-SafetensorsWriter::Written write_shard(const std::string& path, const ParamStore& params, const AdamW& optimizer,
-                                       const std::vector<FlatRange>& pieces, const CheckpointProgressFn& progress) {
+// This rank's pieces under their keys: the weights, then both moments of each.
+SafetensorsWriter shard_writer(const ParamStore& params, const SavedState& source,
+                               const std::vector<FlatRange>& pieces) {
   SafetensorsWriter writer;
   const std::vector<std::string> keys = piece_keys(params, pieces);
   for (size_t k = 0; k < pieces.size(); ++k) {
     const FlatRange p = pieces[k];
-    add_views(writer, keys[k], {p.size()}, weight_views(params, optimizer, p.begin, p.end));
-    add_views(writer, "exp_avg." + keys[k], {p.size()}, moment_views(optimizer, false, p.begin, p.end));
-    add_views(writer, "exp_avg_sq." + keys[k], {p.size()}, moment_views(optimizer, true, p.begin, p.end));
+    add_views(writer, keys[k], {p.size()}, source.weights(p.begin, p.end));
+    add_views(writer, "exp_avg." + keys[k], {p.size()}, source.moments(false, p.begin, p.end));
+    add_views(writer, "exp_avg_sq." + keys[k], {p.size()}, source.moments(true, p.begin, p.end));
   }
-  int64_t done = 0;
-  return writer.write(path, save_progress(progress, static_cast<int64_t>(writer.file_bytes()), done));
+  return writer;
+}
+
+// The single-file format's two data files: every tensor whole, under its Hugging Face name.
+std::pair<SafetensorsWriter, SafetensorsWriter> single_file_writers(const ParamStore& params,
+                                                                    const SavedState& source) {
+  SafetensorsWriter weights, moments;
+  for (size_t i = 0; i < params.specs().size(); ++i) {
+    const ParamSpec& spec = params.specs()[i];
+    const int64_t begin = params.offset(i);
+    const int64_t end = begin + shape_numel(spec.shape);
+    add_views(weights, spec.name, spec.shape, source.weights(begin, end));
+    add_views(moments, "exp_avg." + spec.name, spec.shape, source.moments(false, begin, end));
+    add_views(moments, "exp_avg_sq." + spec.name, spec.shape, source.moments(true, begin, end));
+  }
+  return {std::move(weights), std::move(moments)};
 }
 
 std::string index_text(const ParamStore& params, const std::vector<std::vector<FlatRange>>& pieces_of,
@@ -171,57 +186,118 @@ std::string coverage_flaw(const std::vector<std::vector<FlatRange>>& pieces_of, 
 
 std::string shard_file_name(int rank, int size) { return fmt::format("shard_{}_of_{}.safetensors", rank, size); }
 
-int64_t save_sharded_checkpoint(const std::string& save_dir, const Model& model, const AdamW& optimizer,
-                                const std::vector<FlatRange>& ranges, Communicator& group, const TrainerState& state,
-                                const std::string& config_yaml, const CheckpointProgressFn& progress) {
-  const ParamStore& params = model.params();
-  const int rank = group.rank();
-  const int size = group.size();
-  if (size == 1) {
-    // A world of one keeps the single-file format, which Hugging Face loads as it is.
-    const std::string flaw = coverage_flaw({shard_pieces(params, ranges)}, params.numel());
-    if (!flaw.empty()) throw RuntimeError(fmt::format("[checkpoint] save of a world of one: {}", flaw));
-    return save_checkpoint(save_dir, model, optimizer, state, config_yaml, progress);
-  }
-  const std::string iteration_name = checkpoint_dir_name(state.iteration);
-  const std::string tmp_dir = temporary_checkpoint_dir(save_dir, state.iteration);
-  auto abandon = [&](const std::string& why) {
-    return RuntimeError(
-        fmt::format("[checkpoint] save of {} by {} ranks abandoned: {}; the latest checkpoint is "
-                    "still the previous one",
-                    iteration_name, size, why));
-  };
+SavedState live_state(const ParamStore& params, const AdamW& optimizer) {
+  return SavedState{
+      .weights = [&params, &optimizer](int64_t begin, int64_t end) {
+        return weight_views(params, optimizer, begin, end);
+      },
+      .moments = [&optimizer](bool second, int64_t begin, int64_t end) {
+        return moment_views(optimizer, second, begin, end);
+      }};
+}
 
-  // 1. Rank 0 prepares the temporary directory; the broadcast keeps the others from writing into it before.
+CheckpointSave::CheckpointSave(std::string save_dir, const Model& model, std::vector<FlatRange> ranges,
+                               Communicator* group, TrainerState state, std::string config_yaml)
+    : save_dir_(std::move(save_dir)),
+      final_dir_(save_dir_ + "/" + checkpoint_dir_name(state.iteration)),
+      tmp_dir_(temporary_checkpoint_dir(save_dir_, state.iteration)),
+      model_(model),
+      group_(group != nullptr && group->size() > 1 ? group : nullptr),
+      state_(state),
+      config_yaml_(std::move(config_yaml)) {
+  const ParamStore& params = model.params();
+  pieces_ = shard_pieces(params, std::move(ranges));
+  if (group_ == nullptr) {
+    if (const std::string flaw = coverage_flaw({pieces_}, params.numel()); !flaw.empty()) {
+      throw RuntimeError(fmt::format("[checkpoint] save of a world of one: {}", flaw));
+    }
+  }
+  const int rank = group_ ? group_->rank() : 0;
   std::string error;
   int64_t ok = 1;
   if (rank == 0) {
     try {
-      fs::create_directories(save_dir);
-      remove_stale_temporaries(save_dir);
-      fs::create_directories(tmp_dir);
+      prepare_temporary_dir(save_dir_, state_.iteration, checkpoint_bytes_estimate(params.numel()));
     } catch (const std::exception& e) {
       ok = 0;
       error = e.what();
     }
   }
-  if (broadcast_i64(group, ok, 0) == 0) {
-    throw abandon(rank == 0 ? error : fmt::format("rank 0 could not create {} (see its log)", tmp_dir));
+  // The broadcast keeps the other ranks from writing into the directory before it exists.
+  if (group_ != nullptr) ok = broadcast_i64(*group_, ok, 0);
+  if (ok == 0) {
+    throw RuntimeError(fmt::format("[checkpoint] save of {} abandoned: {}; the latest checkpoint is still the "
+                                   "previous one",
+                                   checkpoint_dir_name(state_.iteration),
+                                   rank == 0 ? error : fmt::format("rank 0 could not create {} (see its log)", tmp_dir_)));
+  }
+}
+
+void CheckpointSave::write(const SavedState& source, const CheckpointProgressFn& progress) {
+  const ParamStore& params = model_.params();
+  try {
+    if (group_ == nullptr) {
+      const auto [weights, moments] = single_file_writers(params, source);
+      int64_t done = 0;
+      const auto on_bytes =
+          save_progress(progress, static_cast<int64_t>(weights.file_bytes() + moments.file_bytes()), done);
+      const SafetensorsWriter::Written model = weights.write(tmp_dir_ + "/model.safetensors", on_bytes);
+      written_.push_back({"model.safetensors", model.bytes, model.crc32c});
+      const SafetensorsWriter::Written optim = moments.write(tmp_dir_ + "/optimizer.safetensors", on_bytes);
+      written_.push_back({"optimizer.safetensors", optim.bytes, optim.crc32c});
+    } else {
+      const std::string name = shard_file_name(group_->rank(), group_->size());
+      const SafetensorsWriter writer = shard_writer(params, source, pieces_);
+      int64_t done = 0;
+      const SafetensorsWriter::Written shard = writer.write(
+          tmp_dir_ + "/" + name, save_progress(progress, static_cast<int64_t>(writer.file_bytes()), done));
+      written_.push_back({name, shard.bytes, shard.crc32c});
+    }
+    written_ok_ = true;
+  } catch (const std::exception& e) {
+    write_error_ = e.what();
+  }
+}
+
+int64_t CheckpointSave::finish() {
+  const ParamStore& params = model_.params();
+  const std::string iteration_name = checkpoint_dir_name(state_.iteration);
+  const int size = group_ ? group_->size() : 1;
+  const int rank = group_ ? group_->rank() : 0;
+  auto abandon = [&](const std::string& why) {
+    if (rank == 0) {
+      std::error_code ignored;  // every rank has stopped writing into it
+      fs::remove_all(tmp_dir_, ignored);
+    }
+    return RuntimeError(fmt::format("[checkpoint] save of {}{} abandoned: {}; the latest checkpoint is still the "
+                                    "previous one",
+                                    iteration_name, size > 1 ? fmt::format(" by {} ranks", size) : "", why));
+  };
+  int64_t ok = written_ok_ ? 1 : 0;
+  if (group_ == nullptr) {
+    if (!written_ok_) throw abandon(write_error_);
+    std::string error;
+    try {
+      ManifestFiles files;
+      int64_t bytes = 0;
+      for (const DataFile& f : written_) {
+        files.add(f.name, f.bytes, f.crc32c);
+        bytes += static_cast<int64_t>(f.bytes);
+      }
+      finish_checkpoint_dir(files, tmp_dir_, save_dir_, hf_config_json_text(model_.args()), state_, config_yaml_);
+      return bytes;
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    throw abandon(error);
   }
 
-  // 2. Every rank writes its shard, then all learn how every rank fared.
-  std::vector<FlatRange> pieces;
-  SafetensorsWriter::Written written;
-  try {
-    pieces = shard_pieces(params, ranges);
-    written = write_shard(tmp_dir + "/" + shard_file_name(rank, size), params, optimizer, pieces, progress);
-  } catch (const std::exception& e) {
-    ok = 0;
-    error = e.what();
-  }
+  // Every rank learns how every rank fared.
+  Communicator& group = *group_;
+  const DataFile shard = written_ok_ ? written_.front() : DataFile{};
   const std::vector<int64_t> records =
-      all_gather_i64(group, {ok, static_cast<int64_t>(written.bytes), static_cast<int64_t>(written.crc32c),
-                             static_cast<int64_t>(pieces.size()), params.numel()});
+      all_gather_i64(group, {ok, static_cast<int64_t>(shard.bytes), static_cast<int64_t>(shard.crc32c),
+                             static_cast<int64_t>(pieces_.size()), params.numel()});
   auto field = [&](int r, RecordField f) { return records[static_cast<size_t>(r * kRecordFields + f)]; };
   std::vector<int> failed;
   int64_t max_pieces = 0;
@@ -236,16 +312,16 @@ int64_t save_sharded_checkpoint(const std::string& save_dir, const Model& model,
     total_bytes += field(r, kBytes);
   }
   if (!failed.empty()) {
-    throw abandon(
-        ok == 0 ? fmt::format("rank {} could not write its shard: {}", rank, error)
-                : fmt::format("rank(s) {} could not write their shards (see their logs)", fmt::join(failed, ", ")));
+    throw abandon(ok == 0 ? fmt::format("rank {} could not write its shard: {}", rank, write_error_)
+                          : fmt::format("rank(s) {} could not write their shards (see their logs)",
+                                        fmt::join(failed, ", ")));
   }
 
   // The flat ranges of every rank's pieces: rank 0 indexes them, and every rank checks that they tile the buffer.
   std::vector<int64_t> mine(static_cast<size_t>(2 * max_pieces), -1);
-  for (size_t k = 0; k < pieces.size(); ++k) {
-    mine[2 * k] = pieces[k].begin;
-    mine[2 * k + 1] = pieces[k].end;
+  for (size_t k = 0; k < pieces_.size(); ++k) {
+    mine[2 * k] = pieces_[k].begin;
+    mine[2 * k + 1] = pieces_[k].end;
   }
   const std::vector<int64_t> all = all_gather_i64(group, mine);
   std::vector<std::vector<FlatRange>> pieces_of(static_cast<size_t>(size));
@@ -257,7 +333,8 @@ int64_t save_sharded_checkpoint(const std::string& save_dir, const Model& model,
   }
   if (const std::string flaw = coverage_flaw(pieces_of, params.numel()); !flaw.empty()) throw abandon(flaw);
 
-  // 3. Rank 0 writes the small files, the manifest last, and commits; the broadcast is the closing barrier.
+  // Rank 0 writes the small files, the manifest last, and commits; the broadcast is the closing barrier.
+  std::string error;
   if (rank == 0) {
     try {
       ManifestFiles files;
@@ -265,12 +342,8 @@ int64_t save_sharded_checkpoint(const std::string& save_dir, const Model& model,
         files.add(shard_file_name(r, size), static_cast<uint64_t>(field(r, kBytes)),
                   static_cast<uint32_t>(field(r, kCrc32c)));
       }
-      files.write_text(tmp_dir, kShardedIndexFile, index_text(params, pieces_of, state.iteration));
-      files.write_text(tmp_dir, "trainer_state.json", trainer_state_text(state));
-      files.write_text(tmp_dir, "config.yaml", config_yaml);
-      files.write_text(tmp_dir, "config.json", hf_config_json_text(model.args()));
-      files.write_manifest(tmp_dir, state.iteration);
-      commit_checkpoint_dir(tmp_dir, save_dir, state.iteration);
+      files.write_text(tmp_dir_, kShardedIndexFile, index_text(params, pieces_of, state_.iteration));
+      finish_checkpoint_dir(files, tmp_dir_, save_dir_, hf_config_json_text(model_.args()), state_, config_yaml_);
     } catch (const std::exception& e) {
       ok = 0;
       error = e.what();
@@ -280,6 +353,14 @@ int64_t save_sharded_checkpoint(const std::string& save_dir, const Model& model,
     throw abandon(rank == 0 ? error : "rank 0 could not commit the checkpoint (see its log)");
   }
   return total_bytes;
+}
+
+int64_t save_sharded_checkpoint(const std::string& save_dir, const Model& model, const AdamW& optimizer,
+                                const std::vector<FlatRange>& ranges, Communicator& group, const TrainerState& state,
+                                const std::string& config_yaml, const CheckpointProgressFn& progress) {
+  CheckpointSave save(save_dir, model, ranges, &group, state, config_yaml);
+  save.write(live_state(model.params(), optimizer), progress);
+  return save.finish();
 }
 
 }  // namespace primus

@@ -10,20 +10,24 @@
 //                                                     dtype}
 //                       trainer_state.json, config.yaml, config.json, manifest.json   as in checkpoint.h
 //
-// The save, every rank of `group` calling it together:
-//   1. rank 0 removes the temporaries of crashed saves and creates `<save>/iter_N.tmp` (a name every rank
-//      derives from N, so none needs to be sent), then broadcasts that it is ready;
-//   2. each rank writes and fsyncs its shard there and all_gathers a fixed-size record (status, bytes,
-//      CRC32C, slice count), then the flat ranges of its slices; every rank checks that they tile [0, numel)
-//      and that no rank failed, and all of them throw together if not (no rank waits for a timeout);
-//   3. rank 0 writes index.json, trainer_state.json, config.yaml, config.json and the manifest last, renames
-//      the directory into place and replaces the tracker, then broadcasts the outcome; no rank returns
-//      before the commit.
+// The save, every rank of `group` calling each step together:
+//   1. rank 0 removes the temporaries of crashed saves, checks the free space and creates `<save>/iter_N.tmp` (a
+//      name every rank derives from N, so none needs to be sent), then broadcasts that it is ready;
+//   2. each rank writes and fsyncs its shard there; this step exchanges nothing, so it may run on a background
+//      thread while training goes on (async_save) from a host snapshot of the state (checkpoint_snapshot.h);
+//   3. each rank all_gathers a fixed-size record (status, bytes, CRC32C, slice count), then the flat ranges of
+//      its slices; every rank checks that they tile [0, numel) and that no rank failed, and all of them throw
+//      together if not (no rank waits for a timeout); rank 0 writes index.json, trainer_state.json,
+//      config.yaml, config.json and the manifest last, renames the directory into place and replaces the
+//      tracker, then broadcasts the outcome; no rank returns before the commit. A failed save's temporary
+//      directory is removed.
 // A crash at any point leaves the previous checkpoint as the latest complete one and `iter_N.tmp` behind,
-// which the next save removes. The save directory must be one filesystem that every rank sees.
+// which the next save (and the next run's start) removes. The save directory must be one filesystem that every
+// rank sees. A group of one writes the single-file format (checkpoint.h) in the same three steps.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -36,12 +40,57 @@ namespace primus {
 // "shard_0_of_4.safetensors"
 std::string shard_file_name(int rank, int size);
 
-// Every rank of `group` calls it with its own `ranges` of the flat parameter buffer: disjoint across the
-// ranks and together [0, numel). The optimizer must own the ranges (its distributed-optimizer shards) or
-// everything (replicated); weights come from the model's flat buffer. Weights and moments on a device are
-// copied to the host slice by slice as the shard is written. A group of one writes the single-file format
-// (save_checkpoint). Returns the bytes of all shards together (the same on every rank). Throws RuntimeError on
-// every rank when any rank failed; the previous checkpoint stays the latest.
+// Where a save reads the trained state: flat elements [begin, end) of the fp32 weights or of the first or second
+// AdamW moment, as 1-D f32 views on any device that hold them in order.
+struct SavedState {
+  std::function<std::vector<Tensor>(int64_t begin, int64_t end)> weights;
+  std::function<std::vector<Tensor>(bool second, int64_t begin, int64_t end)> moments;
+};
+// The live state: weights from the model's flat buffer (or the optimizer's shards when it holds them), moments
+// from the optimizer.
+SavedState live_state(const ParamStore& params, const AdamW& optimizer);
+
+// One save of one iteration, in the three steps above.
+class CheckpointSave {
+ public:
+  // Step 1, every rank of `group` together (null: a process alone). `ranges` are this rank's parts of the flat
+  // parameter buffer: disjoint across the ranks and together [0, numel). Throws RuntimeError on every rank when
+  // rank 0 could not prepare (no room, say).
+  CheckpointSave(std::string save_dir, const Model& model, std::vector<FlatRange> ranges, Communicator* group,
+                 TrainerState state, std::string config_yaml);
+  // Step 2, this rank alone, on any thread: its files from `source`, which must hold its ranges; a device's
+  // tensors are copied to the host slice by slice as they are written. A failure is kept for finish().
+  void write(const SavedState& source, const CheckpointProgressFn& progress = {});
+  // Step 3, every rank together. Returns the bytes of all data files together (the same on every rank).
+  // Throws RuntimeError on every rank when any rank failed; the previous checkpoint stays the latest.
+  int64_t finish();
+
+  const std::string& checkpoint_dir() const { return final_dir_; }
+  const TrainerState& state() const { return state_; }
+
+ private:
+  std::string save_dir_;
+  std::string final_dir_;
+  std::string tmp_dir_;
+  const Model& model_;
+  std::vector<FlatRange> pieces_;  // this rank's ranges cut at tensor boundaries
+  Communicator* group_;
+  TrainerState state_;
+  std::string config_yaml_;
+  // What write() did, for finish().
+  bool written_ok_ = false;
+  std::string write_error_;
+  struct DataFile {
+    std::string name;
+    uint64_t bytes = 0;
+    uint32_t crc32c = 0;
+  };
+  std::vector<DataFile> written_;
+};
+
+// The three steps at once, from the live state (group: data-parallel ranks; a group of one writes the
+// single-file format). The optimizer must own this rank's `ranges` (its distributed-optimizer shards) or
+// everything (replicated). Returns the bytes of all shards together.
 int64_t save_sharded_checkpoint(const std::string& save_dir, const Model& model, const AdamW& optimizer,
                                 const std::vector<FlatRange>& ranges, Communicator& group, const TrainerState& state,
                                 const std::string& config_yaml, const CheckpointProgressFn& progress = {});

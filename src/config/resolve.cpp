@@ -118,6 +118,15 @@ void check_module_keys(const ModuleKeys& keys, const Origin& module_origin) {
                  "overlap_param_gather needs use_distributed_optimizer: true (without it no weights are gathered)");
   }
 
+  const ModuleKey& keep_interval = get(keys, "keep_interval");
+  const ModuleKey& save_interval = get(keys, "save_interval");
+  if (keep_interval.value.i > 0 && save_interval.value.i > 0 && keep_interval.value.i % save_interval.value.i != 0) {
+    config_error(place(keep_interval, module_origin),
+                 fmt::format("keep_interval ({}) must be a multiple of save_interval ({}): no checkpoint would "
+                             "fall on the iterations it keeps",
+                             keep_interval.value.i, describe(save_interval)));
+  }
+
   const ModuleKey& lr = get(keys, "lr");
   const ModuleKey& min_lr = get(keys, "min_lr");
   if (min_lr.value.f > lr.value.f) {

@@ -73,5 +73,8 @@ void zero(Tensor& x);
 Tensor zeros(const Shape& shape, DType dtype, Device device);
 // Waits for the device's queued work (and reports errors kernels found in the data).
 void synchronize(Device device);
+// Page-locks (and unlocks) host memory for fast copies to and from `device` (Backend::pin_host).
+void pin_host(Device device, void* ptr, size_t bytes);
+void unpin_host(Device device, void* ptr);
 
 }  // namespace primus::ops

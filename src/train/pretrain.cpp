@@ -31,6 +31,7 @@
 #include "optim/lr_schedule.h"
 #include "train/sampling.h"
 #include "train/checkpoint_progress.h"
+#include "train/checkpoint_saver.h"
 #include "train/memory_report.h"
 #include "train/signals.h"
 #include "train/step_monitor.h"
@@ -288,7 +289,24 @@ int run_training(const ExperimentConfig& config, const RunOptions& options, std:
       sinks.add(make_mlflow_sink(std::move(mlflow)));
     }
   }
-  int64_t saved_iteration = -1;  // a stop signal on a save_interval step must not save the same iteration twice
+  if (rank0 && fs::is_directory(save_dir)) {
+    // Saves that crashed (a kill, a full disk) leave temporaries that can be as large as a checkpoint.
+    const std::vector<std::string> stale = remove_stale_temporaries(save_dir);
+    if (!stale.empty()) {
+      spdlog::warn("removed {} left in {} by interrupted saves: {}", stale.size() == 1 ? "a folder" : "folders",
+                   save_dir, fmt::join(stale, ", "));
+    }
+  }
+  CheckpointSaver saver(model, optimizer, *dp,
+                        CheckpointSaverOptions{.save_dir = save_dir,
+                                               .config_yaml = config.effective_yaml,
+                                               .async_save = t.async_save,
+                                               .retention = {.keep_latest_k = t.keep_latest_k,
+                                                             .keep_every = t.keep_interval},
+                                               .progress = checkpoint_bars});
+  // An iteration is saved once: a stop signal on a save_interval step, or a run resumed at its last iteration,
+  // does not save it again.
+  int64_t saved_iteration = latest ? state.iteration : -1;
   auto save = [&]() {
     if (saved_iteration == state.iteration) return;
     saved_iteration = state.iteration;
@@ -304,16 +322,9 @@ int run_training(const ExperimentConfig& config, const RunOptions& options, std:
     }
     state.consumed_train_samples = loader.consumed_samples();
     state.optimizer_steps = optimizer.steps_taken();
-    const Clock::time_point save_start = Clock::now();
-    dp->wait_for_communication();  // the save's collectives come after every queued one
     // Each data-parallel rank writes its shard in parallel; rank 0 commits once all are on disk (a world of one
     // writes the single-file format Hugging Face reads).
-    const int64_t bytes = save_sharded_checkpoint(save_dir, model, optimizer, dp->shard_ranges(), dp->group(), state,
-                                                  config.effective_yaml, checkpoint_bars);
-    const double save_s = seconds_since(save_start);
-    spdlog::info("saved checkpoint {}/{} ({:.1f} MB in {:.1f} s, {:.0f} MB/s)", save_dir,
-                 checkpoint_dir_name(state.iteration), static_cast<double>(bytes) / 1e6, save_s,
-                 static_cast<double>(bytes) / 1e6 / std::max(save_s, 1e-9));
+    saver.save(state);
   };
 
   const bool profile_this_rank =
@@ -395,6 +406,7 @@ int run_training(const ExperimentConfig& config, const RunOptions& options, std:
       window_loss = window_s = 0.0;
       window_steps = window_tokens = 0;
     }
+    saver.poll();
     if (when.save_at(step)) save();
     if (step_bar) step_bar->update(step);
     // Every rank stops at the same step when any rank saw a signal, so they save one consistent checkpoint.
@@ -403,12 +415,14 @@ int run_training(const ExperimentConfig& config, const RunOptions& options, std:
       spdlog::warn("signal {} received{}: saving a checkpoint at iteration {} and stopping", signal,
                    stop_requested() ? "" : " by another rank", step);
       save();
+      saver.wait();
       sinks.finish(MlflowRunStatus::kKilled);
       return 128 + signal;
     }
   }
   if (step_bar) step_bar->finish();
   save();
+  saver.wait();
   // Rank 0 shows the sample; under FSDP every rank runs the same forwards, whose weight gathers are collectives
   // (the sampling is seeded, so the ranks draw the same tokens).
   if (t.sample_length > 0 && (rank0 || dp->fsdp() != nullptr)) {

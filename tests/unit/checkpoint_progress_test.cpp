@@ -107,9 +107,9 @@ TEST(CheckpointProgress, SaveVerifyAndLoadReportBytesUpToTheirTotals) {
 
 TEST(CheckpointProgress, BarsOnATerminalAndLinesInALog) {
   TinyRun run;
-  const std::string dir = testing::temp_dir("ckpt-bars");
-  TrainerState state{.iteration = 1, .seed = 1};
   for (bool tty : {false, true}) {
+    const std::string dir = testing::temp_dir(tty ? "ckpt-bars-tty" : "ckpt-bars-log");
+    TrainerState state{.iteration = 1, .seed = 1};
     std::ostringstream out;
     double now = 0.0;
     // Each look at the clock advances it by a second, so the half-second delay passes and lines are due.

@@ -232,6 +232,12 @@ void CudaBackend::wait_host(const DeviceEvent& event) {
   PRIMUS_CUDA_CHECK(gpuEventSynchronize(cuda_event(event, "wait_host").event));
 }
 
+void CudaBackend::pin_host(void* ptr, size_t bytes) {
+  PRIMUS_CUDA_CHECK(gpuHostRegister(ptr, bytes, gpuHostRegisterDefault));
+}
+
+void CudaBackend::unpin_host(void* ptr) { PRIMUS_CUDA_CHECK(gpuHostUnregister(ptr)); }
+
 void CudaBackend::record_stream(const Tensor& t, Stream stream) {
   if (!t.defined() || t.nbytes() == 0) return;
   PRIMUS_CHECK(t.device() == device(), "[cuda record_stream] {} does not live on {}", t.describe(), device().str());

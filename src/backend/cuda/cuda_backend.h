@@ -75,6 +75,8 @@ class CudaBackend : public Backend {
   void wait_host(const DeviceEvent& event) override;
   // Declares t's memory (the whole block it is a view of) in use on `stream`; nothing for the compute stream.
   void record_stream(const Tensor& t, Stream stream) override;
+  void pin_host(void* ptr, size_t bytes) override;
+  void unpin_host(void* ptr) override;
 
   CachingAllocator& allocator();
 

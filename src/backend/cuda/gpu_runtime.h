@@ -30,6 +30,9 @@ inline constexpr gpuError_t gpuSuccess = cudaSuccess;
 #define gpuMemGetInfo cudaMemGetInfo
 #define gpuFree cudaFree
 #define gpuMemcpyAsync cudaMemcpyAsync
+#define gpuHostRegister cudaHostRegister
+#define gpuHostRegisterDefault cudaHostRegisterDefault
+#define gpuHostUnregister cudaHostUnregister
 #define gpuMemsetAsync cudaMemsetAsync
 #define gpuMemcpyHostToDevice cudaMemcpyHostToDevice
 #define gpuMemcpyDeviceToHost cudaMemcpyDeviceToHost
