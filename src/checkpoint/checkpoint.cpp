@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -41,26 +40,6 @@ SafetensorsWriter trained_weights_writer(const Model& model, const AdamW& optimi
     add_views(writer, params.specs()[i].name, shape, weight_views(params, optimizer, begin, begin + shape_numel(shape)));
   }
   return writer;
-}
-
-// Size and CRC32C of a file read in pieces (a checkpoint file can be larger than the host memory);
-// `on_bytes` hears of each piece.
-SafetensorsWriter::Written checksum_file(const std::string& path, const std::function<void(uint64_t)>& on_bytes) {
-  constexpr size_t kPieceBytes = size_t{16} << 20;
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw RuntimeError(fmt::format("{}: cannot open for reading", path));
-  std::vector<char> piece(kPieceBytes);
-  SafetensorsWriter::Written sum;
-  while (in) {
-    in.read(piece.data(), static_cast<std::streamsize>(piece.size()));
-    const auto got = static_cast<uint64_t>(in.gcount());
-    if (got == 0) break;
-    sum.crc32c = crc32c(piece.data(), got, sum.crc32c);
-    sum.bytes += got;
-    if (on_bytes) on_bytes(got);
-  }
-  if (in.bad()) throw RuntimeError(fmt::format("{}: read error after {} bytes", path, sum.bytes));
-  return sum;
 }
 
 void copy_into(const Tensor& source, Tensor target, const std::string& name, const std::string& file) {
@@ -131,50 +110,6 @@ std::optional<std::string> find_latest_checkpoint(const std::string& dir) {
     throw RuntimeError(fmt::format("{} names iteration {} but {} does not exist", tracker, iteration, checkpoint));
   }
   return checkpoint;
-}
-
-void verify_checkpoint(const std::string& checkpoint_dir, const CheckpointProgressFn& progress) {
-  const std::string manifest_path = checkpoint_dir + "/" + kManifestFile;
-  if (!fs::exists(manifest_path)) {
-    throw RuntimeError(
-        fmt::format("{}: no {} — the checkpoint is incomplete and will not be loaded", checkpoint_dir, kManifestFile));
-  }
-  json manifest;
-  try {
-    manifest = json::parse(read_file(manifest_path, FileKinds::kRegularOnly));
-  } catch (const json::exception& e) {
-    throw RuntimeError(fmt::format("{}: unreadable manifest ({})", manifest_path, e.what()));
-  }
-  if (!manifest.contains("files") || !manifest["files"].is_object() || manifest["files"].empty()) {
-    throw RuntimeError(fmt::format("{}: manifest lists no files", manifest_path));
-  }
-  // Presence and sizes first (cheap), then the CRCs, which read every byte.
-  int64_t total = 0;
-  for (const auto& [name, entry] : manifest["files"].items()) {
-    const std::string path = checkpoint_dir + "/" + name;
-    if (!fs::exists(path)) throw RuntimeError(fmt::format("{}: missing (listed in the manifest)", path));
-    const uint64_t size = fs::file_size(path);
-    const uint64_t want_bytes = entry.value("bytes", uint64_t{0});
-    if (size != want_bytes) {
-      throw RuntimeError(fmt::format("{}: {} bytes, the manifest says {} — truncated or modified; not loading", path,
-                                     size, want_bytes));
-    }
-    total += static_cast<int64_t>(size);
-  }
-  int64_t done = 0;
-  if (progress) progress({"verify", 0, total});
-  for (const auto& [name, entry] : manifest["files"].items()) {
-    const std::string path = checkpoint_dir + "/" + name;
-    const uint32_t crc = checksum_file(path, [&](uint64_t bytes) {
-                           done += static_cast<int64_t>(bytes);
-                           if (progress) progress({"verify", done, total});
-                         }).crc32c;
-    const uint32_t want_crc = entry.value("crc32c", uint32_t{0});
-    if (crc != want_crc) {
-      throw RuntimeError(
-          fmt::format("{}: CRC32C {:#010x}, the manifest says {:#010x} — corrupt; not loading", path, crc, want_crc));
-    }
-  }
 }
 
 TrainerState load_checkpoint(const std::string& checkpoint_dir, Model& model, AdamW& optimizer,

@@ -59,7 +59,9 @@ int64_t save_checkpoint(const std::string& save_dir, const Model& model, const A
 std::optional<std::string> find_latest_checkpoint(const std::string& dir);
 
 // Checks the manifest (every file present, sizes and CRC32C match) and throws RuntimeError naming the first
-// bad file; nothing is loaded from a checkpoint that fails. Files are read in pieces, never whole.
+// bad file; nothing is loaded from a checkpoint that fails. Files are read in pieces, never whole. The manifest
+// does not decide what is verified: every file of the format must be listed (checkpoint_verify.cpp), its entries
+// and trainer_state.json are range-checked, and the iteration must agree with the directory's name iter_N.
 void verify_checkpoint(const std::string& checkpoint_dir, const CheckpointProgressFn& progress = {});
 
 // Verifies, then loads weights, optimizer moments and trainer state from a checkpoint of either format into a

@@ -471,9 +471,9 @@ TEST(ShardedCheckpoint, TheManifestMustListEveryFileTheLoaderReads) {
     write_file_atomic(ckpt + "/manifest.json", manifest.dump());
   };
 
-  for (const std::string name : {std::string("index.json"), shard_file_name(0, 2), shard_file_name(1, 2),
-                                 std::string("trainer_state.json"), std::string("config.yaml"),
-                                 std::string("config.json")}) {
+  for (const std::string& name :
+       {std::string("index.json"), shard_file_name(0, 2), shard_file_name(1, 2), std::string("trainer_state.json"),
+        std::string("config.yaml"), std::string("config.json")}) {
     const std::string ckpt = fresh_copy();
     nlohmann::json manifest = nlohmann::json::parse(read_file(ckpt + "/manifest.json"));
     manifest["files"].erase(name);
@@ -486,13 +486,13 @@ TEST(ShardedCheckpoint, TheManifestMustListEveryFileTheLoaderReads) {
     EXPECT_NE(message.find(name), std::string::npos) << message;
   }
 
-  // index.json says three ranks wrote shards: the third one's file must be in the manifest too.
+  // index.json says three ranks wrote shards: their files, shard_<r>_of_3, must be in the manifest.
   std::string ckpt = fresh_copy();
   nlohmann::json index = nlohmann::json::parse(read_file(ckpt + "/index.json"));
   index["world_size"] = 3;
   rewrite(ckpt, "index.json", index.dump());
   std::string message = message_of_verify(ckpt);
-  EXPECT_NE(message.find(shard_file_name(2, 3)), std::string::npos) << message;
+  EXPECT_NE(message.find(shard_file_name(0, 3)), std::string::npos) << message;
 
   // A slice in a file that is no shard of the index (listed in the manifest, so it verifies) is not read.
   ckpt = fresh_copy();
