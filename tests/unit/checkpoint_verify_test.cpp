@@ -6,16 +6,16 @@
 //   - the checkpoint's config.json and a Hugging Face config.json: compared with the model, naming the key;
 //   - a Hugging Face weight_map: confined to its folder (symbolic links too, Hugging Face's cache excepted);
 //   - malformed JSON names the file and key; a FIFO in place of any file is refused without blocking.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <chrono>
-#include <fcntl.h>
 #include <filesystem>
 #include <future>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <unistd.h>
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/safetensors.h"
@@ -155,9 +155,12 @@ TEST(CheckpointVerify, ManifestHeaderAndSyntaxAreCheckedNamingTheFile) {
   const std::string ckpt = save_tiny("header");
   const std::string path = ckpt + "/manifest.json";
   const json good = read_json(path);
-  for (const auto& [key, value] :
-       std::vector<std::pair<std::string, json>>{{"format_version", 99}, {"format_version", "1"}, {"iteration", -3},
-                                                 {"iteration", 3.0}, {"iteration", 4}, {"files", json::array()}}) {
+  for (const auto& [key, value] : std::vector<std::pair<std::string, json>>{{"format_version", 99},
+                                                                            {"format_version", "1"},
+                                                                            {"iteration", -3},
+                                                                            {"iteration", 3.0},
+                                                                            {"iteration", 4},
+                                                                            {"files", json::array()}}) {
     json manifest = good;
     manifest[key] = value;
     write_json(path, manifest);
@@ -192,7 +195,7 @@ TEST(CheckpointVerify, TrainerStateFieldsAreRangeChecked) {
   const std::string saved = save_tiny("state");
   const std::vector<std::pair<std::string, std::string>> bad = {
       {"iteration", "-5"},
-      {"iteration", "1000000000000000000"},  // "done" at once
+      {"iteration", "1000000000000000000"},   // "done" at once
       {"iteration", "18446744073709551621"},  // 2^64 + 5: wrapped negative and trained forever
       {"iteration", "3.0"},
       {"iteration", "\"3\""},
@@ -345,11 +348,12 @@ TEST(HfFolderVerify, ConfigJsonMustDescribeTheModel) {
       {"tie_word_embeddings", true},
       {"model_type", "qwen3"},
       {"max_position_embeddings", 8},  // the run's sequences are 16 tokens
-      {"rope_scaling", {{"rope_type", "llama3"},
-                        {"factor", 8.0},
-                        {"low_freq_factor", 1.0},
-                        {"high_freq_factor", 4.0},
-                        {"original_max_position_embeddings", 16}}},
+      {"rope_scaling",
+       {{"rope_type", "llama3"},
+        {"factor", 8.0},
+        {"low_freq_factor", 1.0},
+        {"high_freq_factor", 4.0},
+        {"original_max_position_embeddings", 16}}},
   };
   for (const auto& [key, value] : bad) {
     json config = good;
