@@ -7,7 +7,7 @@
 // export to a Hugging Face folder and import back (library and CLI); a rank that dies after writing its shard
 // leaves the previous checkpoint the latest and loadable, and the next save removes the stale temporary; a rank
 // that fails makes every rank throw at once; ranges that overlap are refused by every rank; a corrupt shard byte
-// is caught naming the file.
+// is caught naming the file; the manifest must list every file the loader reads, and index.json cannot name others.
 #include "checkpoint/sharded_checkpoint.h"
 
 #include <gtest/gtest.h>
