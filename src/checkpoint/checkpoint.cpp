@@ -2,9 +2,6 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
-#include <map>
-#include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpoint_dir.h"
 #include "checkpoint/hf_config.h"
@@ -12,12 +9,10 @@
 #include "checkpoint/sharded_checkpoint.h"
 #include "checkpoint/tensor_catalog.h"
 #include "core/file_io.h"
-#include "ops/ops.h"
 
 namespace primus {
 
 namespace fs = std::filesystem;
-using json = nlohmann::json;
 
 namespace {
 
@@ -29,34 +24,6 @@ SafetensorsWriter model_writer(const Model& model) {
   const ParamStore& params = model.params();
   for (size_t i = 0; i < params.specs().size(); ++i) writer.add(params.specs()[i].name, params.param(i));
   return writer;
-}
-
-// Size and CRC32C of a file read in pieces (a checkpoint file can be larger than the host memory);
-// `on_bytes` hears of each piece.
-SafetensorsWriter::Written checksum_file(const std::string& path, const std::function<void(uint64_t)>& on_bytes) {
-  constexpr size_t kPieceBytes = size_t{16} << 20;
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw RuntimeError(fmt::format("{}: cannot open for reading", path));
-  std::vector<char> piece(kPieceBytes);
-  SafetensorsWriter::Written sum;
-  while (in) {
-    in.read(piece.data(), static_cast<std::streamsize>(piece.size()));
-    const auto got = static_cast<uint64_t>(in.gcount());
-    if (got == 0) break;
-    sum.crc32c = crc32c(piece.data(), got, sum.crc32c);
-    sum.bytes += got;
-    if (on_bytes) on_bytes(got);
-  }
-  if (in.bad()) throw RuntimeError(fmt::format("{}: read error after {} bytes", path, sum.bytes));
-  return sum;
-}
-
-void copy_into(const Tensor& source, Tensor target, const std::string& name, const std::string& file) {
-  if (source.shape() != target.shape()) {
-    throw RuntimeError(fmt::format("{}: tensor '{}' has shape {} but the model needs {}", file, name,
-                                   shape_str(source.shape()), shape_str(target.shape())));
-  }
-  ops::copy(target, source);
 }
 
 }  // namespace
@@ -111,53 +78,13 @@ std::optional<std::string> find_latest_checkpoint(const std::string& dir) {
   return checkpoint;
 }
 
-void verify_checkpoint(const std::string& checkpoint_dir, const CheckpointProgressFn& progress) {
-  const std::string manifest_path = checkpoint_dir + "/" + kManifestFile;
-  if (!fs::exists(manifest_path)) {
-    throw RuntimeError(
-        fmt::format("{}: no {} — the checkpoint is incomplete and will not be loaded", checkpoint_dir, kManifestFile));
-  }
-  json manifest;
-  try {
-    manifest = json::parse(read_file(manifest_path, FileKinds::kRegularOnly));
-  } catch (const json::exception& e) {
-    throw RuntimeError(fmt::format("{}: unreadable manifest ({})", manifest_path, e.what()));
-  }
-  if (!manifest.contains("files") || !manifest["files"].is_object() || manifest["files"].empty()) {
-    throw RuntimeError(fmt::format("{}: manifest lists no files", manifest_path));
-  }
-  // Presence and sizes first (cheap), then the CRCs, which read every byte.
-  int64_t total = 0;
-  for (const auto& [name, entry] : manifest["files"].items()) {
-    const std::string path = checkpoint_dir + "/" + name;
-    if (!fs::exists(path)) throw RuntimeError(fmt::format("{}: missing (listed in the manifest)", path));
-    const uint64_t size = fs::file_size(path);
-    const uint64_t want_bytes = entry.value("bytes", uint64_t{0});
-    if (size != want_bytes) {
-      throw RuntimeError(fmt::format("{}: {} bytes, the manifest says {} — truncated or modified; not loading", path,
-                                     size, want_bytes));
-    }
-    total += static_cast<int64_t>(size);
-  }
-  int64_t done = 0;
-  if (progress) progress({"verify", 0, total});
-  for (const auto& [name, entry] : manifest["files"].items()) {
-    const std::string path = checkpoint_dir + "/" + name;
-    const uint32_t crc = checksum_file(path, [&](uint64_t bytes) {
-                           done += static_cast<int64_t>(bytes);
-                           if (progress) progress({"verify", done, total});
-                         }).crc32c;
-    const uint32_t want_crc = entry.value("crc32c", uint32_t{0});
-    if (crc != want_crc) {
-      throw RuntimeError(
-          fmt::format("{}: CRC32C {:#010x}, the manifest says {:#010x} — corrupt; not loading", path, crc, want_crc));
-    }
-  }
-}
-
 TrainerState load_checkpoint(const std::string& checkpoint_dir, Model& model, AdamW& optimizer,
                              const CheckpointProgressFn& progress) {
   verify_checkpoint(checkpoint_dir, progress);
+  // Before any tensor: a model of other shapes fails here naming the key, and one of the same shapes but another
+  // rope_theta, norm epsilon or tying would otherwise load silently.
+  const std::string config_path = checkpoint_dir + "/config.json";
+  require_same_model(read_hf_config(config_path), model.args(), config_path);
   const TensorCatalog catalog = TensorCatalog::open_checkpoint(checkpoint_dir);
   ParamStore& params = model.params();
   const std::vector<ParamSpec>& specs = params.specs();
@@ -207,46 +134,29 @@ void export_hf_model(const std::string& dir, const Model& model) {
 void load_hf_weights(const std::string& dir, Model& model) {
   const std::string config_path = dir + "/config.json";
   if (!fs::exists(config_path)) throw UsageError(fmt::format("pretrained_checkpoint: {} does not exist", config_path));
-  json config;
-  try {
-    config = json::parse(read_file(config_path, FileKinds::kRegularOnly));
-  } catch (const json::exception& e) {
-    throw UsageError(fmt::format("{}: not valid JSON ({})", config_path, e.what()));
+  const ModelArgs theirs = read_hf_config(config_path);
+  require_same_model(theirs, model.args(), config_path);
+  // Positions beyond the ones the weights were trained for would be used without a word.
+  if (theirs.max_position_embeddings < model.max_seq_length()) {
+    throw UsageError(fmt::format("{}: max_position_embeddings is {} but the run's sequences are {} tokens (seq_length): "
+                                 "lower seq_length, or raise max_position_embeddings there to extend the context "
+                                 "deliberately",
+                                 config_path, theirs.max_position_embeddings, model.max_seq_length()));
   }
-  const ModelArgs theirs = model_args_from_hf_config(config, config_path);
-  const ModelArgs& ours = model.args();
-  auto same = [&](const char* key, int64_t a, int64_t b) {
-    if (a != b) throw UsageError(fmt::format("{}: {} is {} but the configured model has {}", config_path, key, a, b));
-  };
-  same("num_hidden_layers", theirs.num_layers, ours.num_layers);
-  same("hidden_size", theirs.hidden_size, ours.hidden_size);
-  same("intermediate_size", theirs.ffn_hidden_size, ours.ffn_hidden_size);
-  same("num_attention_heads", theirs.num_attention_heads, ours.num_attention_heads);
-  same("num_key_value_heads", theirs.num_query_groups, ours.num_query_groups);
-  same("head_dim", theirs.kv_channels, ours.kv_channels);
-  same("vocab_size", theirs.vocab_size, ours.vocab_size);
-
-  // One file, or shards listed by model.safetensors.index.json's weight_map.
-  std::map<std::string, std::string> file_of;
-  const std::string index_path = dir + "/model.safetensors.index.json";
-  if (fs::exists(dir + "/model.safetensors")) {
-    for (const ParamSpec& spec : model.params().specs()) file_of[spec.name] = dir + "/model.safetensors";
-  } else if (fs::exists(index_path)) {
-    json index = json::parse(read_file(index_path, FileKinds::kRegularOnly));
-    for (const auto& [name, file] : index.at("weight_map").items()) file_of[name] = dir + "/" + file.get<std::string>();
-  } else {
-    throw UsageError(fmt::format("pretrained_checkpoint: {} has neither model.safetensors nor an index", dir));
-  }
-  std::map<std::string, SafetensorsFile> open_files;
+  const TensorCatalog catalog = TensorCatalog::open_hf_folder(dir);
   ParamStore& params = model.params();
   for (size_t i = 0; i < params.specs().size(); ++i) {
-    const std::string& name = params.specs()[i].name;
-    auto it = file_of.find(name);
-    if (it == file_of.end()) throw UsageError(fmt::format("{}: no tensor '{}' in the weight map", index_path, name));
-    auto file_it = open_files.find(it->second);
-    if (file_it == open_files.end()) file_it = open_files.emplace(it->second, SafetensorsFile::open(it->second)).first;
-    copy_into(file_it->second.read_f32(name), params.param(i), name, it->second);
+    const ParamSpec& spec = params.specs()[i];
+    const CatalogTensor* tensor = catalog.find(spec.name);
+    if (tensor == nullptr) throw UsageError(fmt::format("{}: no tensor '{}'", catalog.source(), spec.name));
+    if (tensor->shape != spec.shape) {
+      throw UsageError(fmt::format("{}: tensor '{}' has shape {} but the model needs {}", catalog.source(), spec.name,
+                                   shape_str(tensor->shape), shape_str(spec.shape)));
+    }
+    const int64_t n = shape_numel(spec.shape);
+    catalog.read_into(spec.name, 0, n, params.param(i).reshape({n}));
   }
+  model.weights_changed();
 }
 
 }  // namespace primus

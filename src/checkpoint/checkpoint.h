@@ -59,20 +59,24 @@ int64_t save_checkpoint(const std::string& save_dir, const Model& model, const A
 std::optional<std::string> find_latest_checkpoint(const std::string& dir);
 
 // Checks the manifest (every file present, sizes and CRC32C match) and throws RuntimeError naming the first
-// bad file; nothing is loaded from a checkpoint that fails. Files are read in pieces, never whole.
+// bad file; nothing is loaded from a checkpoint that fails. Files are read in pieces, never whole. The manifest
+// does not decide what is verified: every file of the format must be listed (checkpoint_verify.cpp), its entries
+// and trainer_state.json are range-checked, and the iteration must agree with the directory's name iter_N.
 void verify_checkpoint(const std::string& checkpoint_dir, const CheckpointProgressFn& progress = {});
 
 // Verifies, then loads weights, optimizer moments and trainer state from a checkpoint of either format into a
 // model and an optimizer of any layout: every weight, and the moments of the optimizer's owned ranges only,
 // each from whichever stored slices hold it (a 4-rank checkpoint loads into 2 ranks or 1, a 1-process one into
-// 4). Shapes must match the model; a missing tensor or slice throws RuntimeError naming the file.
+// 4). The checkpoint's config.json must describe the model (UsageError naming the key and both values: the run is
+// configured for another model); a missing tensor or slice throws RuntimeError naming the file.
 TrainerState load_checkpoint(const std::string& checkpoint_dir, Model& model, AdamW& optimizer,
                              const CheckpointProgressFn& progress = {});
 
 // Hugging Face model folder: model.safetensors (fp32) + config.json.
 void export_hf_model(const std::string& dir, const Model& model);
-// Loads weights from a Hugging Face model folder (F32/BF16/F16 safetensors; one file or an index of shards).
-// The folder's config.json must describe the same shapes as the model; mismatches name the key.
+// Loads weights from a Hugging Face model folder (F32/BF16/F16 safetensors; one file or an index of shards whose
+// files stay inside the folder). The folder's config.json must describe the model (require_same_model in
+// hf_config.h) with max_position_embeddings at least the model's sequence length; UsageError names the file and key.
 void load_hf_weights(const std::string& dir, Model& model);
 
 }  // namespace primus

@@ -84,21 +84,6 @@ std::string trainer_state_text(const TrainerState& state) {
 
 std::string hf_config_json_text(const ModelArgs& args) { return hf_config_from_model(args).dump(2) + "\n"; }
 
-TrainerState read_trainer_state(const std::string& checkpoint_dir) {
-  const std::string state_file = checkpoint_dir + "/trainer_state.json";
-  TrainerState state;
-  try {
-    const json j = json::parse(read_file(state_file, FileKinds::kRegularOnly));
-    state.iteration = j.at("iteration").get<int64_t>();
-    state.consumed_train_samples = j.at("consumed_train_samples").get<int64_t>();
-    state.optimizer_steps = j.at("optimizer_steps").get<int64_t>();
-    state.seed = j.at("seed").get<int64_t>();
-  } catch (const json::exception& e) {
-    throw RuntimeError(fmt::format("{}: {}", state_file, e.what()));
-  }
-  return state;
-}
-
 namespace {
 
 // The iteration the tracker names, or -1 when there is no tracker (or it does not hold a plain number).

@@ -56,6 +56,7 @@ class ManifestFiles {
 std::string trainer_state_text(const TrainerState& state);
 // config.json beside fp32 weights: the Hugging Face config of `args`, pretty-printed.
 std::string hf_config_json_text(const ModelArgs& args);
+// Every field range-checked (checkpoint_verify.cpp): RuntimeError naming the file and the key.
 TrainerState read_trainer_state(const std::string& checkpoint_dir);
 
 // Renames tmp_dir to `<save>/iter_N`, fsyncs the save directory and points the tracker at N. An iteration is

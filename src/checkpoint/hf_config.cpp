@@ -2,10 +2,13 @@
 // Qwen3Config so a file means the same model here as it does there.
 #include "checkpoint/hf_config.h"
 
+#include <algorithm>
+#include <cmath>
 #include <utility>
 
 #include "core/error.h"
 #include "core/file_io.h"
+#include "models/model.h"
 
 namespace primus {
 
@@ -189,6 +192,60 @@ ModelArgs model_args_from_hf_config(const json& j, const std::string& source_nam
   }
   if (r.has("rope_scaling")) read_rope(j.at("rope_scaling"), source_name, "rope_scaling", m);
   return m;
+}
+
+namespace {
+
+// What config.json calls the rope scaling of `m`, for messages: null, or the llama3 parameters.
+std::string rope_scaling_text(const ModelArgs& m) {
+  if (!m.use_rope_scaling) return "null";
+  return fmt::format("llama3 (factor {}, low_freq_factor {}, high_freq_factor {}, original_max_position_embeddings {})",
+                     m.rope_scaling_factor, m.rope_scaling_low_freq_factor, m.rope_scaling_high_freq_factor,
+                     m.rope_scaling_original_max_position_embeddings);
+}
+
+bool nearly_equal(double a, double b) { return std::abs(a - b) <= 1e-6 * std::max(std::abs(a), std::abs(b)); }
+
+// The head count and head size config.json gets for `m` (hf_config_from_model's defaults for unresolved args).
+int64_t kv_heads(const ModelArgs& m) { return m.num_query_groups > 0 ? m.num_query_groups : m.num_attention_heads; }
+int64_t head_dim(const ModelArgs& m) {
+  return m.kv_channels > 0 ? m.kv_channels : m.hidden_size / m.num_attention_heads;
+}
+
+}  // namespace
+
+void require_same_model(const ModelArgs& theirs, const ModelArgs& ours, const std::string& source) {
+  auto differ = [&](const char* key, const auto& a, const auto& b) {
+    throw UsageError(fmt::format("{}: {} is {} but the configured model has {}", source, key, a, b));
+  };
+  const std::string_view their_type = model_family_name(theirs), our_type = model_family_name(ours);
+  if (their_type != our_type) differ("model_type", their_type, our_type);
+  const std::pair<const char*, std::pair<int64_t, int64_t>> sizes[] = {
+      {"num_hidden_layers", {theirs.num_layers, ours.num_layers}},
+      {"hidden_size", {theirs.hidden_size, ours.hidden_size}},
+      {"intermediate_size", {theirs.ffn_hidden_size, ours.ffn_hidden_size}},
+      {"num_attention_heads", {theirs.num_attention_heads, ours.num_attention_heads}},
+      {"num_key_value_heads", {kv_heads(theirs), kv_heads(ours)}},
+      {"head_dim", {head_dim(theirs), head_dim(ours)}},
+      {"vocab_size", {theirs.vocab_size, ours.vocab_size}},
+  };
+  for (const auto& [key, values] : sizes) {
+    if (values.first != values.second) differ(key, values.first, values.second);
+  }
+  const bool their_tie = !theirs.untie_embeddings_and_output_weights,
+             our_tie = !ours.untie_embeddings_and_output_weights;
+  if (their_tie != our_tie) differ("tie_word_embeddings", their_tie, our_tie);
+  if (!nearly_equal(theirs.rotary_base, ours.rotary_base)) differ("rope_theta", theirs.rotary_base, ours.rotary_base);
+  if (!nearly_equal(theirs.norm_epsilon, ours.norm_epsilon))
+    differ("rms_norm_eps", theirs.norm_epsilon, ours.norm_epsilon);
+  const bool same_scaling =
+      theirs.use_rope_scaling == ours.use_rope_scaling &&
+      (!ours.use_rope_scaling ||
+       (nearly_equal(theirs.rope_scaling_factor, ours.rope_scaling_factor) &&
+        nearly_equal(theirs.rope_scaling_low_freq_factor, ours.rope_scaling_low_freq_factor) &&
+        nearly_equal(theirs.rope_scaling_high_freq_factor, ours.rope_scaling_high_freq_factor) &&
+        theirs.rope_scaling_original_max_position_embeddings == ours.rope_scaling_original_max_position_embeddings));
+  if (!same_scaling) differ("rope_scaling", rope_scaling_text(theirs), rope_scaling_text(ours));
 }
 
 ModelArgs read_hf_config(const std::string& path) {

@@ -21,6 +21,13 @@ nlohmann::json hf_config_from_model(const ModelArgs& m, const std::string& torch
 // (hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, vocab_size) are required.
 ModelArgs model_args_from_hf_config(const nlohmann::json& j, const std::string& source_name);
 
+// Throws UsageError when `theirs` (read from `source`, a config.json) describes another model than `ours`: the
+// family (model_type), every shape key, vocab_size, tie_word_embeddings, rope_theta, rms_norm_eps and the rope
+// scaling. Floats agree within a relative 1e-6 (a value printed with fewer digits). The message names `source`, the
+// config.json key and both values. Not compared: max_position_embeddings (how far a caller needs it depends on the
+// run's sequences) and initializer_range (it only seeds weights that are being replaced).
+void require_same_model(const ModelArgs& theirs, const ModelArgs& ours, const std::string& source);
+
 // File helpers: read + parse (UsageError for a missing or unparsable file: the user named it) and an atomic
 // pretty-printed write.
 ModelArgs read_hf_config(const std::string& path);

@@ -3,11 +3,14 @@
 #include "checkpoint/tensor_catalog.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "checkpoint/checkpoint_json.h"
+#include "checkpoint/sharded_checkpoint.h"
 #include "core/error.h"
 #include "core/file_io.h"
 #include "ops/ops.h"
@@ -22,16 +25,72 @@ namespace {
 // Host staging for device reads and writes: 4 Mi elements (16 MiB) at a time.
 constexpr int64_t kStagingElements = int64_t{4} << 20;
 
-// A name index.json gives for a shard: a plain file name inside the checkpoint directory, so a hostile index
-// cannot point the loader elsewhere.
-bool plain_file_name(const std::string& name) {
-  return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
-         name.find('\0') == std::string::npos;
+int64_t json_int(const json& v, const std::string& where) {
+  if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))) {
+    throw RuntimeError(fmt::format("{}: expected an integer, found {}", where, v.dump()));
+  }
+  return v.get<int64_t>();
 }
 
-int64_t json_int(const json& v, const std::string& where) {
-  if (!v.is_number_integer()) throw RuntimeError(fmt::format("{}: expected an integer, found {}", where, v.dump()));
-  return v.get<int64_t>();
+// index.json of a sharded checkpoint, its format checked.
+json read_sharded_index(const std::string& index_path) {
+  json index = read_json_object(index_path);
+  const JsonFields fields(index, index_path);
+  const std::string format = fields.string("format");
+  if (format != kShardedIndexFormat)
+    fields.fail("format", fmt::format("is \"{}\", expected \"{}\"", format, kShardedIndexFormat));
+  return index;
+}
+
+// A sharded checkpoint has at most one shard per rank; the bound keeps a damaged index from asking for billions of
+// file names before the manifest is consulted.
+constexpr int64_t kMaxShards = int64_t{1} << 20;
+
+int64_t world_size_of(const json& index, const std::string& index_path) {
+  return JsonFields(index, index_path).integer("world_size", 1, kMaxShards);
+}
+
+// Whether `file` is shard_<r>_of_<world_size>.safetensors for some r < world_size.
+bool is_shard_file(const std::string& file, int64_t world_size) {
+  const std::string prefix = "shard_";
+  int64_t rank = -1;
+  const char* digits = file.data() + std::min(prefix.size(), file.size());
+  std::from_chars(digits, file.data() + file.size(), rank);
+  return file.rfind(prefix, 0) == 0 && rank >= 0 && rank < world_size &&
+         file == shard_file_name(static_cast<int>(rank), static_cast<int>(world_size));
+}
+
+// Whether `path` is strictly inside `root` (both absolute and canonical).
+bool inside(const fs::path& path, const fs::path& root) {
+  const auto [r, p] = std::mismatch(root.begin(), root.end(), path.begin(), path.end());
+  return r == root.end() && p != path.end();
+}
+
+// The path of `name`, a weight_map file of the Hugging Face folder `dir`, when it stays in the folder: a relative
+// path without '..' whose real location, symbolic links resolved, is inside the folder, or inside the blobs
+// folder of Hugging Face's cache when `dir` is one of its snapshots (huggingface_hub makes
+// snapshots/<revision>/<file> a link to ../../blobs/<hash>). UsageError naming `where` (index and key) otherwise:
+// a downloaded index must not make the loader read /etc/passwd or a device.
+std::string confined_path(const std::string& dir, const std::string& name, const std::string& where) {
+  const fs::path relative(name);
+  bool lexically_inside = relative.is_relative() && name.find('\0') == std::string::npos;
+  for (const fs::path& part : relative) lexically_inside = lexically_inside && part != "..";
+  if (!lexically_inside) {
+    throw UsageError(
+        fmt::format("{}: '{}' leads outside the folder {} (weight_map names files by paths relative to "
+                    "it, without '..')",
+                    where, name, dir));
+  }
+  std::error_code error;
+  const fs::path root = fs::canonical(dir, error);
+  const fs::path real = error ? fs::path() : fs::weakly_canonical(root / relative, error);
+  if (error) throw UsageError(fmt::format("{}: cannot resolve '{}' in {}: {}", where, name, dir, error.message()));
+  const bool cache_blob =
+      root.parent_path().filename() == "snapshots" && inside(real, root.parent_path().parent_path() / "blobs");
+  if (!inside(real, root) && !cache_blob) {
+    throw UsageError(fmt::format("{}: '{}' resolves to {}, outside the folder {}", where, name, real.string(), dir));
+  }
+  return dir + "/" + name;
 }
 
 }  // namespace
@@ -68,7 +127,7 @@ void TensorCatalog::add_whole_tensors(const std::string& path) {
 TensorCatalog TensorCatalog::open_checkpoint(const std::string& dir) {
   TensorCatalog catalog;
   const std::string index_path = dir + "/" + kShardedIndexFile;
-  if (!fs::exists(index_path)) {
+  if (!is_sharded_checkpoint(dir)) {
     // The single-file format: weights and moments under their own names in two files.
     const std::string model_file = dir + "/model.safetensors";
     const std::string optim_file = dir + "/optimizer.safetensors";
@@ -86,20 +145,9 @@ TensorCatalog TensorCatalog::open_checkpoint(const std::string& dir) {
 
   catalog.source_ = index_path;
   catalog.sharded_ = true;
-  json index;
-  try {
-    index = json::parse(read_file(index_path, FileKinds::kRegularOnly));
-  } catch (const json::exception& e) {
-    throw RuntimeError(fmt::format("{}: unreadable index ({})", index_path, e.what()));
-  }
-  if (!index.is_object() || index.value("format", std::string()) != kShardedIndexFormat) {
-    throw RuntimeError(
-        fmt::format("{}: not a {} index (\"format\" is missing or different)", index_path, kShardedIndexFormat));
-  }
-  if (!index.contains("tensors") || !index["tensors"].is_object()) {
-    throw RuntimeError(fmt::format("{}: no \"tensors\" object", index_path));
-  }
-  for (const auto& [name, list] : index["tensors"].items()) {
+  const json index = read_sharded_index(index_path);
+  const int64_t world_size = world_size_of(index, index_path);
+  for (const auto& [name, list] : JsonFields(index, index_path).object("tensors").items()) {
     const std::string where = fmt::format("{}: tensors.{}", index_path, name);
     if (!list.is_array() || list.empty()) throw RuntimeError(fmt::format("{}: expected a list of slices", where));
     CatalogTensor tensor;
@@ -114,8 +162,12 @@ TensorCatalog TensorCatalog::open_checkpoint(const std::string& dir) {
                         "\"dtype\"}}, found {}",
                         at, s.dump()));
       }
+      // Only the shards, which verification requires the manifest to cover, are ever read.
       const std::string file = s["file"].get<std::string>();
-      if (!plain_file_name(file)) throw RuntimeError(fmt::format("{}: file '{}' is not a plain file name", at, file));
+      if (!is_shard_file(file, world_size)) {
+        throw RuntimeError(fmt::format("{}: file '{}' is not one of the {} shards shard_<r>_of_{}.safetensors", at,
+                                       file, world_size, world_size));
+      }
       Shape shape;
       for (const json& d : s["shape"]) shape.push_back(json_int(d, at + ".shape"));
       if (k == 0) {
@@ -161,17 +213,18 @@ TensorCatalog TensorCatalog::open_hf_folder(const std::string& dir) {
   json index;
   try {
     index = json::parse(read_file(index_path, FileKinds::kRegularOnly));
-  } catch (const json::exception& e) {
-    throw UsageError(fmt::format("{}: not valid JSON ({})", index_path, e.what()));
+  } catch (const json::parse_error& e) {
+    throw UsageError(fmt::format("{}: not valid JSON at byte {} ({})", index_path, e.byte, e.what()));
   }
   if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
     throw UsageError(fmt::format("{}: no \"weight_map\" object", index_path));
   }
   for (const auto& [name, file] : index["weight_map"].items()) {
-    if (!file.is_string() || !plain_file_name(file.get<std::string>())) {
-      throw UsageError(fmt::format("{}: weight_map.{} is not a file name: {}", index_path, name, file.dump()));
+    const std::string where = fmt::format("{}: weight_map.{}", index_path, name);
+    if (!file.is_string() || file.get<std::string>().empty()) {
+      throw UsageError(fmt::format("{} is not a file name: {}", where, file.dump()));
     }
-    const std::string path = dir + "/" + file.get<std::string>();
+    const std::string path = confined_path(dir, file.get<std::string>(), where);
     const SafetensorsEntry* entry = catalog.file(path).find(name);
     if (entry == nullptr) {
       throw RuntimeError(fmt::format("{}: no tensor named '{}' ({} maps it there)", path, name, index_path));
@@ -179,6 +232,13 @@ TensorCatalog TensorCatalog::open_hf_folder(const std::string& dir) {
     catalog.add_whole_tensor(path, *entry);
   }
   return catalog;
+}
+
+bool is_sharded_checkpoint(const std::string& dir) { return fs::exists(dir + "/" + kShardedIndexFile); }
+
+int64_t sharded_checkpoint_world_size(const std::string& dir) {
+  const std::string index_path = dir + "/" + kShardedIndexFile;
+  return world_size_of(read_sharded_index(index_path), index_path);
 }
 
 const CatalogTensor* TensorCatalog::find(const std::string& name) const {

@@ -23,6 +23,14 @@ namespace primus {
 inline constexpr const char* kShardedIndexFile = "index.json";
 inline constexpr const char* kShardedIndexFormat = "primus-sharded-checkpoint";
 
+// Whether `dir` holds the sharded format: it has index.json (else it is the single-file format). The loader and the
+// verification decide the same way.
+bool is_sharded_checkpoint(const std::string& dir);
+// The number of shard files of a sharded checkpoint, `world_size` in its index.json: the files are
+// shard_<r>_of_<world_size>.safetensors for every r < world_size, and the index names no others. RuntimeError
+// naming index.json and the key when it is malformed.
+int64_t sharded_checkpoint_world_size(const std::string& dir);
+
 // One stored piece of a logical tensor: elements [begin, end) of the tensor flattened row-major, held as the
 // tensor `key` of `file` (end - begin elements, any shape).
 struct TensorSlice {
@@ -42,8 +50,10 @@ class TensorCatalog {
   // A native checkpoint iteration directory of either format. Throws RuntimeError naming the file for a
   // malformed index or safetensors header.
   static TensorCatalog open_checkpoint(const std::string& dir);
-  // A Hugging Face model folder. Throws UsageError when it has neither model.safetensors nor an index (the
-  // user named it), RuntimeError for a malformed file.
+  // A Hugging Face model folder. Throws UsageError when it has neither model.safetensors nor an index, for a
+  // malformed index, and for a weight_map file that is not inside the folder (absolute, with '..', or a symbolic
+  // link out of it; the blobs of Hugging Face's cache excepted): the user named the folder. RuntimeError for a
+  // malformed safetensors file.
   static TensorCatalog open_hf_folder(const std::string& dir);
 
   // What errors name as the catalog's source: index.json, or the safetensors file(s).

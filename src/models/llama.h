@@ -27,6 +27,7 @@ class LlamaModel final : public Model {
 
   std::string_view family() const override { return model_family_name(args_); }
   const ModelArgs& args() const override { return args_; }
+  int64_t max_seq_length() const override { return max_seq_length_; }
   Device device() const override { return device_; }
   ParamStore& params() override { return params_; }
   const ParamStore& params() const override { return params_; }

@@ -58,6 +58,8 @@ class Model {
   // The family key: "llama" (Llama 2/3/3.1/3.2) or "qwen3".
   virtual std::string_view family() const = 0;
   virtual const ModelArgs& args() const = 0;
+  // The longest sequence forward takes (the rows of its RoPE table): pretrained weights must know positions as far.
+  virtual int64_t max_seq_length() const = 0;
   virtual Device device() const = 0;
   // fp32 master weights and gradients, one flat buffer each, Hugging Face names (the family's param_specs).
   virtual ParamStore& params() = 0;

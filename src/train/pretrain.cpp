@@ -254,6 +254,10 @@ int run_training(const ExperimentConfig& config, const RunOptions& options, std:
     }
     spdlog::info("resumed from {} at iteration {} ({} samples consumed)", *latest, state.iteration,
                  state.consumed_train_samples);
+    if (state.iteration > t.train_iters) {  // as in Megatron the run then ends at once, but not as if it had trained
+      spdlog::warn("{}: iteration {} is beyond train_iters {}: nothing to train; raise train_iters to continue",
+                   *latest, state.iteration, t.train_iters);
+    }
   } else if (!t.pretrained_checkpoint.empty()) {
     load_hf_weights(t.pretrained_checkpoint, model);
     spdlog::info("initial weights from {}", t.pretrained_checkpoint);

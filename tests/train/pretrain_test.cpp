@@ -152,6 +152,18 @@ TEST(Pretrain, CorruptOrTruncatedCheckpointIsRefused) {
   }
 }
 
+// A checkpoint at or beyond train_iters: as in Megatron the run has nothing to train and exits 0, but the log says so
+// plainly instead of only "done" (issue 12, hole 8).
+TEST(Pretrain, ACheckpointBeyondTrainItersSaysThereIsNothingToTrain) {
+  ExperimentConfig c = shakespeare_config(testing::temp_dir("beyond"), 3);
+  ASSERT_EQ(run_pretrain(c, {}), 0);
+  c.train.train_iters = 2;
+  ASSERT_EQ(run_pretrain(c, {}), 0);
+  const std::string log = read_file(c.run_dir() + "/logs/train.log");
+  EXPECT_NE(log.find("iteration 3 is beyond train_iters 2: nothing to train"), std::string::npos) << log;
+  EXPECT_EQ(read_metrics(c.run_dir()).size(), 3u);
+}
+
 // Checkpoints whose tracker was deleted are not overwritten by a run from scratch: the run is refused, naming them.
 TEST(Pretrain, CheckpointsWithoutTheirTrackerAreRefused) {
   ExperimentConfig c = shakespeare_config(testing::temp_dir("notracker"), 3);

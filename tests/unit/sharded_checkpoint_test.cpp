@@ -7,7 +7,7 @@
 // export to a Hugging Face folder and import back (library and CLI); a rank that dies after writing its shard
 // leaves the previous checkpoint the latest and loadable, and the next save removes the stale temporary; a rank
 // that fails makes every rank throw at once; ranges that overlap are refused by every rank; a corrupt shard byte
-// is caught naming the file.
+// is caught naming the file; the manifest must list every file the loader reads, and index.json cannot name others.
 #include "checkpoint/sharded_checkpoint.h"
 
 #include <gtest/gtest.h>
@@ -22,6 +22,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/convert.h"
 #include "checkpoint/safetensors.h"
+#include "checkpoint/tensor_catalog.h"
 #include "core/file_io.h"
 #include "models/llama.h"
 #include "parallel/distributed_env.h"
@@ -111,7 +112,7 @@ void fill_state(Rank& r, int tag) {
       v[j] = value(tag, 2, range.begin + j);
     }
   }
-  r.optimizer.set_steps_taken(tag * 10);
+  r.optimizer.set_steps_taken(tag);
 }
 
 void poison(Rank& r) {
@@ -142,9 +143,10 @@ std::string check_state(const Rank& r, int tag, bool zero_moments = false) {
   return {};
 }
 
+// The trainer state saved with the state tagged `tag` (tag <= iteration: no more optimizer steps than iterations).
 TrainerState state_of(int64_t iteration, int tag) {
   return TrainerState{
-      .iteration = iteration, .consumed_train_samples = 8 * iteration, .optimizer_steps = tag * 10, .seed = kSeed};
+      .iteration = iteration, .consumed_train_samples = 8 * iteration, .optimizer_steps = tag, .seed = kSeed};
 }
 
 // `size` ranks save the state tagged `tag` as `iteration`, each with its distributed-optimizer shards (bucket
@@ -175,7 +177,7 @@ std::vector<RankResult> load_into(int size, int64_t bucket, const std::string& c
     if (state.iteration != iteration || state.seed != kSeed) {
       return fmt::format("trainer state: iteration {} seed {}", state.iteration, state.seed);
     }
-    if (r.optimizer.steps_taken() != (zero_moments ? 0 : tag * 10)) {
+    if (r.optimizer.steps_taken() != (zero_moments ? 0 : tag)) {
       return fmt::format("optimizer steps {}", r.optimizer.steps_taken());
     }
     return check_state(r, tag, zero_moments);
@@ -438,6 +440,98 @@ TEST(ShardedCheckpoint, ACorruptShardByteIsCaughtNamingTheFile) {
   } catch (const RuntimeError& e) {
     EXPECT_NE(std::string(e.what()).find(shard), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("truncated"), std::string::npos) << e.what();
+  }
+}
+
+// Issue 12, hole 7 for this format: the manifest cannot exempt a file from verification, and index.json cannot make
+// the loader read a file the manifest does not cover.
+TEST(ShardedCheckpoint, TheManifestMustListEveryFileTheLoaderReads) {
+  const std::string dir = testing::temp_dir("sharded-manifest");
+  expect_all_ok(save_by(2, dir, 1, 1), "save by 2");
+  const std::string saved = dir + "/iter_0000001";
+  auto fresh_copy = [&] {
+    const std::string copy = testing::temp_dir("sharded-manifest-copy") + "/iter_0000001";
+    fs::copy(saved, copy);
+    return copy;
+  };
+  auto message_of_verify = [](const std::string& ckpt) -> std::string {
+    try {
+      verify_checkpoint(ckpt);
+    } catch (const RuntimeError& e) {
+      return e.what();
+    }
+    ADD_FAILURE() << ckpt << " verified";
+    return "";
+  };
+  // Rewrites a file and its manifest entry, as a careful hand-edit would.
+  auto rewrite = [](const std::string& ckpt, const std::string& name, const std::string& text) {
+    write_file_atomic(ckpt + "/" + name, text);
+    nlohmann::json manifest = nlohmann::json::parse(read_file(ckpt + "/manifest.json"));
+    manifest["files"][name] = {{"bytes", text.size()}, {"crc32c", crc32c(text)}};
+    write_file_atomic(ckpt + "/manifest.json", manifest.dump());
+  };
+
+  for (const std::string& name :
+       {std::string("index.json"), shard_file_name(0, 2), shard_file_name(1, 2), std::string("trainer_state.json"),
+        std::string("config.yaml"), std::string("config.json")}) {
+    const std::string ckpt = fresh_copy();
+    nlohmann::json manifest = nlohmann::json::parse(read_file(ckpt + "/manifest.json"));
+    manifest["files"].erase(name);
+    write_file_atomic(ckpt + "/manifest.json", manifest.dump());
+    std::string bytes = read_file(ckpt + "/" + name);
+    bytes[bytes.size() / 2] ^= 0x01;
+    write_file_atomic(ckpt + "/" + name, bytes);
+    const std::string message = message_of_verify(ckpt);
+    EXPECT_NE(message.find(ckpt + "/manifest.json"), std::string::npos) << message;
+    EXPECT_NE(message.find(name), std::string::npos) << message;
+  }
+
+  // index.json says three ranks wrote shards: their files, shard_<r>_of_3, must be in the manifest.
+  std::string ckpt = fresh_copy();
+  nlohmann::json index = nlohmann::json::parse(read_file(ckpt + "/index.json"));
+  index["world_size"] = 3;
+  rewrite(ckpt, "index.json", index.dump());
+  std::string message = message_of_verify(ckpt);
+  EXPECT_NE(message.find(shard_file_name(0, 3)), std::string::npos) << message;
+
+  // A slice in a file that is no shard of the index (listed in the manifest, so it verifies) is not read.
+  ckpt = fresh_copy();
+  rewrite(ckpt, "other.safetensors", read_file(ckpt + "/" + shard_file_name(1, 2)));
+  index = nlohmann::json::parse(read_file(ckpt + "/index.json"));
+  for (auto& [name, slices] : index["tensors"].items()) {
+    for (auto& slice : slices) {
+      if (slice["file"] == shard_file_name(1, 2)) slice["file"] = "other.safetensors";
+    }
+  }
+  rewrite(ckpt, "index.json", index.dump());
+  EXPECT_NO_THROW(verify_checkpoint(ckpt));
+  try {
+    TensorCatalog::open_checkpoint(ckpt);
+    FAIL() << "a slice outside the shards was accepted";
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("other.safetensors"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(ckpt + "/index.json"), std::string::npos) << e.what();
+  }
+
+  // Malformed values name index.json and the key (hole 13), instead of a raw [json.exception...].
+  auto first_error = [](const std::string& ckpt) -> std::string {
+    try {
+      verify_checkpoint(ckpt);
+      TensorCatalog::open_checkpoint(ckpt);
+    } catch (const RuntimeError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  for (const auto& [key, value] : std::vector<std::pair<std::string, nlohmann::json>>{
+           {"format", 5}, {"world_size", -2}, {"world_size", "2"}, {"tensors", nlohmann::json::array()}}) {
+    ckpt = fresh_copy();
+    index = nlohmann::json::parse(read_file(ckpt + "/index.json"));
+    index[key] = value;
+    rewrite(ckpt, "index.json", index.dump());
+    message = first_error(ckpt);
+    EXPECT_NE(message.find(ckpt + "/index.json"), std::string::npos) << key << ": " << message;
+    EXPECT_NE(message.find(key), std::string::npos) << key << ": " << message;
   }
 }
 
