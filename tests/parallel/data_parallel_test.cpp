@@ -416,7 +416,8 @@ TEST_F(DataParallel, CheckpointOf4RanksResumesOn2AndOn1) {
 
 // A job killed in the middle of a save leaves its shards in iter_N.tmp, never committed (staged here: the
 // sharded checkpoint's own test kills a rank between its shard and the commit). The previous checkpoint stays
-// the latest, the next run resumes from it, removes the temporary, and continues the same curve.
+// the latest, the next run resumes from it, removes the temporary (saying so), and continues the same curve; it
+// saves in the background (async_save, both ranks' shards) and keeps the latest two checkpoints.
 TEST_F(DataParallel, AnInterruptedSaveLeavesThePreviousCheckpoint) {
   Job job{testing::temp_dir("dp_kill"), {"use_distributed_optimizer=true", "save_interval=5"}, 2};
   job.overrides.push_back("train_iters=10");
@@ -427,11 +428,20 @@ TEST_F(DataParallel, AnInterruptedSaveLeavesThePreviousCheckpoint) {
   fs::create_directories(checkpoints + "/iter_0000015.tmp");
   write_file_atomic(checkpoints + "/iter_0000015.tmp/shard_0_of_2.safetensors", "partial");
   EXPECT_EQ(testing::read_text(checkpoints + "/latest_checkpointed_iteration.txt").substr(0, 2), "10");
-  Job resume{job.workspace, {"use_distributed_optimizer=true", "save_interval=5", "train_iters=20"}, 2};
+  Job resume{job.workspace,
+             {"use_distributed_optimizer=true", "save_interval=5", "train_iters=20", "async_save=true",
+              "keep_latest_k=2"},
+             2};
   run_job(resume);
   if (HasFatalFailure()) return;
-  EXPECT_NE(testing::read_text(fmt::format("{}/rank0.out", job.workspace)).find("resumed from"), std::string::npos);
+  const std::string log = testing::read_text(fmt::format("{}/rank0.out", job.workspace));
+  EXPECT_NE(log.find("resumed from"), std::string::npos);
+  EXPECT_NE(log.find("by interrupted saves: iter_0000015.tmp"), std::string::npos) << log;
+  EXPECT_NE(log.find("writing in the background"), std::string::npos) << log;
   EXPECT_FALSE(fs::exists(checkpoints + "/iter_0000015.tmp")) << "the stale temporary was not removed";
+  EXPECT_FALSE(fs::exists(checkpoints + "/iter_0000010")) << "keep_latest_k=2 keeps 15 and 20";
+  EXPECT_TRUE(fs::exists(checkpoints + "/iter_0000015/shard_1_of_2.safetensors"));
+  EXPECT_EQ(testing::read_text(checkpoints + "/latest_checkpointed_iteration.txt"), "20\n");
   expect_same_run(*baseline_, read_run(job.workspace), "2 ranks resumed after an interrupted save");
 }
 

@@ -164,6 +164,42 @@ TEST(Pretrain, ACheckpointBeyondTrainItersSaysThereIsNothingToTrain) {
   EXPECT_EQ(read_metrics(c.run_dir()).size(), 3u);
 }
 
+// async_save: the background writer saves exactly what a synchronous save does (the snapshot is of its step, not
+// of a later one), the losses are unchanged, keep_latest_k leaves the latest two, a run resumed at its last
+// iteration saves nothing twice, and temporaries left by a crashed save are removed at start-up, saying so.
+TEST(Pretrain, AsyncSavesEqualSynchronousOnesAndRetentionKeepsTheLatest) {
+  const std::string root = testing::temp_dir("async-save");
+  ExperimentConfig sync = shakespeare_config(root + "/sync", 6);
+  sync.train.save_interval = 2;
+  ASSERT_EQ(run_pretrain(sync, {}), 0);
+  ExperimentConfig async = shakespeare_config(root + "/async", 6);
+  async.train.save_interval = 2;
+  async.train.async_save = true;
+  async.train.keep_latest_k = 2;
+  ASSERT_EQ(run_pretrain(async, {}), 0);
+
+  const std::string a = sync.run_dir() + "/checkpoints", b = async.run_dir() + "/checkpoints";
+  EXPECT_TRUE(std::filesystem::exists(a + "/iter_0000002"));
+  EXPECT_FALSE(std::filesystem::exists(b + "/iter_0000002")) << "keep_latest_k 2 keeps 4 and 6 only";
+  for (const char* iteration : {"/iter_0000004/", "/iter_0000006/"}) {
+    for (const char* file : {"model.safetensors", "optimizer.safetensors", "trainer_state.json"}) {
+      EXPECT_EQ(read_file(a + iteration + file), read_file(b + iteration + file)) << iteration << file;
+    }
+  }
+  const auto ma = read_metrics(sync.run_dir()), mb = read_metrics(async.run_dir());
+  ASSERT_EQ(ma.size(), mb.size());
+  for (size_t i = 0; i < ma.size(); ++i) EXPECT_EQ(ma[i]["loss"].get<double>(), mb[i]["loss"].get<double>()) << i;
+  const std::string log = read_file(async.run_dir() + "/logs/train.log");
+  EXPECT_NE(log.find("writing in the background"), std::string::npos) << log;
+  EXPECT_NE(log.find("keep_latest_k 2: removed iter_0000002"), std::string::npos) << log;
+
+  std::filesystem::create_directories(b + "/iter_0000008.tmp");  // a save killed part way
+  ASSERT_EQ(run_pretrain(async, {}), 0);  // resumed at its last iteration: nothing to train, nothing saved twice
+  EXPECT_FALSE(std::filesystem::exists(b + "/iter_0000008.tmp"));
+  EXPECT_NE(read_file(async.run_dir() + "/logs/train.log").find("by interrupted saves: iter_0000008.tmp"),
+            std::string::npos);
+}
+
 // Checkpoints whose tracker was deleted are not overwritten by a run from scratch: the run is refused, naming them.
 TEST(Pretrain, CheckpointsWithoutTheirTrackerAreRefused) {
   ExperimentConfig c = shakespeare_config(testing::temp_dir("notracker"), 3);
