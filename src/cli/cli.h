@@ -69,6 +69,12 @@ void setup_logging(bool debug, const std::string& log_file);
 // Prints one "primus-cli: error: ..." line to stderr (and into the log file when one is open).
 void report_error(const std::string& message);
 
+// A log write that failed (a full disk under --log-file or the run's logs/train.log): the first is reported on
+// stderr at once, and a command that otherwise succeeded then exits 3, because its log is incomplete.
+void record_log_write_failure(const std::string& message);
+// The command's exit code, turned into 3 (with the reason) when a log write failed during a successful command.
+int exit_code_after_logging(int code);
+
 // Parses argv, runs the command and returns the process exit code (0, 1 preflight checks failed, 2 usage, 3 runtime,
 // 128+N signal).
 int run_cli(int argc, char** argv);

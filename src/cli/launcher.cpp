@@ -304,9 +304,9 @@ int run_command(const LaunchOptions& launch, const LaunchRequest& request, const
         pool.forward_stop_signals = false;
         pool.alerts_only = layout.node_rank > 0;
       }
-      return run_worker_pool(pool);
+      return exit_code_after_logging(run_worker_pool(pool));
     }
-    int code = action();
+    int code = exit_code_after_logging(action());
     if (layout.multi_process && code == kExitOk) {
       // The command has just run its dry run, which validated the config; the workers are what the launch adds.
       std::vector<std::string> argv = worker_argv(launch, words);

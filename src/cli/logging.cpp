@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <mutex>
 
 #include "cli/cli.h"
 #include "observe/progress.h"
@@ -16,7 +17,31 @@ namespace {
 
 std::shared_ptr<spdlog::logger> g_file_logger;  // writes only to the --log-file file; null without one
 
+std::mutex g_log_failure_mutex;
+std::string g_log_failure;  // the first failed log write; empty while none failed
+int64_t g_log_failures = 0;
+
 }  // namespace
+
+void record_log_write_failure(const std::string& message) {
+  const std::lock_guard<std::mutex> lock(g_log_failure_mutex);
+  if (g_log_failures++ > 0) return;
+  g_log_failure = message;
+  // Straight to stderr: the logger is what failed.
+  std::fprintf(stderr, "primus-cli: error: writing the log failed: %s; lines may be missing from it\n", message.c_str());
+  std::fflush(stderr);
+}
+
+int exit_code_after_logging(int code) {
+  const std::lock_guard<std::mutex> lock(g_log_failure_mutex);
+  if (code != kExitOk || g_log_failures == 0) return code;
+  std::fprintf(stderr,
+               "primus-cli: error: the command finished, but %lld log write(s) failed (the first: %s): the log is "
+               "incomplete\n",
+               static_cast<long long>(g_log_failures), g_log_failure.c_str());
+  std::fflush(stderr);
+  return kExitRuntime;
+}
 
 void setup_logging(bool debug, const std::string& log_file) {
   auto console = std::make_shared<spdlog::sinks::stderr_color_sink_mt>();
@@ -41,12 +66,15 @@ void setup_logging(bool debug, const std::string& log_file) {
     sinks.push_back(file);
     g_file_logger = std::make_shared<spdlog::logger>("primus-cli-file", file);
     g_file_logger->flush_on(spdlog::level::trace);
+    g_file_logger->set_error_handler(record_log_write_failure);
   }
   auto logger = std::make_shared<spdlog::logger>("primus", sinks.begin(), sinks.end());
   spdlog::level::level_enum level = debug ? spdlog::level::debug : spdlog::level::info;
   logger->set_level(level);
   // Flush every line when a file is attached: a run killed hard still leaves a complete log.
   logger->flush_on(log_file.empty() ? spdlog::level::warn : spdlog::level::trace);
+  // spdlog's own handler prints a note and goes on, and the command would then succeed without its log.
+  logger->set_error_handler(record_log_write_failure);
   spdlog::set_default_logger(logger);
   spdlog::set_level(level);
 }

@@ -75,14 +75,16 @@ bool is_alert_line(const std::string& line) {
   return false;
 }
 
-void write_all(int fd, const std::string& text) {
+// False when the write failed (errno says why): a closed console or a full disk must not stop the launcher.
+bool write_all(int fd, const std::string& text) {
   size_t done = 0;
   while (done < text.size()) {
     ssize_t n = ::write(fd, text.data() + done, text.size() - done);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;  // a closed console or a full disk must not stop the launcher
+    if (n <= 0) return false;
     done += static_cast<size_t>(n);
   }
+  return true;
 }
 
 void close_fd(int& fd) {
@@ -279,7 +281,9 @@ void WorkerPool::start(Worker& worker) {
 
 void WorkerPool::write_console(int fd, const std::string& text) {
   write_all(fd, text);
-  if (log_fd_ >= 0) write_all(log_fd_, text);
+  if (log_fd_ >= 0 && !write_all(log_fd_, text)) {
+    record_log_write_failure(fmt::format("--log-file {}: {}", options_.log_file, errno_text()));
+  }
 }
 
 void WorkerPool::handle_line(Worker& worker, const Stream& stream, const std::string& line) {

@@ -265,6 +265,18 @@ TEST_F(CliTest, TrainPretrainRunsAppliesEnvAndTeesTheLog) {
   EXPECT_TRUE(fs::exists(run_dir() + "/config.yaml"));
 }
 
+// A log that cannot be written (a full disk; /dev/full fails every write) is an error, not a silent loss: the
+// first failure is said at once and the run, though it trained, exits 3.
+TEST_F(CliTest, ALogFileOnAFullDiskFailsTheRun) {
+  CliResult result = run({"direct", "--log-file", "/dev/full", "--", "train", "pretrain", "--config",
+                          write_config("exp.yaml"), "train_iters=2"});
+  EXPECT_EQ(result.exit_code, 3) << result.err;
+  EXPECT_CONTAINS(result.err, "writing the log failed: ");
+  EXPECT_CONTAINS(result.err, "/dev/full");
+  EXPECT_CONTAINS(result.err, "the log is incomplete");
+  EXPECT_TRUE(fs::exists(run_dir() + "/checkpoints/iter_0000002")) << "the training itself completed";
+}
+
 TEST_F(CliTest, SigtermStopsTrainingWithExitCode143) {
   std::string log = dir_ + "/run.log";
   pid_t pid = spawn_cli({"direct", "--log-file", log, "--", "train", "pretrain", "--config",
