@@ -63,6 +63,7 @@ void Backend::wait_host(const DeviceEvent&) {}
 void Backend::record_stream(const Tensor&, Stream) {}
 void Backend::pin_host(void*, size_t) {}
 void Backend::unpin_host(void*) {}
+void Backend::set_deterministic(bool) {}
 
 void Backend::range_push(const char*) {}
 void Backend::range_pop() {}

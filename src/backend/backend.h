@@ -198,6 +198,10 @@ class Backend {
   // driver staging them (the snapshot of an asynchronous checkpoint save); unpin_host undoes it before the memory
   // is freed. No-ops on the host backend.
   virtual void pin_host(void* ptr, size_t bytes);
+  // Deterministic mode (Megatron's deterministic_mode): every later op gives the same bits for the same inputs, run
+  // after run, at some cost in speed (a device backend drops algorithms that sum with atomics). The host backend
+  // always is.
+  virtual void set_deterministic(bool deterministic);
   virtual void unpin_host(void* ptr);
 
   // Timing and profiling. mark() queues a timestamp without waiting; elapsed_ms waits until `to` is reached.

@@ -68,6 +68,7 @@ struct TrainingArgs {
   int64_t eval_iters = 100;
   std::string save;                    // checkpoint directory; empty: <run dir>/checkpoints
   int64_t save_interval = 0;           // 0: save only at the end
+  bool deterministic_mode = false;     // GPU runs repeat bit for bit
   bool async_save = false;             // checkpoint files written by a background thread
   int64_t keep_latest_k = 0;           // checkpoints kept; 0: all
   int64_t keep_interval = 0;           // iterations whose checkpoints stay beyond keep_latest_k; 0: none

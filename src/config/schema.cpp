@@ -435,6 +435,13 @@ std::vector<KeySpec> build_specs() {
        .help = "Steps between checkpoints; 0 saves only at the end.",
        .aliases = {"save_steps"},
        .apply = train_field<&TrainingArgs::save_interval>},
+      {.name = "deterministic_mode",
+       .type = kBool,
+       .group = kTraining,
+       .default_yaml = "false",
+       .help = "Runs repeat bit for bit on a GPU: attention's backward without atomics (the only op that sums "
+               "with them), at a cost in speed (docs/training.md). The CPU engine always repeats.",
+       .apply = train_field<&TrainingArgs::deterministic_mode>},
       {.name = "async_save",
        .type = kBool,
        .group = kTraining,

@@ -626,6 +626,7 @@ Tensor zeros(const Shape& shape, DType dtype, Device device) {
 void synchronize(Device device) { backend(device).synchronize(); }
 void pin_host(Device device, void* ptr, size_t bytes) { backend(device).pin_host(ptr, bytes); }
 void unpin_host(Device device, void* ptr) { backend(device).unpin_host(ptr); }
+void set_deterministic(Device device, bool deterministic) { backend(device).set_deterministic(deterministic); }
 
 void start_device(Device device) { backend(device); }
 

@@ -76,5 +76,7 @@ void synchronize(Device device);
 // Page-locks (and unlocks) host memory for fast copies to and from `device` (Backend::pin_host).
 void pin_host(Device device, void* ptr, size_t bytes);
 void unpin_host(Device device, void* ptr);
+// Deterministic mode for every later op on `device` (Backend::set_deterministic).
+void set_deterministic(Device device, bool deterministic);
 
 }  // namespace primus::ops

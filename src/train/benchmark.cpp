@@ -89,6 +89,7 @@ BenchmarkResult run_benchmark_train(const ExperimentConfig& config, const Benchm
   }
   const DistributedEnv env = DistributedEnv::from_environment();
   const Device device = select_device(t.device, env.local_rank);
+  if (t.deterministic_mode) ops::set_deterministic(device, true);
   ModelArgs args = config.model;
   // Synthetic tokens need no tokenizer, only a vocabulary size: the tokenizer file is read only when the model
   // takes its size from it, so a config naming data and a tokenizer benchmarks where they are not present.

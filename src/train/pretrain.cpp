@@ -191,6 +191,10 @@ int run_training(const ExperimentConfig& config, const RunOptions& options, std:
   } else {
     spdlog::info("device: {}", device.str());
   }
+  if (t.deterministic_mode) {
+    ops::set_deterministic(device, true);
+    spdlog::info("deterministic_mode: ops that sum with atomics are replaced; the run repeats bit for bit");
+  }
 
   std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(t.tokenizer_type, t.tokenizer_model);
   const ModelArgs model_args = resolve_vocab(config.model, *tokenizer);

@@ -229,6 +229,39 @@ TEST_F(CudnnAttentionTest, PlansAreCachedAndForwardRepeatsBitwise) {
   }
 }
 
+// deterministic_mode's backward: as exact as the default against the CPU reference, and the same bits every call
+// (the default's dQ, summed with atomics, may differ in its last bits from call to call).
+TEST_F(CudnnAttentionTest, DeterministicBackwardMatchesTheReferenceAndRepeatsBitwise) {
+  CudnnAttention deterministic(stream_, nullptr, true);
+  const AttentionShape shapes[] = {{2, 127, 32, 8, 64}, {1, 1000, 8, 8, 128}, {2, 2048, 16, 4, 128}};
+  uint64_t seed = 900;
+  for (const AttentionShape& s : shapes) check_shape(deterministic, stream_, s, seed++);
+
+  const AttentionShape s{2, 2048, 16, 4, 128};
+  Rng rng(910);
+  Tensor q = random_tensor({2, 2048, 16, 128}, rng), kv = random_tensor({2, 2048, 4, 128}, rng);
+  Tensor dout = random_tensor({2, 2048, 16, 128}, rng);
+  const auto q_dev = upload(round_to_bf16(q)), kv_dev = upload(round_to_bf16(kv)), dout_dev = upload(round_to_bf16(dout));
+  DeviceArray out(q_dev->bytes()), lse(2 * 16 * 2048 * 4), dk(kv_dev->bytes()), dv(kv_dev->bytes());
+  const float scale = 1.0f / std::sqrt(128.0f);
+  deterministic.forward(s, q_dev->get(), kv_dev->get(), kv_dev->get(), out.get(), static_cast<float*>(lse.get()), scale);
+  std::vector<std::vector<float>> dqs;
+  for (int call = 0; call < 3; ++call) {
+    DeviceArray dq(q_dev->bytes());
+    dq.poison();
+    deterministic.backward(s, q_dev->get(), kv_dev->get(), kv_dev->get(), out.get(), dout_dev->get(),
+                           static_cast<const float*>(lse.get()), dq.get(), dk.get(), dv.get(), scale);
+    sync();
+    dqs.push_back(download_bf16(dq));
+  }
+  for (int call = 1; call < 3; ++call) {
+    ASSERT_EQ(dqs[0].size(), dqs[call].size());
+    size_t differ = 0;
+    for (size_t i = 0; i < dqs[0].size(); ++i) differ += dqs[0][i] != dqs[call][i] ? 1 : 0;
+    EXPECT_EQ(differ, 0u) << "call " << call << ": dQ elements that differ from the first call's";
+  }
+}
+
 TEST_F(CudnnAttentionTest, RejectsUnsupportedArguments) {
   DeviceArray buf(1 << 20);
   void* p = buf.get();

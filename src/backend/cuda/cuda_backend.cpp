@@ -31,6 +31,7 @@ struct CudaBackend::State {
   std::unique_ptr<CublasLtGemm> gemm;
   // Created on the first bf16 attention: loading cuDNN takes seconds, and fp32-only processes never need it.
   std::unique_ptr<CudnnAttention> attention;
+  bool deterministic = false;
 };
 
 namespace {
@@ -238,6 +239,15 @@ void CudaBackend::pin_host(void* ptr, size_t bytes) {
 
 void CudaBackend::unpin_host(void* ptr) { PRIMUS_CUDA_CHECK(gpuHostUnregister(ptr)); }
 
+// cuDNN's attention backward is the one op whose default sums with atomics; cuBLASLt gives the same bits for one
+// algorithm, which its heuristic picks the same way for one shape, and our kernels reduce in a fixed order.
+void CudaBackend::set_deterministic(bool deterministic) {
+  if (deterministic == state_->deterministic) return;
+  synchronize();  // the plans of the attention being replaced may still be running
+  state_->deterministic = deterministic;
+  state_->attention.reset();
+}
+
 void CudaBackend::record_stream(const Tensor& t, Stream stream) {
   if (!t.defined() || t.nbytes() == 0) return;
   PRIMUS_CHECK(t.device() == device(), "[cuda record_stream] {} does not live on {}", t.describe(), device().str());
@@ -443,7 +453,9 @@ float attention_scale(const AttentionArgs& args) { return 1.0f / std::sqrt(stati
 }  // namespace
 
 CudnnAttention& CudaBackend::cudnn_attention() {
-  if (!state_->attention) state_->attention = std::make_unique<CudnnAttention>(state_->stream, &state_->allocator);
+  if (!state_->attention) {
+    state_->attention = std::make_unique<CudnnAttention>(state_->stream, &state_->allocator, state_->deterministic);
+  }
   return *state_->attention;
 }
 

@@ -77,6 +77,7 @@ class CudaBackend : public Backend {
   void record_stream(const Tensor& t, Stream stream) override;
   void pin_host(void* ptr, size_t bytes) override;
   void unpin_host(void* ptr) override;
+  void set_deterministic(bool deterministic) override;
 
   CachingAllocator& allocator();
 

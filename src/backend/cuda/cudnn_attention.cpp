@@ -10,6 +10,8 @@
 #include <cudnn_graph.h>
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <array>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -287,9 +289,10 @@ void build_forward(GraphBuilder& g, const Layout& l) {
 }
 
 // Backward: softmax_sum = rowsum(dO∘O); P = exp(scale·Q·Kᵀ − Stats) (masked); dV = Pᵀ·dO;
-// dS = P∘(dO·Vᵀ − softmax_sum)·scale; dK = dSᵀ·Q; dQ = dS·K through an fp32 accumulator. With GQA, dK and dV
-// are formed per query head and summed over each group.
-void build_backward(GraphBuilder& g, const Layout& l, bool padded) {
+// dS = P∘(dO·Vᵀ − softmax_sum)·scale; dK = dSᵀ·Q; dQ = dS·K through an fp32 accumulator, or written directly when
+// deterministic (the accumulator is summed into with atomics, in an order that varies from run to run). With GQA,
+// dK and dV are formed per query head and summed over each group.
+void build_backward(GraphBuilder& g, const Layout& l, bool padded, bool deterministic) {
   auto q = g.tensor(kUidQ, CUDNN_DATA_BFLOAT16, l.q_dims(), l.q_strides(), false, "Q");
   auto kt = g.tensor(kUidKt, CUDNN_DATA_BFLOAT16, l.kvt_dims(), l.kvt_strides(), false, "K^T");
   auto vt = g.tensor(kUidVt, CUDNN_DATA_BFLOAT16, l.kvt_dims(), l.kvt_strides(), false, "V^T");
@@ -297,7 +300,6 @@ void build_backward(GraphBuilder& g, const Layout& l, bool padded) {
   auto d_o = g.tensor(kUidDo, CUDNN_DATA_BFLOAT16, l.q_dims(), l.q_strides(), false, "dO");
   auto stats = g.tensor(kUidStats, CUDNN_DATA_FLOAT, l.row_dims(), l.row_strides(), false, "Stats");
   auto softmax_sum = g.tensor(kUidSoftmaxSum, CUDNN_DATA_FLOAT, l.row_dims(), l.row_strides(), false, "softmax_sum");
-  auto dq_accum = g.tensor(kUidDqAccum, CUDNN_DATA_FLOAT, l.heads_dims(), l.heads_strides(), false, "dQ_accum");
   auto dq = g.tensor(kUidDq, CUDNN_DATA_BFLOAT16, l.q_dims(), l.q_strides(), false, "dQ");
   auto dk = g.tensor(kUidDk, CUDNN_DATA_BFLOAT16, l.kv_dims(), l.kv_strides(), false, "dK");
   auto dv = g.tensor(kUidDv, CUDNN_DATA_BFLOAT16, l.kv_dims(), l.kv_strides(), false, "dV");
@@ -355,9 +357,14 @@ void build_backward(GraphBuilder& g, const Layout& l, bool padded) {
   g.matmul(dst, q, dk_heads, "dS^T·Q", seq_kv, nullptr, seq_q);
   if (gqa) g.reduction(CUDNN_REDUCE_TENSOR_ADD, dk_heads, dk, "dK group sum");
 
-  // dQ = dS·K, accumulated in fp32 and converted.
+  // dQ = dS·K, accumulated in fp32 and converted (or written at once).
   auto k = g.virt(CUDNN_DATA_BFLOAT16, l.kv_dims(), l.kv_strides(), "K");
   g.reshape(kt, k, "K");
+  if (deterministic) {
+    g.matmul(ds, k, dq, "dS·K", seq_q, nullptr, seq_kv);
+    return;
+  }
+  auto dq_accum = g.tensor(kUidDqAccum, CUDNN_DATA_FLOAT, l.heads_dims(), l.heads_strides(), false, "dQ_accum");
   g.matmul(ds, k, dq_accum, "dS·K", seq_q, nullptr, seq_kv);
   g.pointwise(CUDNN_POINTWISE_IDENTITY, dq_accum, nullptr, nullptr, dq, "dQ = dQ_accum");
 }
@@ -375,7 +382,8 @@ struct CudnnAttention::Plan {
   size_t seq_lens_bytes = 0;
 };
 
-CudnnAttention::CudnnAttention(gpuStream_t stream, Allocator* allocator) : stream_(stream), allocator_(allocator) {
+CudnnAttention::CudnnAttention(gpuStream_t stream, Allocator* allocator, bool deterministic)
+    : stream_(stream), allocator_(allocator), deterministic_(deterministic) {
   cudnnHandle_t handle = nullptr;
   check(cudnnCreate(&handle), "cudnnCreate");
   handle_ = handle;
@@ -458,6 +466,26 @@ void validate(const AttentionShape& s, bool backward, std::initializer_list<std:
 
 }  // namespace
 
+namespace {
+
+// Whether the engine of a configuration says its results vary from run to run (atomics).
+bool has_nondeterministic_note(cudnnBackendDescriptor_t config) {
+  Descriptor engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR, "engine");
+  int64_t count = 0;
+  cudnnBackendDescriptor_t engine_desc = engine.get();
+  check(cudnnBackendGetAttribute(config, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &count,
+                                 &engine_desc),
+        "reading an engine configuration's engine");
+  std::array<cudnnBackendNumericalNote_t, CUDNN_NUMERICAL_NOTE_TYPE_COUNT> notes{};
+  check(cudnnBackendGetAttribute(engine_desc, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
+                                 static_cast<int64_t>(notes.size()), &count, notes.data()),
+        "reading an engine's numerical notes");
+  return std::find(notes.begin(), notes.begin() + count, CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC) !=
+         notes.begin() + count;
+}
+
+}  // namespace
+
 CudnnAttention::Plan& CudnnAttention::plan_for(const AttentionShape& shape, bool backward) {
   const PlanKey key{backward, shape.batch, shape.seq, shape.heads, shape.kv_heads, shape.head_dim};
   auto found = plans_.find(key);
@@ -473,7 +501,7 @@ CudnnAttention::Plan& CudnnAttention::plan_for(const AttentionShape& shape, bool
 
   GraphBuilder g;
   if (backward) {
-    build_backward(g, layout, plan->padded);
+    build_backward(g, layout, plan->padded, deterministic_);
   } else {
     build_forward(g, layout);
   }
@@ -514,6 +542,10 @@ CudnnAttention::Plan& CudnnAttention::plan_for(const AttentionShape& shape, bool
                                    &returned, raw.data()),
           "reading engine configurations (" + where + ")");
     for (int64_t i = 0; i < returned && !plan->plan; ++i) {
+      if (deterministic_ && has_nondeterministic_note(raw[i])) {
+        failures += fmt::format(" config {}: non-deterministic;", i);
+        continue;
+      }
       auto candidate =
           std::make_unique<Descriptor>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, "execution plan (" + where + ")");
       candidate->set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle, "HANDLE");
@@ -594,11 +626,12 @@ void CudnnAttention::backward(const AttentionShape& shape, const void* q, const 
       shape, true,
       {{"q", q}, {"k", k}, {"v", v}, {"out", out}, {"dout", dout}, {"lse", lse}, {"dq", dq}, {"dk", dk}, {"dv", dv}});
   Plan& plan = plan_for(shape, true);
-  // Scratch: [cuDNN workspace | softmax_sum fp32 [B, Hq, T] | dQ_accum fp32 [B, Hq, T, D]].
+  // Scratch: [cuDNN workspace | softmax_sum fp32 [B, Hq, T] | dQ_accum fp32 [B, Hq, T, D] unless deterministic].
   const size_t rows = static_cast<size_t>(shape.batch * shape.heads * shape.seq);
   const size_t workspace_bytes = align_up(static_cast<size_t>(plan.workspace_bytes));
   const size_t sum_bytes = align_up(rows * sizeof(float));
-  const size_t accum_bytes = align_up(rows * static_cast<size_t>(shape.head_dim) * sizeof(float));
+  const size_t accum_bytes =
+      deterministic_ ? 0 : align_up(rows * static_cast<size_t>(shape.head_dim) * sizeof(float));
   char* base = static_cast<char*>(scratch(workspace_bytes + sum_bytes + accum_bytes));
   void* softmax_sum = base + workspace_bytes;
   void* dq_accum = base + workspace_bytes + sum_bytes;
@@ -617,8 +650,8 @@ void CudnnAttention::backward(const AttentionShape& shape, const void* q, const 
                     {kUidScale, &scale},
                     {kUidNegInf, &neg_inf},
                     {kUidOne, &one},
-                    {kUidSoftmaxSum, softmax_sum},
-                    {kUidDqAccum, dq_accum}};
+                    {kUidSoftmaxSum, softmax_sum}};
+  if (!deterministic_) bindings.push_back({kUidDqAccum, dq_accum});
   if (plan.padded) {
     bindings.push_back({kUidSeqLenQ, plan.seq_lens});
     bindings.push_back({kUidSeqLenKv, plan.seq_lens});

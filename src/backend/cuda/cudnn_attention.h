@@ -38,7 +38,9 @@ class CudnnAttention {
  public:
   // Creates the cuDNN handle on `stream`. Scratch comes from `allocator` when given (it must order its reuse
   // by `stream`, as the CUDA backend's caching allocator does), else from cudaMallocAsync on `stream`.
-  explicit CudnnAttention(gpuStream_t stream, Allocator* allocator = nullptr);
+  // deterministic: the backward writes dQ without the fp32 accumulator that atomics sum into, and only engines
+  // without cuDNN's non-deterministic note run it, so the same inputs give the same bits every run.
+  explicit CudnnAttention(gpuStream_t stream, Allocator* allocator = nullptr, bool deterministic = false);
   ~CudnnAttention();
   CudnnAttention(const CudnnAttention&) = delete;
   CudnnAttention& operator=(const CudnnAttention&) = delete;
@@ -47,7 +49,7 @@ class CudnnAttention {
   void forward(const AttentionShape& shape, const void* q, const void* k, const void* v, void* out, float* lse,
                float scale);
   // dq, dk, dv (overwritten) from dout and the forward's out and lse. dq is non-deterministic in the last bits
-  // (fp32 atomics into the accumulator). T = 1 is rejected: cuDNN has no backward for one-token sequences.
+  // (fp32 atomics into the accumulator) unless the object was made deterministic. T = 1 is rejected: cuDNN has no backward for one-token sequences.
   void backward(const AttentionShape& shape, const void* q, const void* k, const void* v, const void* out,
                 const void* dout, const float* lse, void* dq, void* dk, void* dv, float scale);
 
@@ -66,6 +68,7 @@ class CudnnAttention {
 
   gpuStream_t stream_;
   Allocator* allocator_;
+  bool deterministic_;
   void* handle_ = nullptr;  // cudnnHandle_t
   std::map<PlanKey, std::unique_ptr<Plan>> plans_;
   void* scratch_ = nullptr;
