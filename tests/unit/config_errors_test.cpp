@@ -2,6 +2,7 @@
 // the line and the key path (or "command line" and the key), without yaml-cpp internals.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -328,6 +329,72 @@ TEST_F(ConfigErrorsTest, ExtendsErrors) {
   EXPECT_CONTAINS(message, "cycle_b.yaml -> ");
   write("self.yaml", "extends: self.yaml\n");
   EXPECT_CONTAINS(error_of(dir_ + "/self.yaml"), "self.yaml:1: extends: extends cycle: ");
+}
+
+// Issue 12 hole 6: nine aliases of nine aliases ... ("billion laughs", 9^9 values from ~500 bytes) took gigabytes
+// and ended in std::bad_alloc. The values aliases produce are bounded, naming the file and line.
+TEST_F(ConfigErrorsTest, AliasBombIsRefusedNamingFileAndLine) {
+  std::string text = "exp_name: e\na0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n";
+  for (int level = 1; level <= 9; ++level) {
+    std::string refs = fmt::format("*a{}", level - 1);
+    for (int i = 1; i < 9; ++i) refs += fmt::format(", *a{}", level - 1);
+    text += fmt::format("a{}: &a{} [{}]\n", level, level, refs);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  std::string message = error_of(write("bomb.yaml", text));
+  EXPECT_CONTAINS(message, "bomb.yaml:");
+  EXPECT_CONTAINS(message, "aliases expand to more than");
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 10.0);
+  // The same from the command line.
+  EXPECT_CONTAINS(error_with("", {"data_path=[&a [x, x, x, x, x, x, x, x], &b [*a, *a, *a, *a, *a, *a, *a, *a], "
+                                  "&c [*b, *b, *b, *b, *b, *b, *b, *b], &d [*c, *c, *c, *c, *c, *c, *c, *c], "
+                                  "&e [*d, *d, *d, *d, *d, *d, *d, *d], [*e, *e, *e, *e, *e, *e, *e, *e]]"}),
+                  "command line: data_path[5][1][4][1][6][1][6]: YAML aliases expand to more than");
+  // Aliases of ordinary size are fine.
+  EXPECT_CONTAINS(error_of(write("alias.yaml", std::string(kBase) + "      data_path: &p [a.bin]\ncopy: *p\n")),
+                  "alias.yaml:12: copy: unknown top-level key");
+}
+
+// Issue 12 hole 6: each level of `extends` naming two files that both extend the next level loaded the deepest
+// file 2^24 times (over a minute). Each file is now resolved once per load.
+TEST_F(ConfigErrorsTest, ExtendsDiamondsLoadEachFileOnce) {
+  constexpr int kLevels = 24;
+  for (int level = 0; level < kLevels; ++level) {
+    for (const char* side : {"a", "b"}) {
+      std::string body = level + 1 < kLevels
+                             ? fmt::format("extends: [l{}a.yaml, l{}b.yaml]\n", level + 1, level + 1)
+                             : std::string("modules:\n  pre_trainer:\n    overrides:\n      train_iters: 77\n");
+      write(fmt::format("l{}{}.yaml", level, side), body);
+    }
+  }
+  std::string text = kBase;
+  text.replace(text.find("      train_iters: 10\n"), 22, "");
+  const auto start = std::chrono::steady_clock::now();
+  LoadedConfig loaded = load_experiment_config(write("diamond.yaml", "extends: [l0a.yaml, l0b.yaml]\n" + text), {});
+  EXPECT_EQ(loaded.config.train.train_iters, 77);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 10.0);
+}
+
+TEST_F(ConfigErrorsTest, ExtendsChainsAreBounded) {
+  constexpr int kFiles = 300;
+  for (int i = 0; i < kFiles; ++i) write(fmt::format("c{}.yaml", i), fmt::format("extends: c{}.yaml\n", i + 1));
+  write(fmt::format("c{}.yaml", kFiles), "workspace: w\n");
+  std::string message = error_of(dir_ + "/c0.yaml");
+  EXPECT_CONTAINS(message, ".yaml:1: extends: more than ");
+  EXPECT_CONTAINS(message, "files in one extends tree");
+}
+
+// Issue 12 hole 6: 100k keys took 18 s, as every key was looked up by a linear scan of the ones before it.
+TEST_F(ConfigErrorsTest, HundredThousandKeysLoadInLinearTime) {
+  std::string keys;
+  for (int i = 0; i < 100000; ++i) keys += fmt::format("    key{}: {}\n", i, i);
+  write("many_base.yaml", "modules:\n  extra:\n" + keys);
+  std::string text = "extends: many_base.yaml\n" + std::string(kBase) + "  extra:\n" + keys + "    key0: again\n";
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_CONTAINS(error_of(write("many.yaml", text)), "many.yaml:100013: modules.extra.key0: duplicate key 'key0'");
+  text.resize(text.size() - std::string("    key0: again\n").size());
+  EXPECT_CONTAINS(error_of(write("many.yaml", text)), "unknown module 'extra'");
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 10.0);
 }
 
 TEST_F(ConfigErrorsTest, ModelPresetErrors) {
