@@ -233,11 +233,17 @@ ConfigNode convert(const YAML::Node& node, const Origin& origin, Conversion& con
   return out;
 }
 
+// For messages: the absolute form of `path`, or `path` itself when there is none (fs::absolute throws for "").
+std::string absolute_path(const fs::path& path) {
+  std::error_code ec;
+  fs::path absolute = fs::absolute(path, ec);
+  return ec ? path.string() : absolute.lexically_normal().string();
+}
+
 ConfigNode parse_file(const fs::path& path, const std::string& shown, const Origin& included_from) {
   std::error_code ec;
   if (!fs::is_regular_file(path, ec)) {
-    config_error(included_from, fmt::format("file '{}' not found (resolved to {})", shown,
-                                            fs::absolute(path).lexically_normal().string()));
+    config_error(included_from, fmt::format("file '{}' not found (resolved to {})", shown, absolute_path(path)));
   }
   std::ifstream in(path, std::ios::binary);
   std::stringstream text;
@@ -280,7 +286,7 @@ struct ExtendsTree {
 fs::path canonical_path(const fs::path& path) {
   std::error_code ec;
   fs::path canonical = fs::weakly_canonical(path, ec);
-  return ec ? fs::absolute(path).lexically_normal() : canonical;
+  return ec ? fs::path(absolute_path(path)) : canonical;
 }
 
 // The entries of `extends` as file-name nodes (none when absent).
@@ -304,6 +310,7 @@ std::vector<const ConfigNode*> extends_entries(const ConfigNode& body) {
 }
 
 const ConfigNode& load_in_tree(const fs::path& path, const Origin& included_from, ExtendsTree& tree) {
+  if (path.empty()) config_error(included_from, "the file name is empty");
   std::string shown = display_path(path);
   fs::path canonical = canonical_path(path);
   if (std::find(tree.chain.begin(), tree.chain.end(), canonical) != tree.chain.end()) {
@@ -325,8 +332,8 @@ const ConfigNode& load_in_tree(const fs::path& path, const Origin& included_from
     fs::path base_path = fs::path(base->text).is_absolute() ? fs::path(base->text) : path.parent_path() / base->text;
     std::error_code ec;
     if (!fs::is_regular_file(base_path, ec)) {
-      config_error(base->origin, fmt::format("file '{}' not found (resolved to {})", base->text,
-                                             fs::absolute(base_path).lexically_normal().string()));
+      config_error(base->origin,
+                   fmt::format("file '{}' not found (resolved to {})", base->text, absolute_path(base_path)));
     }
     merge_into(merged, load_in_tree(base_path, base->origin, tree));
   }
