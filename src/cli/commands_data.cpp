@@ -12,6 +12,7 @@
 #include "data/preprocess.h"
 #include "data/tokenizer.h"
 #include "observe/progress.h"
+#include "train/signals.h"
 
 namespace primus::cli {
 namespace {
@@ -54,6 +55,9 @@ int run_preprocess(const PreprocessArguments& arguments) {
                    .line_interval_s = arguments.progress_interval_s},
                   ProgressOutput::standard_error());
   PreprocessOptions options = arguments.options;
+  // Ctrl-C or SIGTERM stops at the next batch, so the half-written output is removed (a second signal exits now).
+  install_stop_handlers();
+  options.stop_signal = stop_signal;
   options.on_progress = [&bar](const PreprocessProgress& progress) {
     bar.set_total(progress.bytes_total);
     bar.update(progress.bytes_done, progress.documents);
@@ -193,7 +197,9 @@ void add_data_commands(CLI::App& root, const LaunchOptions& launch, Action& acti
   preprocess->add_option("--output-prefix,--output_prefix", pre->options.output_prefix, "Output path prefix")
       ->required()
       ->type_name("PREFIX");
-  preprocess->add_option("--workers", pre->options.workers, "Tokenizing threads")->capture_default_str();
+  preprocess
+      ->add_option("--workers", pre->options.workers, fmt::format("Tokenizing threads, 1 to {}", kMaxPreprocessWorkers))
+      ->capture_default_str();
   preprocess->add_flag("--append-eod,--append_eod", pre->options.append_eod,
                        "Append the tokenizer's end-of-document id to every non-empty document");
   preprocess->add_flag("--skip-bad-lines,--skip_bad_lines", pre->options.skip_bad_lines,

@@ -9,7 +9,10 @@
 #include <cctype>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <sstream>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "core/error.h"
 
@@ -153,8 +156,30 @@ Origin file_origin(const std::string& file, const YAML::Mark& mark, const std::s
   return Origin{OriginKind::kFile, file, mark.line >= 0 ? mark.line + 1 : 1, path};
 }
 
+// yaml-cpp shares an anchored node among its aliases, so a few hundred bytes of aliases of aliases ("billion
+// laughs") describe billions of values; converting them all would exhaust memory. Values beyond this many, reached
+// again through an alias, are refused. Real configs reuse a block or a list a few times.
+constexpr int64_t kMaxAliasValues = 100'000;
+
+// One YAML document's conversion: the values seen so far by their position in the text (a position seen before
+// means an alias reached it again).
+struct Conversion {
+  std::unordered_set<int> positions_seen;
+  int64_t alias_values = 0;
+};
+
+void count_value(Conversion& conversion, const YAML::Node& node, const Origin& origin) {
+  if (conversion.positions_seen.insert(node.Mark().pos).second) return;
+  if (++conversion.alias_values > kMaxAliasValues) {
+    config_error(origin, fmt::format("YAML aliases expand to more than {} values (an alias bomb?); write the "
+                                     "values out or reuse fewer",
+                                     kMaxAliasValues));
+  }
+}
+
 // yaml-cpp node -> ConfigNode. `origin` is where the node's key was written (or the node itself for list items).
-ConfigNode convert(const YAML::Node& node, const Origin& origin, bool substitute) {
+ConfigNode convert(const YAML::Node& node, const Origin& origin, Conversion& conversion) {
+  count_value(conversion, node, origin);
   ConfigNode out;
   out.origin = origin;
   switch (node.Type()) {
@@ -167,7 +192,7 @@ ConfigNode convert(const YAML::Node& node, const Origin& origin, bool substitute
       out.quoted = node.Tag() != "?";
       out.text = node.Scalar();
       bool substituted = false;
-      if (substitute) out.text = substitute_env(out.text, origin, &substituted);
+      out.text = substitute_env(out.text, origin, &substituted);
       // A substituted value is typed by its content, so "${ITERS:4}" can fill an integer key.
       if (substituted) out.quoted = false;
       break;
@@ -179,13 +204,15 @@ ConfigNode convert(const YAML::Node& node, const Origin& origin, bool substitute
         Origin item_origin = origin.kind == OriginKind::kFile
                                  ? file_origin(origin.file, item.Mark(), fmt::format("{}[{}]", origin.path, index))
                                  : origin.with_path(fmt::format("{}[{}]", origin.path, index));
-        out.items.push_back(convert(item, item_origin, substitute));
+        out.items.push_back(convert(item, item_origin, conversion));
         ++index;
       }
       break;
     }
     case YAML::NodeType::Map: {
       out.kind = ConfigNode::Kind::kMap;
+      // Key -> index in out.fields, for finding duplicates without a scan per key (quadratic in big maps).
+      std::unordered_map<std::string, size_t> seen;
       for (const auto& pair : node) {
         YAML::Node key = pair.first;  // a copy: the iterator's pair is a temporary
         Origin key_origin =
@@ -193,11 +220,12 @@ ConfigNode convert(const YAML::Node& node, const Origin& origin, bool substitute
         if (!key.IsScalar()) config_error(key_origin, "keys must be plain names, not a list or map");
         std::string name = key.Scalar();
         key_origin.path = child_path(origin.path, name);
-        if (const ConfigNode* previous = out.find(name)) {
-          config_error(key_origin,
-                       fmt::format("duplicate key '{}' (first written at {})", name, previous->origin.source()));
+        auto [previous, inserted] = seen.try_emplace(name, out.fields.size());
+        if (!inserted) {
+          config_error(key_origin, fmt::format("duplicate key '{}' (first written at {})", name,
+                                               out.fields[previous->second].second.origin.source()));
         }
-        out.fields.emplace_back(name, convert(pair.second, key_origin, substitute));
+        out.fields.emplace_back(name, convert(pair.second, key_origin, conversion));
       }
       break;
     }
@@ -205,11 +233,17 @@ ConfigNode convert(const YAML::Node& node, const Origin& origin, bool substitute
   return out;
 }
 
+// For messages: the absolute form of `path`, or `path` itself when there is none (fs::absolute throws for "").
+std::string absolute_path(const fs::path& path) {
+  std::error_code ec;
+  fs::path absolute = fs::absolute(path, ec);
+  return ec ? path.string() : absolute.lexically_normal().string();
+}
+
 ConfigNode parse_file(const fs::path& path, const std::string& shown, const Origin& included_from) {
   std::error_code ec;
   if (!fs::is_regular_file(path, ec)) {
-    config_error(included_from, fmt::format("file '{}' not found (resolved to {})", shown,
-                                            fs::absolute(path).lexically_normal().string()));
+    config_error(included_from, fmt::format("file '{}' not found (resolved to {})", shown, absolute_path(path)));
   }
   std::ifstream in(path, std::ios::binary);
   std::stringstream text;
@@ -224,7 +258,8 @@ ConfigNode parse_file(const fs::path& path, const std::string& shown, const Orig
   }
   Origin root_origin{OriginKind::kFile, shown, 1, ""};
   try {
-    ConfigNode tree = convert(root, root_origin, /*substitute=*/true);
+    Conversion conversion;
+    ConfigNode tree = convert(root, root_origin, conversion);
     if (tree.kind == ConfigNode::Kind::kNull) return ConfigNode::map(root_origin);
     if (tree.kind != ConfigNode::Kind::kMap) {
       config_error(root_origin, fmt::format("expected a map of keys at the top level, got {}", tree.kind_name()));
@@ -236,22 +271,29 @@ ConfigNode parse_file(const fs::path& path, const std::string& shown, const Orig
   }
 }
 
-ConfigNode load_with_chain(const fs::path& path, const Origin& included_from, std::vector<fs::path>& chain,
-                           std::vector<std::string>& shown_chain) {
-  std::string shown = display_path(path);
+// At most this many distinct files in one extends tree (so also at most this deep): real configs use a handful.
+constexpr size_t kMaxExtendsFiles = 64;
+
+// One load_config_file call: the chain of files being resolved (for cycles) and every file resolved so far, so
+// that a file reached along several paths (diamonds) is read and merged once, not once per path: with each
+// level naming two files that extend the next, that is 2^depth loads.
+struct ExtendsTree {
+  std::vector<fs::path> chain;
+  std::vector<std::string> shown_chain;
+  std::map<fs::path, ConfigNode> resolved;
+};
+
+fs::path canonical_path(const fs::path& path) {
   std::error_code ec;
   fs::path canonical = fs::weakly_canonical(path, ec);
-  if (ec) canonical = fs::absolute(path).lexically_normal();
-  if (std::find(chain.begin(), chain.end(), canonical) != chain.end()) {
-    std::string cycle;
-    for (const std::string& s : shown_chain) cycle += s + " -> ";
-    config_error(included_from, fmt::format("extends cycle: {}{}", cycle, shown));
-  }
-  ConfigNode body = parse_file(path, shown, included_from);
-  const ConfigNode* extends = body.find("extends");
-  if (extends == nullptr) return body;
+  return ec ? fs::path(absolute_path(path)) : canonical;
+}
 
+// The entries of `extends` as file-name nodes (none when absent).
+std::vector<const ConfigNode*> extends_entries(const ConfigNode& body) {
+  const ConfigNode* extends = body.find("extends");
   std::vector<const ConfigNode*> bases;
+  if (extends == nullptr) return bases;
   if (extends->kind == ConfigNode::Kind::kScalar) {
     bases.push_back(extends);
   } else if (extends->kind == ConfigNode::Kind::kList) {
@@ -264,32 +306,50 @@ ConfigNode load_with_chain(const fs::path& path, const Origin& included_from, st
   } else if (extends->kind == ConfigNode::Kind::kMap) {
     config_error(extends->origin, "expected a file name or a list of file names, got a map");
   }
+  return bases;
+}
 
-  chain.push_back(canonical);
-  shown_chain.push_back(shown);
+const ConfigNode& load_in_tree(const fs::path& path, const Origin& included_from, ExtendsTree& tree) {
+  if (path.empty()) config_error(included_from, "the file name is empty");
+  std::string shown = display_path(path);
+  fs::path canonical = canonical_path(path);
+  if (std::find(tree.chain.begin(), tree.chain.end(), canonical) != tree.chain.end()) {
+    std::string cycle;
+    for (const std::string& s : tree.shown_chain) cycle += s + " -> ";
+    config_error(included_from, fmt::format("extends cycle: {}{}", cycle, shown));
+  }
+  if (auto done = tree.resolved.find(canonical); done != tree.resolved.end()) return done->second;
+  if (tree.resolved.size() + tree.chain.size() >= kMaxExtendsFiles) {
+    config_error(included_from, fmt::format("more than {} files in one extends tree", kMaxExtendsFiles));
+  }
+
+  ConfigNode body = parse_file(path, shown, included_from);
+  std::vector<const ConfigNode*> bases = extends_entries(body);
+  tree.chain.push_back(canonical);
+  tree.shown_chain.push_back(shown);
   ConfigNode merged = ConfigNode::map(body.origin);
   for (const ConfigNode* base : bases) {
     fs::path base_path = fs::path(base->text).is_absolute() ? fs::path(base->text) : path.parent_path() / base->text;
+    std::error_code ec;
     if (!fs::is_regular_file(base_path, ec)) {
-      config_error(base->origin, fmt::format("file '{}' not found (resolved to {})", base->text,
-                                             fs::absolute(base_path).lexically_normal().string()));
+      config_error(base->origin,
+                   fmt::format("file '{}' not found (resolved to {})", base->text, absolute_path(base_path)));
     }
-    merge_into(merged, load_with_chain(base_path, base->origin, chain, shown_chain));
+    merge_into(merged, load_in_tree(base_path, base->origin, tree));
   }
-  chain.pop_back();
-  shown_chain.pop_back();
+  tree.chain.pop_back();
+  tree.shown_chain.pop_back();
 
   body.erase("extends");
   merge_into(merged, body);
-  return merged;
+  return tree.resolved.emplace(canonical, std::move(merged)).first->second;
 }
 
 }  // namespace
 
 ConfigNode load_config_file(const fs::path& path, const Origin& included_from) {
-  std::vector<fs::path> chain;
-  std::vector<std::string> shown_chain;
-  return load_with_chain(path, included_from, chain, shown_chain);
+  ExtendsTree tree;
+  return load_in_tree(path, included_from, tree);
 }
 
 void merge_into(ConfigNode& base, const ConfigNode& over) {
@@ -297,11 +357,16 @@ void merge_into(ConfigNode& base, const ConfigNode& over) {
     base = over;
     return;
   }
+  // Key -> index in base.fields: a find per key would make merging big maps quadratic.
+  std::unordered_map<std::string, size_t> index;
+  index.reserve(base.fields.size());
+  for (size_t i = 0; i < base.fields.size(); ++i) index.emplace(base.fields[i].first, i);
   for (const auto& [key, value] : over.fields) {
-    if (ConfigNode* existing = base.find(key)) {
-      merge_into(*existing, value);
-    } else {
+    auto [existing, inserted] = index.try_emplace(key, base.fields.size());
+    if (inserted) {
       base.fields.emplace_back(key, value);
+    } else {
+      merge_into(base.fields[existing->second].second, value);
     }
   }
 }
@@ -318,7 +383,8 @@ ConfigNode parse_override_value(const std::string& text, const Origin& origin) {
   char first = text.front();
   if (first == '[' || first == '{' || first == '"' || first == '\'') {
     try {
-      return convert(YAML::Load(text), origin, /*substitute=*/true);
+      Conversion conversion;
+      return convert(YAML::Load(text), origin, conversion);
     } catch (const YAML::Exception& e) {
       config_error(origin, fmt::format("invalid YAML value '{}': {}", text, e.msg));
     }

@@ -50,7 +50,8 @@ struct ConfigNode {
 // Reads a YAML file into a tree: substitutes ${VAR} in scalars, then resolves `extends` (relative to the file,
 // later entries win, the file's own body wins over all). The root must be a map (an empty file is an empty map).
 // `included_from` is the origin of the reference to this file (the extends entry or model key), used when the
-// file is missing.
+// file is missing. Each file of the extends tree is read once however many files extend it; a tree of more than
+// 64 files, and YAML aliases that expand to more than 100,000 values, are refused naming file and line.
 ConfigNode load_config_file(const std::filesystem::path& path, const Origin& included_from);
 
 // Deep merge: maps merge key by key, everything else (lists, scalars, null) replaces.

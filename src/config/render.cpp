@@ -175,7 +175,7 @@ modules:
 
 | key | type | default | notes |
 |---|---|---|---|
-| `extends` | string or list | none | files merged first, in order (later wins); this file's body wins over all; maps merge deeply, lists and scalars replace |
+| `extends` | string or list | none | files merged first, in order (later wins); this file's body wins over all; maps merge deeply, lists and scalars replace; a file reached twice (a diamond) is read once; at most 64 files in all |
 | `work_group` | string | `""` | informational |
 | `user_name` | string | `""` | informational |
 | `exp_name` | string | required | a single directory name |
@@ -210,6 +210,8 @@ modules:
   is given; `global_batch_size` is a multiple of `micro_batch_size` x data-parallel size (1 for now);
   `min_lr <= lr`; `lr_warmup_iters <= lr_decay_iters`; `seq_length <= max_position_embeddings`; and an empty
   `data_path` requires `mock_data: true` (there is no silent fallback to mock data).
+- YAML anchors and aliases work, but aliases that expand to more than 100,000 values in one file (an "alias
+  bomb") are refused naming the file and line.
 )";
 
 }  // namespace

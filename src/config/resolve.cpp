@@ -63,9 +63,55 @@ int64_t data_parallel_size(const ModuleKeys& keys, const Origin& module_origin) 
   return world / model_ranks;
 }
 
+// More bytes than any machine holds (1 PiB): a model whose training state, or one micro-batch whose activations,
+// would need more is refused here, before the exact memory plan (whose int64 sizes it would overflow) and before
+// anything is allocated. Whether a plausible model fits the device is train/memory_report's check.
+constexpr double kImplausibleBytes = 1125899906842624.0;
+
+struct ModelShape {
+  double layers, hidden, ffn, vocab, q_width, kv_width;  // q_width, kv_width: heads x head dimension
+};
+
+// In double, so that no product overflows. vocab is 0 when the tokenizer will give it (at most 2^31 ids).
+ModelShape model_shape(const ModuleKeys& keys) {
+  auto value = [&](std::string_view name) { return static_cast<double>(get(keys, name).value.i); };
+  const double heads = value("num_attention_heads");
+  const double head_dim = get(keys, "kv_channels").value.is_set ? value("kv_channels") : value("hidden_size") / heads;
+  const double kv_heads = get(keys, "group_query_attention").value.b ? value("num_query_groups") : heads;
+  const double vocab = get(keys, "vocab_size").value.is_set ? value("vocab_size") : 0.0;
+  return {value("num_layers"), value("hidden_size"), value("ffn_hidden_size"), vocab,
+          heads * head_dim,    kv_heads * head_dim};
+}
+
+// Weights, gradients and AdamW state take 18 bytes a parameter in mixed precision (memory_report.h); the layers
+// keep about 4 x (4C + 2 q_width + 2 kv_width + 3F) bytes a token each for the backward.
+void check_model_size(const ModuleKeys& keys, const Origin& module_origin) {
+  const ModelShape m = model_shape(keys);
+  const double per_layer = 2 * m.hidden * (m.q_width + m.kv_width) + 3 * m.hidden * m.ffn + 2 * m.hidden;
+  const double parameters = m.layers * per_layer + 2 * m.vocab * m.hidden;
+  if (18 * parameters > kImplausibleBytes) {
+    config_error(place(get(keys, "num_layers"), module_origin),
+                 fmt::format("the model would have about {:.3g} parameters ({}; {}; {}), {:.3g} bytes of weights, "
+                             "gradients and optimizer state: more than any machine holds",
+                             parameters, describe(get(keys, "num_layers")), describe(get(keys, "hidden_size")),
+                             describe(get(keys, "ffn_hidden_size")), 18 * parameters));
+  }
+  const double tokens =
+      static_cast<double>(get(keys, "micro_batch_size").value.i) * static_cast<double>(get(keys, "seq_length").value.i);
+  const double activations = tokens * m.layers * 4 * (4 * m.hidden + 2 * m.q_width + 2 * m.kv_width + 3 * m.ffn);
+  if (activations > kImplausibleBytes) {
+    config_error(
+        place(get(keys, "micro_batch_size"), module_origin),
+        fmt::format("one micro-batch of {:.0f} tokens ({}; {}) would keep about {:.3g} bytes of activations: "
+                    "more than any machine holds",
+                    tokens, describe(get(keys, "micro_batch_size")), describe(get(keys, "seq_length")), activations));
+  }
+}
+
 }  // namespace
 
 void check_module_keys(const ModuleKeys& keys, const Origin& module_origin) {
+  check_model_size(keys, module_origin);
   const ModuleKey& heads = get(keys, "num_attention_heads");
   const ModuleKey& hidden = get(keys, "hidden_size");
   const ModuleKey& gqa = get(keys, "group_query_attention");

@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
+#include <cstdlib>
 
 namespace primus::config {
 
@@ -64,7 +66,9 @@ std::string check_split(const TypedValue& v) {
         std::count(part.begin(), part.end(), '.') > 1 || part == ".") {
       return bad;
     }
-    sum += std::stod(part);
+    double weight = std::strtod(part.c_str(), nullptr);
+    if (!std::isfinite(weight)) return fmt::format("weight '{}' in '{}' is too large", part, v.s);
+    sum += weight;
   }
   if (sum <= 0) return fmt::format("the weights in '{}' sum to 0; at least one must be positive", v.s);
   return "";
@@ -81,6 +85,8 @@ std::vector<KeySpec> build_specs() {
        .group = kModel,
        .presence = kRequired,
        .min = 1,
+       .max = 16384,
+       .why = "far beyond any published model; per-layer tables stay small",
        .help = "Number of transformer layers.",
        .aliases = {"num_hidden_layers", "n_layers", "n_layer"},
        .apply = model_field<&ModelArgs::num_layers>},
@@ -135,6 +141,8 @@ std::vector<KeySpec> build_specs() {
        .group = kModel,
        .presence = kOptional,
        .min = 1,
+       .max = 2147483647,
+       .why = "token ids are int32",
        .help = "Vocabulary size. Not given: the tokenizer's size padded to make_vocab_size_divisible_by.",
        .apply = model_field<&ModelArgs::vocab_size>},
       {.name = "make_vocab_size_divisible_by",

@@ -45,6 +45,7 @@ std::vector<double> parse_megatron_split(const std::string& split) {
       throw UsageError(
           fmt::format("split: '{}' is malformed: '{}' is not a number (expected e.g. \"969,30,1\")", split, word));
     }
+    if (!std::isfinite(value)) throw UsageError(fmt::format("split: '{}': weight '{}' is too large", split, word));
     weights.push_back(value);
     i = end;
   }
@@ -294,6 +295,19 @@ int64_t GPTDataset::shuffled(int64_t index) const {
   return sample;
 }
 
+void GPTDataset::check_token_ids(int64_t sequence, int64_t offset, std::span<const int32_t> ids) const {
+  if (config_.vocab_size <= 0) return;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] >= 0 && ids[i] < config_.vocab_size) continue;
+    const int64_t position = offset + static_cast<int64_t>(i);
+    throw UsageError(
+        fmt::format("{}: token {} at byte offset {} (sequence {}, position {}) is outside the model's "
+                    "vocabulary (vocab_size {}); was the dataset made with another tokenizer?",
+                    bin_path(data_->prefix()), ids[i], data_->sequence_pointer(sequence) + position * data_->itemsize(),
+                    sequence, position, config_.vocab_size));
+  }
+}
+
 void GPTDataset::read_sample(int64_t index, std::span<int32_t> out) const {
   PRIMUS_CHECK(static_cast<int64_t>(out.size()) == config_.seq_length + 1,
                "sample buffer holds {} ids, expected seq_length + 1 = {}", out.size(), config_.seq_length + 1);
@@ -321,7 +335,10 @@ void GPTDataset::read_sample(int64_t index, std::span<int32_t> out) const {
   auto copy = [&](int64_t position, int64_t offset, int64_t length) {
     PRIMUS_CHECK(length >= 0 && written + length <= static_cast<int64_t>(out.size()),
                  "{}: sample {} spans more than {} tokens", sample_index_.source(), sample, out.size());
-    data_->read(document(position), offset, out.subspan(static_cast<size_t>(written), static_cast<size_t>(length)));
+    const int64_t sequence = document(position);
+    std::span<int32_t> ids = out.subspan(static_cast<size_t>(written), static_cast<size_t>(length));
+    data_->read(sequence, offset, ids);
+    check_token_ids(sequence, offset, ids);
     written += length;
   };
   if (begin_position == end_position) {

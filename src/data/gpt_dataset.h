@@ -71,6 +71,9 @@ struct GPTDatasetConfig {
   bool use_cache = true;
   // The tokenizer's name, part of the cache description.
   std::string tokenizer;
+  // The model's vocabulary: read_sample refuses a token id outside [0, vocab_size) with a UsageError naming the
+  // .bin file and byte offset (a dataset made with another tokenizer). 0: not checked (`data inspect`).
+  int64_t vocab_size = 0;
 };
 
 class GPTDataset final : public SampleSource {
@@ -103,6 +106,8 @@ class GPTDataset final : public SampleSource {
 
  private:
   std::string cache_path(const std::string& name) const;
+  // Throws UsageError for an id outside the vocabulary; `ids` were read from `sequence` at token `offset`.
+  void check_token_ids(int64_t sequence, int64_t offset, std::span<const int32_t> ids) const;
   bool try_load_cache();
   void build_indices();
 

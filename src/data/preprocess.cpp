@@ -10,6 +10,7 @@
 #include <future>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <system_error>
 #include <thread>
 
 #include "core/error.h"
@@ -47,17 +48,18 @@ struct JobResult {
 // caller's choosing. Destruction drops jobs not started yet and joins.
 class WorkerPool {
  public:
+  // Throws RuntimeError when the system cannot start that many threads, after joining those that did start
+  // (a joinable std::thread destroyed during unwinding would call std::terminate).
   explicit WorkerPool(int threads) {
-    for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { run(); });
-  }
-  ~WorkerPool() {
-    {
-      std::lock_guard lock(mutex_);
-      stop_ = true;
+    try {
+      for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { run(); });
+    } catch (const std::system_error& error) {
+      stop_and_join();
+      throw RuntimeError(fmt::format("cannot start tokenizing thread {} of --workers {}: {}; try fewer workers",
+                                     threads_.size() + 1, threads, error.what()));
     }
-    ready_.notify_all();
-    for (std::thread& t : threads_) t.join();
   }
+  ~WorkerPool() { stop_and_join(); }
   std::future<JobResult> submit(std::function<JobResult()> work) {
     std::packaged_task<JobResult()> task(std::move(work));
     std::future<JobResult> result = task.get_future();
@@ -70,6 +72,15 @@ class WorkerPool {
   }
 
  private:
+  void stop_and_join() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    ready_.notify_all();
+    for (std::thread& t : threads_) t.join();
+  }
+
   void run() {
     for (;;) {
       std::packaged_task<JobResult()> task;
@@ -136,10 +147,21 @@ JobResult tokenize_job(const Job& job, const Tokenizer& tokenizer, const std::st
   return result;
 }
 
+void throw_if_stopped(const PreprocessOptions& options) {
+  int signal_number = options.stop_signal ? options.stop_signal() : 0;
+  if (signal_number != 0) {
+    throw Error(128 + signal_number,
+                fmt::format("data preprocess: stopped by signal {}; no output written", signal_number));
+  }
+}
+
 }  // namespace
 
 PreprocessResult preprocess_to_indexed(const PreprocessOptions& options, const Tokenizer& tokenizer) {
-  if (options.workers < 1) throw UsageError(fmt::format("--workers must be >= 1, got {}", options.workers));
+  if (options.workers < 1 || options.workers > kMaxPreprocessWorkers) {
+    throw UsageError(fmt::format("--workers {}: must be in [1, {}] (this machine has {} hardware threads)",
+                                 options.workers, kMaxPreprocessWorkers, std::thread::hardware_concurrency()));
+  }
   if (options.json_key.empty()) throw UsageError("--json-key must not be empty");
   if (options.output_prefix.empty()) throw UsageError("--output-prefix must not be empty");
   if (options.batch_bytes < 1)
@@ -181,6 +203,7 @@ PreprocessResult preprocess_to_indexed(const PreprocessOptions& options, const T
   {
     WorkerPool pool(options.workers);
     auto submit = [&](Job job) {
+      throw_if_stopped(options);
       while (in_flight.size() >= max_in_flight) write_next();
       auto shared = std::make_shared<Job>(std::move(job));
       in_flight.push_back(pool.submit([shared, &tokenizer, &options] {

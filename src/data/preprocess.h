@@ -24,6 +24,10 @@ struct PreprocessProgress {
   bool final = false;
 };
 
+// More tokenizing threads than any machine has cores only costs memory (2 batches of ~1 MB each in flight per
+// worker) and, in the thousands, fails to start: --workers above this is refused as a usage error.
+constexpr int kMaxPreprocessWorkers = 1024;
+
 struct PreprocessOptions {
   std::vector<std::string> inputs;
   std::string json_key = "text";
@@ -36,6 +40,9 @@ struct PreprocessOptions {
   // Called on the calling thread after each batch is written and once at the end (final = true); the CLI
   // draws a progress bar from it (observe/progress.h). Empty: no progress reports.
   std::function<void(const PreprocessProgress&)> on_progress;
+  // Polled before each batch: a signal number (nonzero) stops the run with Error(128 + it), removing the partial
+  // output. Empty: never stops.
+  std::function<int()> stop_signal;
 };
 
 struct PreprocessResult {
@@ -50,7 +57,8 @@ struct PreprocessResult {
 };
 
 // Throws UsageError for bad options, a missing input or (without skip_bad_lines) a malformed line, naming
-// file:line; RuntimeError for I/O failures. Output files appear only when the whole run succeeds.
+// file:line; RuntimeError for I/O failures; Error(128 + N) when stopped by signal N. Output files appear only
+// when the whole run succeeds; a failed run removes its temporaries.
 PreprocessResult preprocess_to_indexed(const PreprocessOptions& options, const Tokenizer& tokenizer);
 
 }  // namespace primus

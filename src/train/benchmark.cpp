@@ -100,6 +100,7 @@ BenchmarkResult run_benchmark_train(const ExperimentConfig& config, const Benchm
   MemoryPlan plan = plan_memory(args, t, device, compute_dtype(t, device));
   add_device_memory(plan, device);
   log_memory_plan(plan);
+  check_memory_plan_fits(plan);
 
   BenchmarkResult result;
   try {

@@ -2,6 +2,7 @@
 #include "train/memory_report.h"
 
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <utility>
@@ -207,6 +208,40 @@ void add_device_memory(MemoryPlan& plan, Device device) {
   (void)plan;
   (void)device;
 #endif
+}
+
+namespace {
+
+// What the plan must fit in: the device's memory, or on the CPU the host's physical memory.
+std::pair<int64_t, std::string> memory_capacity(const MemoryPlan& plan) {
+  if (plan.device_total_bytes > 0) return {plan.device_total_bytes, plan.device + "'s memory"};
+  const long pages = ::sysconf(_SC_PHYS_PAGES);
+  const long page_bytes = ::sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page_bytes <= 0) return {0, ""};
+  return {static_cast<int64_t>(pages) * page_bytes, "the host's memory"};
+}
+
+}  // namespace
+
+void check_memory_plan_fits(const MemoryPlan& plan) {
+  const auto [capacity, what] = memory_capacity(plan);
+  if (capacity <= 0) return;
+  if (plan.static_bytes() > capacity) {
+    throw UsageError(fmt::format(
+        "[config] the model cannot fit: its parameters, gradients and optimizer state alone need {}, more than {} "
+        "({}; {} parameters from num_layers {}, hidden_size {}, ffn_hidden_size {}, vocab_size {}); use a smaller "
+        "model or shard it over more devices",
+        format_memory_bytes(plan.static_bytes()), what, format_memory_bytes(capacity), plan.parameters,
+        plan.model.num_layers, plan.model.hidden_size, plan.model.ffn_hidden_size, plan.model.vocab_size));
+  }
+  if (plan.total_bytes() / 2 > capacity) {
+    throw UsageError(fmt::format(
+        "[config] the run cannot fit: the estimate is {} ({} of activations for micro_batch_size {} x seq_length "
+        "{}), more than twice {} ({}); use a smaller micro_batch_size (global_batch_size stays, with more "
+        "accumulation steps), recompute_granularity or a shorter seq_length",
+        format_memory_bytes(plan.total_bytes()), format_memory_bytes(plan.activations.peak_bytes),
+        plan.micro_batch_size, plan.seq_length, what, format_memory_bytes(capacity)));
+  }
 }
 
 std::vector<std::string> format_memory_table(const MemoryPlan& p) {

@@ -83,6 +83,12 @@ MemoryPlan plan_memory(const ModelArgs& args, const TrainingArgs& t, Device devi
 // Fills the device's total and free memory on CUDA (the backend must be started); nothing on the CPU.
 void add_device_memory(MemoryPlan& plan, Device device);
 
+// Throws UsageError (exit 2, before anything is allocated) when the plan cannot fit: the parameters, gradients and
+// optimizer state alone exceed the memory of the device (CUDA) or of the host (CPU), or the whole estimate is more
+// than twice it (the estimate leaves things out, so a plan just above the memory only gets log_memory_plan's
+// warning). The message names the keys to change.
+void check_memory_plan_fits(const MemoryPlan& plan);
+
 // The table, one line each, for logs and error messages.
 std::vector<std::string> format_memory_table(const MemoryPlan& plan);
 // Logs the table (info), and a warning when the estimate exceeds the device's memory.

@@ -79,7 +79,9 @@ void check_documents_end_with_eod(const TrainingArgs& t, const PackingOptions& p
                                packing.first_key(), missing.front(), packing.eod_id));
 }
 
-DataSources make_data(const TrainingArgs& t, const Tokenizer& tokenizer, const PackingOptions& packing) {
+// model_vocab_size: indexed datasets check every token id against it as samples are read.
+DataSources make_data(const TrainingArgs& t, const Tokenizer& tokenizer, const PackingOptions& packing,
+                      int64_t model_vocab_size) {
   DataSources d;
   const bool evaluating = t.eval_interval > 0 && t.eval_iters > 0;
   if (t.mock_data) {
@@ -95,7 +97,8 @@ DataSources make_data(const TrainingArgs& t, const Tokenizer& tokenizer, const P
     }
     check_documents_end_with_eod(t, packing);
     GPTDatasetConfig config{.seq_length = t.seq_length, .seed = static_cast<uint32_t>(t.seed), .split = t.split,
-                            .cache_dir = "", .use_cache = true, .tokenizer = tokenizer.name()};
+                            .cache_dir = "", .use_cache = true, .tokenizer = tokenizer.name(),
+                            .vocab_size = model_vocab_size};
     // Megatron's sample counts: every training step, and every evaluation of the run.
     d.train = build_gpt_data(t.data_path, kSplitTrain, t.train_iters * t.global_batch_size, config);
     if (evaluating) {
@@ -220,10 +223,11 @@ int run_training(const ExperimentConfig& config, const RunOptions& options, std:
                                  t.data_parallel_size, dims.dp(), world->size()));
   }
   const ProcessGroups groups = ProcessGroups::build(world, dims);
-  DataSources data = make_data(t, *tokenizer, packing);
+  DataSources data = make_data(t, *tokenizer, packing, model_args.vocab_size);
   plan = plan_memory(model_args, t, device, compute_dtype(t, device));
   add_device_memory(*plan, device);
   log_memory_plan(*plan);
+  check_memory_plan_fits(*plan);
   const std::unique_ptr<Model> model_owner = make_model(model_args, t.seq_length, device, compute_dtype(t, device));
   Model& model = *model_owner;
   model.set_recompute(RecomputeConfig::from(t));

@@ -12,6 +12,7 @@
 #include <sstream>
 #include <thread>
 
+#include "data/indexed_dataset.h"
 #include "support/cli_process.h"
 #include "support/test_support.h"
 
@@ -161,6 +162,35 @@ TEST_F(CliTest, MissingOrEmptyConfigOptionExitsTwo) {
   result = run({"--", "config", "validate", "--config", dir_ + "/absent.yaml"});
   EXPECT_EQ(result.exit_code, 2);
   EXPECT_CONTAINS(result.err, "absent.yaml");
+  // Issue 12 hole 13: an empty path was std::filesystem's "cannot make absolute path", exit 3.
+  result = run({"--", "train", "pretrain", "--config", ""});
+  EXPECT_EQ(result.exit_code, 2) << result.err;
+  EXPECT_CONTAINS(result.err, "[config] experiment file: the file name is empty");
+}
+
+// Issue 12 hole 13: a micro-batch no host can hold ran into bad_alloc; it is refused before allocation, exit 2.
+TEST_F(CliTest, ABatchThatCannotFitExitsTwoBeforeAllocating) {
+  CliResult result = run({"--", "train", "pretrain", "--config", write_config("exp.yaml"),
+                          "micro_batch_size=100000000", "global_batch_size=100000000"});
+  EXPECT_EQ(result.exit_code, 2) << result.err;
+  EXPECT_CONTAINS(result.err, "the run cannot fit");
+  EXPECT_CONTAINS(result.err, "micro_batch_size 100000000");
+}
+
+// Issue 12 hole 13: a token id the model has no embedding for failed inside embedding_forward; it is named with
+// its dataset file and byte offset, exit 2.
+TEST_F(CliTest, TokenIdsBeyondTheVocabularyNameTheDatasetAndOffset) {
+  const std::string prefix = dir_ + "/wide_ids";
+  {
+    IndexedDatasetWriter writer(prefix, TokenDType::kI32);
+    for (int d = 0; d < 50; ++d) writer.add_document(std::vector<int32_t>(20, 100000));  // every sample has them
+    writer.finish();
+  }
+  CliResult result = run({"--", "train", "pretrain", "--config", write_config("exp.yaml"), "mock_data=false",
+                          "data_path=[" + prefix + "]", "split=1"});
+  EXPECT_EQ(result.exit_code, 2) << result.err;
+  EXPECT_CONTAINS(result.err, prefix + ".bin: token 100000 at byte offset ");
+  EXPECT_CONTAINS(result.err, "is outside the model's vocabulary");
 }
 
 TEST_F(CliTest, ValidateAcceptsAGoodConfigAndOverrides) {

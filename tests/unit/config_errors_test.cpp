@@ -2,6 +2,7 @@
 // the line and the key path (or "command line" and the key), without yaml-cpp internals.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -82,6 +83,8 @@ TEST_F(ConfigErrorsTest, MissingExperimentFile) {
   std::string message = error_of(dir_ + "/absent.yaml");
   EXPECT_CONTAINS(message, "absent.yaml");
   EXPECT_CONTAINS(message, "not found");
+  // Issue 12 hole 13: `--config ''` was std::filesystem's "cannot make absolute path", exit 3.
+  EXPECT_CONTAINS(error_of(""), "[config] experiment file: the file name is empty");
 }
 
 TEST_F(ConfigErrorsTest, BrokenYamlNamesFileAndLine) {
@@ -168,6 +171,23 @@ TEST_F(ConfigErrorsTest, WrongTypes) {
   EXPECT_CONTAINS(error_with("      seed: 99999999999999999999\n"), "does not fit in a 64-bit integer");
 }
 
+// Issue 12 hole 13: vocab_size 2^63-1 overflowed the memory table, num_layers 10^9 and huge widths or batches ran
+// into bad_alloc after tens of seconds. Sizes are bounded by the schema and by what any machine could hold.
+TEST_F(ConfigErrorsTest, AbsurdModelAndBatchSizesAreRefusedUpFront) {
+  EXPECT_CONTAINS(error_with("      vocab_size: 9223372036854775807\n"),
+                  "exp.yaml:11: modules.pre_trainer.overrides.vocab_size: 9223372036854775807 is out of range");
+  EXPECT_CONTAINS(error_with("      vocab_size: 9223372036854775807\n"), "(token ids are int32)");
+  EXPECT_CONTAINS(error_with("      num_layers: 1000000000\n"),
+                  "exp.yaml:11: modules.pre_trainer.overrides.num_layers: 1000000000 is out of range");
+  EXPECT_CONTAINS(error_with("      num_layers: 16000\n      ffn_hidden_size: 100000000\n"),
+                  "exp.yaml:11: modules.pre_trainer.overrides.num_layers: the model would have about ");
+  EXPECT_CONTAINS(error_with("      num_layers: 16000\n      ffn_hidden_size: 100000000\n"),
+                  "more than any machine holds");
+  EXPECT_CONTAINS(error_with("      micro_batch_size: 1000000000000\n"),
+                  "exp.yaml:11: modules.pre_trainer.overrides.micro_batch_size: one micro-batch of 64000000000000 "
+                  "tokens");
+}
+
 TEST_F(ConfigErrorsTest, RecomputeKeys) {
   EXPECT_CONTAINS(error_with("      recompute_method: block\n"),
                   "exp.yaml:11: modules.pre_trainer.overrides.recompute_method: recompute_method applies only to "
@@ -240,6 +260,10 @@ TEST_F(ConfigErrorsTest, RangesAndChoices) {
                   "expected 1 to 3 comma-separated non-negative weights like '969,30,1', got 'a,b'");
   EXPECT_CONTAINS(error_with("      split: 1,-2\n"), "got '1,-2'");
   EXPECT_CONTAINS(error_with("      split: 0,0\n"), "sum to 0");
+  // Issue 12 hole 13: a weight beyond a double's range was std::stod's out_of_range, exit 3 "stod".
+  EXPECT_CONTAINS(error_with("      split: " + std::string(400, '9') + ",1\n"),
+                  "exp.yaml:11: modules.pre_trainer.overrides.split: weight '999");
+  EXPECT_CONTAINS(error_with("      split: " + std::string(400, '9') + ",1\n"), "is too large");
 }
 
 TEST_F(ConfigErrorsTest, RequiredKeys) {
@@ -328,6 +352,83 @@ TEST_F(ConfigErrorsTest, ExtendsErrors) {
   EXPECT_CONTAINS(message, "cycle_b.yaml -> ");
   write("self.yaml", "extends: self.yaml\n");
   EXPECT_CONTAINS(error_of(dir_ + "/self.yaml"), "self.yaml:1: extends: extends cycle: ");
+}
+
+// Issue 12 hole 6: nine aliases of nine aliases ... ("billion laughs", 9^9 values from ~500 bytes) took gigabytes
+// and ended in std::bad_alloc. The values aliases produce are bounded, naming the file and line.
+TEST_F(ConfigErrorsTest, AliasBombIsRefusedNamingFileAndLine) {
+  std::string text = "exp_name: e\na0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n";
+  for (int level = 1; level <= 9; ++level) {
+    std::string refs = fmt::format("*a{}", level - 1);
+    for (int i = 1; i < 9; ++i) refs += fmt::format(", *a{}", level - 1);
+    text += fmt::format("a{}: &a{} [{}]\n", level, level, refs);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  std::string message = error_of(write("bomb.yaml", text));
+  EXPECT_CONTAINS(message, "bomb.yaml:");
+  EXPECT_CONTAINS(message, "aliases expand to more than");
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 10.0);
+  // The same from the command line.
+  EXPECT_CONTAINS(error_with("", {"data_path=[&a [x, x, x, x, x, x, x, x], &b [*a, *a, *a, *a, *a, *a, *a, *a], "
+                                  "&c [*b, *b, *b, *b, *b, *b, *b, *b], &d [*c, *c, *c, *c, *c, *c, *c, *c], "
+                                  "&e [*d, *d, *d, *d, *d, *d, *d, *d], [*e, *e, *e, *e, *e, *e, *e, *e]]"}),
+                  "command line: data_path[5][1][4][1][6][1][6]: YAML aliases expand to more than");
+  // Aliases of ordinary size are fine.
+  EXPECT_CONTAINS(error_of(write("alias.yaml", std::string(kBase) + "      data_path: &p [a.bin]\ncopy: *p\n")),
+                  "alias.yaml:12: copy: unknown top-level key");
+}
+
+// Issue 12 hole 6: each level of `extends` naming two files that both extend the next level loaded the deepest
+// file 2^24 times (over a minute). Each file is now resolved once per load.
+TEST_F(ConfigErrorsTest, ExtendsDiamondsLoadEachFileOnce) {
+  constexpr int kLevels = 24;
+  for (int level = 0; level < kLevels; ++level) {
+    for (const char* side : {"a", "b"}) {
+      std::string body = level + 1 < kLevels
+                             ? fmt::format("extends: [l{}a.yaml, l{}b.yaml]\n", level + 1, level + 1)
+                             : std::string("modules:\n  pre_trainer:\n    overrides:\n      train_iters: 77\n");
+      write(fmt::format("l{}{}.yaml", level, side), body);
+    }
+  }
+  std::string text = kBase;
+  text.replace(text.find("      train_iters: 10\n"), 22, "");
+  const auto start = std::chrono::steady_clock::now();
+  LoadedConfig loaded = load_experiment_config(write("diamond.yaml", "extends: [l0a.yaml, l0b.yaml]\n" + text), {});
+  EXPECT_EQ(loaded.config.train.train_iters, 77);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 10.0);
+}
+
+TEST_F(ConfigErrorsTest, ExtendsChainsAreBounded) {
+  constexpr int kFiles = 300;
+  for (int i = 0; i < kFiles; ++i) write(fmt::format("c{}.yaml", i), fmt::format("extends: c{}.yaml\n", i + 1));
+  write(fmt::format("c{}.yaml", kFiles), "workspace: w\n");
+  std::string message = error_of(dir_ + "/c0.yaml");
+  EXPECT_CONTAINS(message, ".yaml:1: extends: more than ");
+  EXPECT_CONTAINS(message, "files in one extends tree");
+}
+
+// Issue 12 hole 6: 100k keys took 18 s, as every key was looked up by a linear scan of the ones before it (while
+// parsing, for duplicates, and while merging `extends`). Four times the keys must take about four times as long,
+// not sixteen (a ratio, so that a loaded machine does not fail the test).
+TEST_F(ConfigErrorsTest, HundredThousandKeysLoadInLinearTime) {
+  auto seconds_to_load = [&](int count) {
+    std::string keys;
+    for (int i = 0; i < count; ++i) keys += fmt::format("    key{}: {}\n", i, i);
+    write("many_base.yaml", "modules:\n  extra:\n" + keys);
+    std::string path = write("many.yaml", "extends: many_base.yaml\n" + std::string(kBase) + "  extra:\n" + keys);
+    const auto start = std::chrono::steady_clock::now();
+    EXPECT_CONTAINS(error_of(path), "unknown module 'extra'");
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  const double quarter = seconds_to_load(25000);
+  const double full = seconds_to_load(100000);
+  EXPECT_LT(full, 8 * quarter + 0.5) << "25k keys: " << quarter << " s, 100k keys: " << full << " s";
+
+  std::string text = std::string(kBase) + "  extra:\n    key0: 0\n";
+  for (int i = 1; i < 100000; ++i) text += fmt::format("    key{}: {}\n", i, i);
+  const std::string message = error_of(write("dup.yaml", text + "    key0: again\n"));
+  EXPECT_CONTAINS(message, "dup.yaml:100012: modules.extra.key0: duplicate key 'key0' (first written at ");
+  EXPECT_CONTAINS(message, "dup.yaml:12)");
 }
 
 TEST_F(ConfigErrorsTest, ModelPresetErrors) {

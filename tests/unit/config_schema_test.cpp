@@ -117,7 +117,8 @@ TEST(ConfigSchemaTest, StringsRoundTripThroughYaml) {
 }
 
 TEST(ConfigSchemaTest, LimitsAreDescribed) {
-  EXPECT_EQ(config::describe_limits(*config::find_key_spec("num_layers")), ">= 1");
+  EXPECT_EQ(config::describe_limits(*config::find_key_spec("num_layers")), "[1, 16384]");
+  EXPECT_EQ(config::describe_limits(*config::find_key_spec("hidden_size")), ">= 1");
   EXPECT_EQ(config::describe_limits(*config::find_key_spec("lr")), "> 0");
   EXPECT_EQ(config::describe_limits(*config::find_key_spec("adam_beta2")), "[0, 1)");
   EXPECT_EQ(config::describe_limits(*config::find_key_spec("hidden_dropout")), "0 only");

@@ -89,6 +89,7 @@ TEST(MegatronSplit, RoundsHalfToEvenAndMatchesTheFormatsExample) {
   EXPECT_THROW(parse_megatron_split("0,0,0"), UsageError);
   EXPECT_THROW(parse_megatron_split("1,2,3,4"), UsageError);
   EXPECT_THROW(parse_megatron_split("1.2.3,4"), UsageError);
+  EXPECT_THROW(parse_megatron_split(std::string(400, '9') + ",1"), UsageError);  // beyond a double: was inf/inf
 }
 
 TEST(EpochPlan, FollowsMegatronsRules) {
@@ -354,6 +355,39 @@ TEST(GPTDataset, RejectsEmptySplitsAndTinyData) {
   EXPECT_THROW(GPTDataset(data, kSplitValid, 10, config), UsageError);
   config.seq_length = 1000;
   EXPECT_THROW(GPTDataset(data, kSplitTrain, 10, config), UsageError);
+}
+
+// Issue 12 hole 13: a token id the model has no embedding for used to fail inside embedding_forward, naming neither
+// the dataset nor where the token is. Reading it is a UsageError naming the .bin file, byte offset and sequence.
+TEST(GPTDataset, TokenIdsOutsideTheVocabularyNameTheFileAndOffset) {
+  std::string dir = testing::temp_dir("gpt-vocab");
+  {
+    IndexedDatasetWriter writer(dir + "/ds", TokenDType::kU16);
+    for (int d = 0; d < 20; ++d) writer.add_document(std::vector<int32_t>(10, d == 13 ? 999 : 7));
+    writer.finish();
+  }
+  auto data = std::make_shared<const IndexedDataset>(dir + "/ds");
+  GPTDatasetConfig config;
+  config.seq_length = 9;
+  config.split = "1";
+  config.use_cache = false;
+  config.vocab_size = 512;
+  GPTDataset dataset(data, kSplitTrain, 20, config);
+  std::vector<int32_t> out(10);
+  std::string message;
+  for (int64_t k = 0; k < dataset.size() && message.empty(); ++k) {
+    try {
+      dataset.read_sample(k, out);
+    } catch (const UsageError& error) {
+      message = error.what();
+    }
+  }
+  EXPECT_NE(message.find(dir + "/ds.bin: token 999 at byte offset 260 (sequence 13, position 0)"), std::string::npos)
+      << message;
+  EXPECT_NE(message.find("vocab_size 512"), std::string::npos) << message;
+  config.vocab_size = 1000;  // every id fits
+  GPTDataset fitting(data, kSplitTrain, 20, config);
+  for (int64_t k = 0; k < fitting.size(); ++k) fitting.read_sample(k, out);
 }
 
 TEST(SampleMasks, FollowMegatronsResetRules) {

@@ -208,6 +208,37 @@ TEST(MemoryPlan, TableRowsForFp32AndMixedPrecision) {
 
 // The distributed optimizer keeps 1/dp of the AdamW state per rank (its shards of every bucket), plus the staging
 // buffer of the one bucket dp does not divide; the table says which.
+// Issue 12 hole 13: a huge micro-batch (or model) ran into bad_alloc after tens of seconds; a plan that cannot fit
+// the host (CPU) or device (CUDA) is a UsageError before anything is allocated, naming the keys to change.
+TEST(MemoryPlan, APlanThatCannotFitIsAUsageErrorNamingTheKeys) {
+  ModelArgs args = testing::tiny_llama_args();
+  TrainingArgs t;
+  t.micro_batch_size = 2;
+  t.seq_length = 8;
+  EXPECT_NO_THROW(check_memory_plan_fits(plan_memory(args, t, kCpuDevice, DType::kF32)));
+
+  t.micro_batch_size = int64_t{1} << 30;  // ~2^30 x 8 tokens x ~3.5 KiB each: far beyond any host
+  try {
+    check_memory_plan_fits(plan_memory(args, t, kCpuDevice, DType::kF32));
+    FAIL() << "expected a UsageError";
+  } catch (const UsageError& error) {
+    EXPECT_NE(std::string(error.what()).find("micro_batch_size 1073741824"), std::string::npos) << error.what();
+    EXPECT_NE(std::string(error.what()).find("the host's memory"), std::string::npos) << error.what();
+  }
+
+  t.micro_batch_size = 2;
+  MemoryPlan on_gpu = plan_memory(args, t, Device{DeviceType::kCuda, 0}, DType::kBF16);
+  on_gpu.device_total_bytes = on_gpu.static_bytes() - 1;  // a device too small for the weights alone
+  try {
+    check_memory_plan_fits(on_gpu);
+    FAIL() << "expected a UsageError";
+  } catch (const UsageError& error) {
+    EXPECT_NE(std::string(error.what()).find("parameters, gradients and optimizer state alone"), std::string::npos)
+        << error.what();
+    EXPECT_NE(std::string(error.what()).find("cuda:0's memory"), std::string::npos) << error.what();
+  }
+}
+
 TEST(MemoryPlan, DistributedOptimizerShardsTheOptimizerStatePerRank) {
   ModelArgs args;
   args.num_layers = 2;

@@ -4,8 +4,12 @@
 #include "data/preprocess.h"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <zstd.h>
 
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -185,6 +189,83 @@ TEST(Preprocess, RejectsBadOptionsAndMissingInputs) {
   EXPECT_THROW(preprocess_to_indexed(options, tokenizer), UsageError);
 }
 
+// Files in `dir` whose name holds ".tmp.": what a run that failed half-way would leave behind.
+std::vector<std::string> temporaries_in(const std::string& dir) {
+  std::vector<std::string> found;
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir)) {
+    if (entry.path().filename().string().find(".tmp.") != std::string::npos) found.push_back(entry.path().string());
+  }
+  return found;
+}
+
+// Issue 12 hole 4: --workers 100000 used to abort (a std::thread left joinable when a later one failed to start).
+TEST(Preprocess, TooManyWorkersIsAUsageErrorNamingTheFlag) {
+  std::string dir = testing::temp_dir("pre-workers");
+  write_file_atomic(dir + "/x.txt", "x");
+  PreprocessOptions options = quiet_options({dir + "/x.txt"}, dir + "/o");
+  options.workers = 100000;
+  try {
+    preprocess_to_indexed(options, ByteLevelTokenizer());
+    FAIL() << "expected a UsageError";
+  } catch (const UsageError& error) {
+    EXPECT_NE(std::string(error.what()).find("--workers 100000"), std::string::npos) << error.what();
+  }
+  options.workers = kMaxPreprocessWorkers;
+  EXPECT_EQ(preprocess_to_indexed(options, ByteLevelTokenizer()).documents, 1);
+  EXPECT_TRUE(temporaries_in(dir).empty());
+}
+
+// A stop signal (Ctrl-C) ends the run at the next batch with 128 + N, and removes the half-written output.
+TEST(Preprocess, StopSignalEndsTheRunAndLeavesNoTemporaries) {
+  std::string dir = testing::temp_dir("pre-stop");
+  std::string text;
+  for (int i = 0; i < 100; ++i) text += nlohmann::json({{"text", "document " + std::to_string(i)}}).dump() + "\n";
+  write_file_atomic(dir + "/a.jsonl", text);
+  PreprocessOptions options = quiet_options({dir + "/a.jsonl"}, dir + "/o");
+  options.batch_bytes = 64;
+  int polls = 0;
+  options.stop_signal = [&polls] { return ++polls > 5 ? SIGINT : 0; };
+  try {
+    preprocess_to_indexed(options, ByteLevelTokenizer());
+    FAIL() << "expected the run to stop";
+  } catch (const Error& error) {
+    EXPECT_EQ(error.exit_code(), 128 + SIGINT);
+    EXPECT_NE(std::string(error.what()).find("stopped by signal"), std::string::npos) << error.what();
+  }
+  EXPECT_TRUE(temporaries_in(dir).empty()) << temporaries_in(dir).front();
+  EXPECT_FALSE(fs::exists(dir + "/o_text_document.bin"));
+}
+
+// Threads that cannot start (here: an address space too small for their stacks) are a clean RuntimeError, and the
+// half-written output is removed. Runs in a child process so the limit stays there.
+TEST(Preprocess, ThreadsThatCannotStartAreARuntimeErrorAndLeaveNoTemporaries) {
+  std::string dir = testing::temp_dir("pre-threads");
+  write_file_atomic(dir + "/x.txt", "x");
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    rlimit limit{size_t{1} << 30, size_t{1} << 30};  // 1 GiB: room for the process, not for 1000 8-MiB stacks
+    setrlimit(RLIMIT_AS, &limit);
+    PreprocessOptions options = quiet_options({dir + "/x.txt"}, dir + "/o");
+    options.workers = 1000;
+    try {
+      preprocess_to_indexed(options, ByteLevelTokenizer());
+    } catch (const RuntimeError& error) {
+      bool named = std::string(error.what()).find("--workers") != std::string::npos;
+      _exit(named ? 0 : 11);
+    } catch (...) {
+      _exit(12);
+    }
+    _exit(13);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child died of signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "11: message without --workers, 12: another exception, 13: no error";
+  EXPECT_TRUE(temporaries_in(dir).empty()) << temporaries_in(dir).front();
+  EXPECT_FALSE(fs::exists(dir + "/o_text_document.bin"));
+}
+
 TEST(Preprocess, InputStreamSplitsLinesAcrossChunks) {
   std::string dir = testing::temp_dir("pre-lines");
   Rng rng(4);
@@ -276,6 +357,12 @@ TEST(DataCli, PreprocessThenInspectAndExitCodes) {
                                     "ByteLevelTokenizer", "--output-prefix", dir + "/b", "--skip-bad-lines"});
   EXPECT_EQ(skipped.exit_code, 0) << skipped.err;
   EXPECT_NE(skipped.out.find("skipped 1 malformed lines"), std::string::npos) << skipped.out;
+
+  testing::CliResult too_many = run({"--", "data", "preprocess", "--input", dir + "/in.jsonl", "--tokenizer",
+                                     "ByteLevelTokenizer", "--output-prefix", dir + "/w", "--workers", "100000"});
+  EXPECT_EQ(too_many.exit_code, 2) << too_many.err;
+  EXPECT_NE(too_many.err.find("--workers 100000"), std::string::npos) << too_many.err;
+  EXPECT_TRUE(temporaries_in(dir).empty()) << temporaries_in(dir).front();
 }
 
 }  // namespace
