@@ -48,6 +48,13 @@ void config_error(const Origin& where, const std::string& what) {
   throw UsageError("[config] " + place + what);
 }
 
+ConfigNode::ConfigNode() = default;
+ConfigNode::ConfigNode(const ConfigNode&) = default;
+ConfigNode::ConfigNode(ConfigNode&&) noexcept = default;
+ConfigNode& ConfigNode::operator=(const ConfigNode&) = default;
+ConfigNode& ConfigNode::operator=(ConfigNode&&) noexcept = default;
+ConfigNode::~ConfigNode() = default;
+
 ConfigNode ConfigNode::map(const Origin& origin) {
   ConfigNode n;
   n.kind = Kind::kMap;
