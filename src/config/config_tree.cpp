@@ -160,8 +160,21 @@ Origin file_origin(const std::string& file, const YAML::Mark& mark, const std::s
   return Origin{OriginKind::kFile, file, mark.line >= 0 ? mark.line + 1 : 1, path};
 }
 
-// yaml-cpp node -> ConfigNode. `origin` is where the node's key was written (or the node itself for list items).
-ConfigNode convert(const YAML::Node& node, const Origin& origin, bool substitute) {
+// What one document may expand to. yaml-cpp shares an aliased node instead of copying it, so a few hundred bytes
+// of aliases of aliases stand for billions of values, and a key inside an anchor that names the anchor itself
+// (`d: &d {k: *d}`) makes a cycle that a naive walk follows until the stack overflows.
+constexpr int kMaxDepth = 64;
+constexpr size_t kMaxValues = 100000;
+
+// yaml-cpp node -> ConfigNode. `origin` is where the node's key was written (or the node itself for list items);
+// `values` counts the nodes made so far for this document.
+ConfigNode convert(const YAML::Node& node, const Origin& origin, bool substitute, int depth, size_t& values) {
+  if (depth > kMaxDepth) {
+    config_error(origin, fmt::format("nested more than {} levels deep (an alias inside its own anchor?)", kMaxDepth));
+  }
+  if (++values > kMaxValues) {
+    config_error(origin, fmt::format("the document expands to more than {} values (aliases of aliases?)", kMaxValues));
+  }
   ConfigNode out;
   out.origin = origin;
   switch (node.Type()) {
@@ -186,7 +199,7 @@ ConfigNode convert(const YAML::Node& node, const Origin& origin, bool substitute
         Origin item_origin = origin.kind == OriginKind::kFile
                                  ? file_origin(origin.file, item.Mark(), fmt::format("{}[{}]", origin.path, index))
                                  : origin.with_path(fmt::format("{}[{}]", origin.path, index));
-        out.items.push_back(convert(item, item_origin, substitute));
+        out.items.push_back(convert(item, item_origin, substitute, depth + 1, values));
         ++index;
       }
       break;
@@ -204,7 +217,7 @@ ConfigNode convert(const YAML::Node& node, const Origin& origin, bool substitute
           config_error(key_origin,
                        fmt::format("duplicate key '{}' (first written at {})", name, previous->origin.source()));
         }
-        out.fields.emplace_back(name, convert(pair.second, key_origin, substitute));
+        out.fields.emplace_back(name, convert(pair.second, key_origin, substitute, depth + 1, values));
       }
       break;
     }
@@ -231,7 +244,8 @@ ConfigNode parse_file(const fs::path& path, const std::string& shown, const Orig
   }
   Origin root_origin{OriginKind::kFile, shown, 1, ""};
   try {
-    ConfigNode tree = convert(root, root_origin, /*substitute=*/true);
+    size_t values = 0;
+    ConfigNode tree = convert(root, root_origin, /*substitute=*/true, 0, values);
     if (tree.kind == ConfigNode::Kind::kNull) return ConfigNode::map(root_origin);
     if (tree.kind != ConfigNode::Kind::kMap) {
       config_error(root_origin, fmt::format("expected a map of keys at the top level, got {}", tree.kind_name()));
@@ -325,7 +339,8 @@ ConfigNode parse_override_value(const std::string& text, const Origin& origin) {
   char first = text.front();
   if (first == '[' || first == '{' || first == '"' || first == '\'') {
     try {
-      return convert(YAML::Load(text), origin, /*substitute=*/true);
+      size_t values = 0;
+      return convert(YAML::Load(text), origin, /*substitute=*/true, 0, values);
     } catch (const YAML::Exception& e) {
       config_error(origin, fmt::format("invalid YAML value '{}': {}", text, e.msg));
     }

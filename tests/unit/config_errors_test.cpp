@@ -364,6 +364,24 @@ TEST_F(ConfigErrorsTest, CommandLineErrors) {
   EXPECT_CONTAINS(error_with("", {"data_path=[a, b"}), "command line: data_path: invalid YAML value '[a, b'");
 }
 
+// Found by fuzz/config_fuzzer: a key inside an anchor that names the anchor is a cycle (the walk overflowed the
+// stack), and aliases of aliases stand for billions of values; both are refused naming the file and line.
+TEST_F(ConfigErrorsTest, RecursiveAndExplodingAliases) {
+  EXPECT_CONTAINS(error_of(write("cycle.yaml", "exp_name: e\ndefaults: &d\n  <<: *d\n")),
+                  "cycle.yaml:3: defaults.<<.<<.<<.");
+  EXPECT_CONTAINS(error_of(write("cycle.yaml", "exp_name: e\ndefaults: &d\n  <<: *d\n")),
+                  "nested more than 64 levels deep (an alias inside its own anchor?)");
+  // 10^9 values in about 400 bytes, as a file and as a command-line value.
+  std::string bomb = "a: &a [x, x, x, x, x, x, x, x, x, x]";
+  for (char level = 'b'; level <= 'i'; ++level) {
+    bomb += fmt::format(", {0}: &{0} [*{1}, *{1}, *{1}, *{1}, *{1}, *{1}, *{1}, *{1}, *{1}, *{1}]", level,
+                        static_cast<char>(level - 1));
+  }
+  EXPECT_CONTAINS(error_of(write("bomb.yaml", "{" + bomb + "}\n")),
+                  "bomb.yaml:1: e[7][8][8][8][9]: the document expands to more than 100000 values (aliases of aliases?)");
+  EXPECT_CONTAINS(error_with("", {"env={" + bomb + "}"}), "command line: env.e[7][8][8][8][9]: the document expands to more than");
+}
+
 // Randomly damaged configs either load or fail with a UsageError; nothing else escapes.
 TEST_F(ConfigErrorsTest, DamagedFilesNeverCrash) {
   std::ifstream in(assets() + "/exp_tiny.yaml");
