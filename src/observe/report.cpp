@@ -47,18 +47,50 @@ std::string format_number(double value) {
   return fmt::format("{:.4g}", value);
 }
 
-// The text of a YAML value on one line: scalars as written, sequences as [a, b], maps as {k: v}.
-std::string one_line(const YAML::Node& node) {
-  if (!node.IsDefined() || node.IsNull()) return "null";
-  if (node.IsScalar()) return node.Scalar();
-  std::string out = node.IsSequence() ? "[" : "{";
+// A summary cell stays short however its value is written: with YAML aliases a value can contain itself (a
+// cycle, which a plain walk follows until the stack overflows) or repeat a list a billion times in 400 bytes.
+constexpr size_t kMaxCellChars = 200;
+constexpr int kMaxCellDepth = 8;
+
+void append_one_line(const YAML::Node& node, int depth, std::string& out) {
+  if (!node.IsDefined() || node.IsNull()) {
+    out += "null";
+    return;
+  }
+  if (node.IsScalar()) {
+    out += node.Scalar();
+    return;
+  }
+  if (depth == kMaxCellDepth) {
+    out += "...";
+    return;
+  }
+  out += node.IsSequence() ? "[" : "{";
   bool first = true;
   for (const auto& item : node) {
+    if (out.size() > kMaxCellChars) {
+      out += ", ...";
+      break;
+    }
     out += first ? "" : ", ";
     first = false;
-    out += node.IsSequence() ? one_line(item) : item.first.Scalar() + ": " + one_line(item.second);
+    if (node.IsSequence()) {
+      append_one_line(item, depth + 1, out);
+    } else {
+      out += item.first.Scalar();
+      out += ": ";
+      append_one_line(item.second, depth + 1, out);
+    }
   }
-  return out + (node.IsSequence() ? "]" : "}");
+  out += node.IsSequence() ? "]" : "}";
+}
+
+// The text of a YAML value on one line: scalars as written, sequences as [a, b], maps as {k: v}; past 200
+// characters or 8 levels the rest is "...".
+std::string one_line(const YAML::Node& node) {
+  std::string out;
+  append_one_line(node, 0, out);
+  return out;
 }
 
 std::vector<double> values_of(const MetricsFile& metrics, const std::string& key) {

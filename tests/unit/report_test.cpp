@@ -209,6 +209,23 @@ TEST(RunReport, ConfigSummaryPicksTheMainKeysAndNamesBadYamlLines) {
   EXPECT_CONTAINS(message, "malformed YAML");
 }
 
+// Found by fuzz/report_fuzzer: a value that contains itself through an alias overflowed the stack, and aliases of
+// aliases made a cell of gigabytes. Cells stop at 8 levels and about 200 characters.
+TEST(RunReport, ConfigSummaryCellsOfRecursiveOrExplodingAliasesStayShort) {
+  KeyValues rows = summarize_config("exp_name: &a [x, *a]\n", "run/config.yaml");
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0].second, "[x, [x, [x, [x, [x, [x, [x, [x, ...]]]]]]]]");
+  std::string bomb = "exp_name: [&a [x, x, x, x, x, x, x, x, x, x]";
+  for (char level = 'b'; level <= 'i'; ++level) {
+    bomb += fmt::format(", &{0} [*{1}, *{1}, *{1}, *{1}, *{1}, *{1}, *{1}, *{1}, *{1}, *{1}]", level,
+                        static_cast<char>(level - 1));
+  }
+  rows = summarize_config(bomb + "]\n", "run/config.yaml");
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_LT(rows[0].second.size(), 400u);
+  EXPECT_TRUE(rows[0].second.ends_with(", ...]")) << rows[0].second;
+}
+
 TEST(RunReport, RunSummaryReadsTheDeviceAndProgressFromTheLog) {
   MetricsFile metrics = parse_metrics_jsonl(
       "{\"step\":1,\"mem_peak_gib\":3.5,\"mfu\":0.4}\n"
