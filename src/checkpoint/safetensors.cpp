@@ -345,7 +345,9 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
       }
       continue;
     }
-    auto where = [&, &key = key](const std::string& field) { return fmt::format("{}: tensor '{}' {}", path, key, field); };
+    auto where = [&, &key = key](const std::string& field) {
+      return fmt::format("{}: tensor '{}' {}", path, key, field);
+    };
     if (!value.is_object())
       throw RuntimeError(where(fmt::format("is a JSON {}, expected an object", json_type(value))));
     auto dtype_it = value.find("dtype");

@@ -377,9 +377,11 @@ TEST_F(ConfigErrorsTest, RecursiveAndExplodingAliases) {
     bomb += fmt::format(", {0}: &{0} [*{1}, *{1}, *{1}, *{1}, *{1}, *{1}, *{1}, *{1}, *{1}, *{1}]", level,
                         static_cast<char>(level - 1));
   }
-  EXPECT_CONTAINS(error_of(write("bomb.yaml", "{" + bomb + "}\n")),
-                  "bomb.yaml:1: e[7][8][8][8][9]: the document expands to more than 100000 values (aliases of aliases?)");
-  EXPECT_CONTAINS(error_with("", {"env={" + bomb + "}"}), "command line: env.e[7][8][8][8][9]: the document expands to more than");
+  EXPECT_CONTAINS(
+      error_of(write("bomb.yaml", "{" + bomb + "}\n")),
+      "bomb.yaml:1: e[7][8][8][8][9]: the document expands to more than 100000 values (aliases of aliases?)");
+  EXPECT_CONTAINS(error_with("", {"env={" + bomb + "}"}),
+                  "command line: env.e[7][8][8][8][9]: the document expands to more than");
 }
 
 // Randomly damaged configs either load or fail with a UsageError; nothing else escapes.
