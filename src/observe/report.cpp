@@ -298,16 +298,22 @@ MetricsFile parse_metrics_jsonl(std::string_view text, const std::string& path) 
     begin = end + 1;
     if (line.empty()) continue;
     nlohmann::json record;
+    std::string malformed;  // why the line does not parse; empty when it does
     try {
       record = nlohmann::json::parse(line);
     } catch (const nlohmann::json::parse_error& error) {
+      malformed = fmt::format("{}: malformed JSON: {}", error.byte, parse_error_reason(error));
+    } catch (const nlohmann::json::out_of_range& error) {
+      // A number past a double's range (1e999) is no parse error to nlohmann but out_of_range.406.
+      malformed = fmt::format(" a number outside the range of a double: {}", error.what());
+    }
+    if (!malformed.empty()) {
       if (!terminated) {
         file.notes.push_back(fmt::format("{}:{}: skipped an incomplete last line (the run stopped while writing it)",
                                          path, line_number));
         break;
       }
-      throw UsageError(
-          fmt::format("{}:{}:{}: malformed JSON: {}", path, line_number, error.byte, parse_error_reason(error)));
+      throw UsageError(fmt::format("{}:{}:{}", path, line_number, malformed));
     }
     if (!record.is_object()) {
       throw UsageError(fmt::format("{}:{}: expected a JSON object, got {}", path, line_number, record.type_name()));

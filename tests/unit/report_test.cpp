@@ -123,6 +123,13 @@ TEST(RunReport, MalformedMetricsLinesNameFileAndLineAndExitTwo) {
   EXPECT_CONTAINS(error_of([] { parse_metrics_jsonl("{\"loss\":1.5}\n", "m.jsonl"); }),
                   "m.jsonl:1: the record has no integer \"step\"");
   EXPECT_CONTAINS(error_of([] { parse_metrics_jsonl("{\"step\":\"4\"}\n", "m.jsonl"); }), "m.jsonl:1:");
+  // Found by fuzz/report_fuzzer: a number past a double's range escaped as nlohmann's out_of_range (exit 3, no
+  // file named). As the last, unterminated line it is a torn write like any other.
+  message =
+      error_of([] { parse_metrics_jsonl("{\"step\":1}\n{\"step\":2,\"loss\":-1e3085}\n", "m.jsonl"); }, &exit_code);
+  EXPECT_EQ(exit_code, kExitUsage);
+  EXPECT_CONTAINS(message, "m.jsonl:2: a number outside the range of a double");
+  EXPECT_EQ(parse_metrics_jsonl("{\"step\":1}\n{\"step\":2,\"loss\":1e999", "m.jsonl").notes.size(), 1u);
 }
 
 TEST(RunReport, TornLastLineOfAKilledRunIsSkippedWithANote) {
