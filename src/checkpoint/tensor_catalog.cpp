@@ -30,7 +30,9 @@ bool plain_file_name(const std::string& name) {
 }
 
 int64_t json_int(const json& v, const std::string& where) {
-  if (!v.is_number_integer()) throw RuntimeError(fmt::format("{}: expected an integer, found {}", where, v.dump()));
+  if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t{INT64_MAX})) {
+    throw RuntimeError(fmt::format("{}: expected an integer of int64's range, found {}", where, v.dump()));
+  }
   return v.get<int64_t>();
 }
 
@@ -92,7 +94,8 @@ TensorCatalog TensorCatalog::open_checkpoint(const std::string& dir) {
   } catch (const json::exception& e) {
     throw RuntimeError(fmt::format("{}: unreadable index ({})", index_path, e.what()));
   }
-  if (!index.is_object() || index.value("format", std::string()) != kShardedIndexFormat) {
+  // Compared as JSON: value("format", ...) throws nlohmann's type_error when "format" is not a string.
+  if (!index.is_object() || !index.contains("format") || index["format"] != kShardedIndexFormat) {
     throw RuntimeError(
         fmt::format("{}: not a {} index (\"format\" is missing or different)", index_path, kShardedIndexFormat));
   }
@@ -118,6 +121,14 @@ TensorCatalog TensorCatalog::open_checkpoint(const std::string& dir) {
       if (!plain_file_name(file)) throw RuntimeError(fmt::format("{}: file '{}' is not a plain file name", at, file));
       Shape shape;
       for (const json& d : s["shape"]) shape.push_back(json_int(d, at + ".shape"));
+      // shape_numel multiplies without checks: a negative or overflowing shape must not reach it.
+      int64_t numel = 1;
+      for (int64_t d : shape) {
+        if (d < 0 || __builtin_mul_overflow(numel, d, &numel)) {
+          throw RuntimeError(
+              fmt::format("{}: shape {} has a negative dimension or more than 2^63 elements", at, shape_str(shape)));
+        }
+      }
       if (k == 0) {
         tensor.shape = shape;
       } else if (shape != tensor.shape) {
