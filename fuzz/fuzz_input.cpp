@@ -1,3 +1,4 @@
+// Scratch files and input splitting for the fuzz targets (fuzz_input.h).
 #include "fuzz_input.h"
 
 #include <unistd.h>
@@ -11,7 +12,8 @@ namespace primus::fuzz {
 namespace fs = std::filesystem;
 
 const std::string& scratch_dir() {
-  // Never destroyed: the exit handler that removes the folder runs after static destructors would have.
+  // Leaked on purpose: the exit handler that removes the folder is registered before a static string's destructor
+  // would be, so it would run after that destructor and read a dead string.
   static const std::string* dir = [] {
     const char* tmp = std::getenv("TMPDIR");
     std::error_code ec;
