@@ -4,7 +4,8 @@
 #                             npm, which install the pinned npm package that ships its tokenizer (GPT-2's)
 #   scripts/setup.sh --test   also what the tests need (PyTorch and numpy for the parity tests, Chromium for the
 #                             HTML report rendering test, Podman with runc for the container-mode test, Slurm and
-#                             MUNGE for the two-node cluster that tests/cli/slurm_cluster_test starts on localhost)
+#                             MUNGE for the two-node cluster that tests/cli/slurm_cluster_test starts on localhost,
+#                             clang 14 with its libFuzzer runtime and OpenMP for scripts/fuzz.sh)
 # Packages already present are skipped, so a second run costs nothing.
 set -euo pipefail
 
@@ -17,7 +18,8 @@ packages=(cmake ninja-build ccache g++ pkg-config
 # when npm is absent.
 command -v npm >/dev/null || packages+=(nodejs npm)
 if [[ "${1:-}" == "--test" ]]; then
-  packages+=(python3 python3-torch python3-numpy chromium podman runc slurm-wlm munge)
+  packages+=(python3 python3-torch python3-numpy chromium podman runc slurm-wlm munge
+             clang-14 libclang-rt-14-dev libomp-14-dev)
 fi
 
 missing=()

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # README command 2: install, build, and run every test (ctest), then the config/CLI error tests again
-# under AddressSanitizer + UndefinedBehaviorSanitizer. Tests are configured ON explicitly (run_default_job.sh leaves
+# under AddressSanitizer + UndefinedBehaviorSanitizer, then each fuzz target for 60 s (scripts/fuzz.sh). Tests are configured ON explicitly (run_default_job.sh leaves
 # PRIMUS_TESTS=OFF in the same build/ cache), and ctest fails when it finds no test to run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,3 +16,6 @@ cmake --build build-asan -j"$(nproc)" --target primus-cli config_errors_test con
   config_container_test slurm_script_test
 ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure --no-tests=error \
   -R '^(Config|Cli|Slurm(Arguments|Job|Script|Time|Section)\.)' -j"$(nproc)"
+
+# The file readers under libFuzzer (docs/fuzzing.md): 60 s per target, failing on any crash, leak, hang or UB.
+bash scripts/fuzz.sh 60

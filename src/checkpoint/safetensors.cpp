@@ -317,6 +317,9 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   } catch (const nlohmann::json::parse_error& e) {
     throw RuntimeError(fmt::format("{}: header JSON (offsets 8..{}) does not parse at header byte {}: {}", path, 8 + n,
                                    e.byte, e.what()));
+  } catch (const nlohmann::json::out_of_range& e) {  // a number past a double's range (1e999): no parse error
+    throw RuntimeError(fmt::format("{}: header JSON (offsets 8..{}) holds a number outside the range of a double ({})",
+                                   path, 8 + n, e.what()));
   }
   if (!duplicate.empty()) throw RuntimeError(fmt::format("{}: header names tensor '{}' twice", path, duplicate));
   if (!header.is_object()) {
@@ -345,7 +348,9 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
       }
       continue;
     }
-    auto where = [&](const std::string& field) { return fmt::format("{}: tensor '{}' {}", path, key, field); };
+    auto where = [&, &key = key](const std::string& field) {
+      return fmt::format("{}: tensor '{}' {}", path, key, field);
+    };
     if (!value.is_object())
       throw RuntimeError(where(fmt::format("is a JSON {}, expected an object", json_type(value))));
     auto dtype_it = value.find("dtype");

@@ -170,6 +170,14 @@ TensorCatalog TensorCatalog::open_checkpoint(const std::string& dir) {
       }
       Shape shape;
       for (const json& d : s["shape"]) shape.push_back(json_int(d, at + ".shape"));
+      // shape_numel multiplies without checks: a negative or overflowing shape must not reach it.
+      int64_t numel = 1;
+      for (int64_t d : shape) {
+        if (d < 0 || __builtin_mul_overflow(numel, d, &numel)) {
+          throw RuntimeError(
+              fmt::format("{}: shape {} has a negative dimension or more than 2^63 elements", at, shape_str(shape)));
+        }
+      }
       if (k == 0) {
         tensor.shape = shape;
       } else if (shape != tensor.shape) {

@@ -51,6 +51,13 @@ void config_error(const Origin& where, const std::string& what) {
   throw UsageError("[config] " + place + what);
 }
 
+ConfigNode::ConfigNode() = default;
+ConfigNode::ConfigNode(const ConfigNode&) = default;
+ConfigNode::ConfigNode(ConfigNode&&) noexcept = default;
+ConfigNode& ConfigNode::operator=(const ConfigNode&) = default;
+ConfigNode& ConfigNode::operator=(ConfigNode&&) noexcept = default;
+ConfigNode::~ConfigNode() = default;
+
 ConfigNode ConfigNode::map(const Origin& origin) {
   ConfigNode n;
   n.kind = Kind::kMap;
@@ -168,6 +175,10 @@ struct Conversion {
   int64_t alias_values = 0;
 };
 
+// A key inside an anchor that names the anchor itself (`d: &d {k: *d}`) makes a cycle that the conversion would
+// follow until the stack overflows; real configs nest a few levels.
+constexpr int kMaxDepth = 64;
+
 void count_value(Conversion& conversion, const YAML::Node& node, const Origin& origin) {
   if (conversion.positions_seen.insert(node.Mark().pos).second) return;
   if (++conversion.alias_values > kMaxAliasValues) {
@@ -178,7 +189,10 @@ void count_value(Conversion& conversion, const YAML::Node& node, const Origin& o
 }
 
 // yaml-cpp node -> ConfigNode. `origin` is where the node's key was written (or the node itself for list items).
-ConfigNode convert(const YAML::Node& node, const Origin& origin, Conversion& conversion) {
+ConfigNode convert(const YAML::Node& node, const Origin& origin, Conversion& conversion, int depth = 0) {
+  if (depth > kMaxDepth) {
+    config_error(origin, fmt::format("nested more than {} levels deep (an alias inside its own anchor?)", kMaxDepth));
+  }
   count_value(conversion, node, origin);
   ConfigNode out;
   out.origin = origin;
@@ -204,7 +218,7 @@ ConfigNode convert(const YAML::Node& node, const Origin& origin, Conversion& con
         Origin item_origin = origin.kind == OriginKind::kFile
                                  ? file_origin(origin.file, item.Mark(), fmt::format("{}[{}]", origin.path, index))
                                  : origin.with_path(fmt::format("{}[{}]", origin.path, index));
-        out.items.push_back(convert(item, item_origin, conversion));
+        out.items.push_back(convert(item, item_origin, conversion, depth + 1));
         ++index;
       }
       break;
@@ -225,7 +239,7 @@ ConfigNode convert(const YAML::Node& node, const Origin& origin, Conversion& con
           config_error(key_origin, fmt::format("duplicate key '{}' (first written at {})", name,
                                                out.fields[previous->second].second.origin.source()));
         }
-        out.fields.emplace_back(name, convert(pair.second, key_origin, conversion));
+        out.fields.emplace_back(name, convert(pair.second, key_origin, conversion, depth + 1));
       }
       break;
     }

@@ -39,6 +39,15 @@ struct ConfigNode {
   std::vector<std::pair<std::string, ConfigNode>> fields;  // kMap, in file order
   Origin origin;                                           // for a map value: where its key was written
 
+  // Out of line: clang (the fuzz build) instantiates the implicit ones while ConfigNode is still incomplete, and
+  // std::pair<std::string, ConfigNode> then fails to compile.
+  ConfigNode();
+  ConfigNode(const ConfigNode&);
+  ConfigNode(ConfigNode&&) noexcept;
+  ConfigNode& operator=(const ConfigNode&);
+  ConfigNode& operator=(ConfigNode&&) noexcept;
+  ~ConfigNode();
+
   static ConfigNode map(const Origin& origin);
   const ConfigNode* find(std::string_view key) const;
   ConfigNode* find(std::string_view key);

@@ -37,7 +37,8 @@ std::string render_container_section(const ContainerSettings& container) {
   // A repeated option (device, cap-add, ...) was a list: written back as one.
   std::vector<std::pair<std::string, std::vector<std::string>>> grouped;
   for (const auto& [name, option] : container.options) {
-    auto same = std::find_if(grouped.begin(), grouped.end(), [&](const auto& group) { return group.first == name; });
+    auto same =
+        std::find_if(grouped.begin(), grouped.end(), [&name = name](const auto& group) { return group.first == name; });
     if (same == grouped.end()) same = grouped.insert(grouped.end(), {name, {}});
     same->second.push_back(option.value.empty() ? "true" : yaml_string(option.value));
   }

@@ -32,6 +32,9 @@ json parse_json(const std::string& path, const char* what) {
     return json::parse(text);
   } catch (const json::parse_error& e) {
     throw UsageError(fmt::format("[tokenizer] {}: not valid JSON at byte {}: {}", path, e.byte, e.what()));
+  } catch (const json::out_of_range& e) {  // a number past a double's range (1e999): no parse error to nlohmann
+    throw UsageError(
+        fmt::format("[tokenizer] {}: not valid JSON: a number outside the range of a double ({})", path, e.what()));
   }
 }
 

@@ -47,18 +47,50 @@ std::string format_number(double value) {
   return fmt::format("{:.4g}", value);
 }
 
-// The text of a YAML value on one line: scalars as written, sequences as [a, b], maps as {k: v}.
-std::string one_line(const YAML::Node& node) {
-  if (!node.IsDefined() || node.IsNull()) return "null";
-  if (node.IsScalar()) return node.Scalar();
-  std::string out = node.IsSequence() ? "[" : "{";
+// A summary cell stays short however its value is written: with YAML aliases a value can contain itself (a
+// cycle, which a plain walk follows until the stack overflows) or repeat a list a billion times in 400 bytes.
+constexpr size_t kMaxCellChars = 200;
+constexpr int kMaxCellDepth = 8;
+
+void append_one_line(const YAML::Node& node, int depth, std::string& out) {
+  if (!node.IsDefined() || node.IsNull()) {
+    out += "null";
+    return;
+  }
+  if (node.IsScalar()) {
+    out += node.Scalar();
+    return;
+  }
+  if (depth == kMaxCellDepth) {
+    out += "...";
+    return;
+  }
+  out += node.IsSequence() ? "[" : "{";
   bool first = true;
   for (const auto& item : node) {
+    if (out.size() > kMaxCellChars) {
+      out += ", ...";
+      break;
+    }
     out += first ? "" : ", ";
     first = false;
-    out += node.IsSequence() ? one_line(item) : item.first.Scalar() + ": " + one_line(item.second);
+    if (node.IsSequence()) {
+      append_one_line(item, depth + 1, out);
+    } else {
+      out += item.first.Scalar();
+      out += ": ";
+      append_one_line(item.second, depth + 1, out);
+    }
   }
-  return out + (node.IsSequence() ? "]" : "}");
+  out += node.IsSequence() ? "]" : "}";
+}
+
+// The text of a YAML value on one line: scalars as written, sequences as [a, b], maps as {k: v}; past 200
+// characters or 8 levels the rest is "...".
+std::string one_line(const YAML::Node& node) {
+  std::string out;
+  append_one_line(node, 0, out);
+  return out;
 }
 
 std::vector<double> values_of(const MetricsFile& metrics, const std::string& key) {
@@ -266,16 +298,22 @@ MetricsFile parse_metrics_jsonl(std::string_view text, const std::string& path) 
     begin = end + 1;
     if (line.empty()) continue;
     nlohmann::json record;
+    std::string malformed;  // why the line does not parse; empty when it does
     try {
       record = nlohmann::json::parse(line);
     } catch (const nlohmann::json::parse_error& error) {
+      malformed = fmt::format("{}: malformed JSON: {}", error.byte, parse_error_reason(error));
+    } catch (const nlohmann::json::out_of_range& error) {
+      // A number past a double's range (1e999) is no parse error to nlohmann but out_of_range.406.
+      malformed = fmt::format(" a number outside the range of a double: {}", error.what());
+    }
+    if (!malformed.empty()) {
       if (!terminated) {
         file.notes.push_back(fmt::format("{}:{}: skipped an incomplete last line (the run stopped while writing it)",
                                          path, line_number));
         break;
       }
-      throw UsageError(
-          fmt::format("{}:{}:{}: malformed JSON: {}", path, line_number, error.byte, parse_error_reason(error)));
+      throw UsageError(fmt::format("{}:{}:{}", path, line_number, malformed));
     }
     if (!record.is_object()) {
       throw UsageError(fmt::format("{}:{}: expected a JSON object, got {}", path, line_number, record.type_name()));

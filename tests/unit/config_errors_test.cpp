@@ -465,6 +465,15 @@ TEST_F(ConfigErrorsTest, CommandLineErrors) {
   EXPECT_CONTAINS(error_with("", {"data_path=[a, b"}), "command line: data_path: invalid YAML value '[a, b'");
 }
 
+// Found by fuzz/config_fuzzer: a key inside an anchor that names the anchor is a cycle (the walk overflowed the
+// stack); it is refused naming the file and line (AliasBombIsRefusedNamingFileAndLine covers aliases of aliases).
+TEST_F(ConfigErrorsTest, RecursiveAliases) {
+  EXPECT_CONTAINS(error_of(write("cycle.yaml", "exp_name: e\ndefaults: &d\n  <<: *d\n")),
+                  "cycle.yaml:3: defaults.<<.<<.<<.");
+  EXPECT_CONTAINS(error_of(write("cycle.yaml", "exp_name: e\ndefaults: &d\n  <<: *d\n")),
+                  "nested more than 64 levels deep (an alias inside its own anchor?)");
+}
+
 // Randomly damaged configs either load or fail with a UsageError; nothing else escapes.
 TEST_F(ConfigErrorsTest, DamagedFilesNeverCrash) {
   std::ifstream in(assets() + "/exp_tiny.yaml");

@@ -123,6 +123,13 @@ TEST(RunReport, MalformedMetricsLinesNameFileAndLineAndExitTwo) {
   EXPECT_CONTAINS(error_of([] { parse_metrics_jsonl("{\"loss\":1.5}\n", "m.jsonl"); }),
                   "m.jsonl:1: the record has no integer \"step\"");
   EXPECT_CONTAINS(error_of([] { parse_metrics_jsonl("{\"step\":\"4\"}\n", "m.jsonl"); }), "m.jsonl:1:");
+  // Found by fuzz/report_fuzzer: a number past a double's range escaped as nlohmann's out_of_range (exit 3, no
+  // file named). As the last, unterminated line it is a torn write like any other.
+  message =
+      error_of([] { parse_metrics_jsonl("{\"step\":1}\n{\"step\":2,\"loss\":-1e3085}\n", "m.jsonl"); }, &exit_code);
+  EXPECT_EQ(exit_code, kExitUsage);
+  EXPECT_CONTAINS(message, "m.jsonl:2: a number outside the range of a double");
+  EXPECT_EQ(parse_metrics_jsonl("{\"step\":1}\n{\"step\":2,\"loss\":1e999", "m.jsonl").notes.size(), 1u);
 }
 
 TEST(RunReport, TornLastLineOfAKilledRunIsSkippedWithANote) {
@@ -207,6 +214,23 @@ TEST(RunReport, ConfigSummaryPicksTheMainKeysAndNamesBadYamlLines) {
   EXPECT_EQ(exit_code, kExitUsage);
   EXPECT_CONTAINS(message, "run/config.yaml:");
   EXPECT_CONTAINS(message, "malformed YAML");
+}
+
+// Found by fuzz/report_fuzzer: a value that contains itself through an alias overflowed the stack, and aliases of
+// aliases made a cell of gigabytes. Cells stop at 8 levels and about 200 characters.
+TEST(RunReport, ConfigSummaryCellsOfRecursiveOrExplodingAliasesStayShort) {
+  KeyValues rows = summarize_config("exp_name: &a [x, *a]\n", "run/config.yaml");
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0].second, "[x, [x, [x, [x, [x, [x, [x, [x, ...]]]]]]]]");
+  std::string bomb = "exp_name: [&a [x, x, x, x, x, x, x, x, x, x]";
+  for (char level = 'b'; level <= 'i'; ++level) {
+    bomb += fmt::format(", &{0} [*{1}, *{1}, *{1}, *{1}, *{1}, *{1}, *{1}, *{1}, *{1}, *{1}]", level,
+                        static_cast<char>(level - 1));
+  }
+  rows = summarize_config(bomb + "]\n", "run/config.yaml");
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_LT(rows[0].second.size(), 400u);
+  EXPECT_TRUE(rows[0].second.ends_with(", ...]")) << rows[0].second;
 }
 
 TEST(RunReport, RunSummaryReadsTheDeviceAndProgressFromTheLog) {

@@ -402,6 +402,13 @@ TEST(Safetensors, RejectsCorruptFiles) {
                            std::string(8, 'x')),
                  "tensor 'x' twice", "duplicate");
   expect_corrupt(hand_file("{\"__metadata__\":{\"step\":12}}", ""), "__metadata__.step", "metadata_number");
+  // Found by fuzz/safetensors_fuzzer: nlohmann throws out_of_range, not parse_error, for such a number.
+  expect_corrupt(
+      hand_file("{\"x\":{\"dtype\":\"F32\",\"shape\":[1e3016],\"data_offsets\":[0,4]}}", std::string(4, 'x')),
+      "header JSON (offsets 8..", "huge_number");
+  expect_corrupt(
+      hand_file("{\"x\":{\"dtype\":\"F32\",\"shape\":[1e3016],\"data_offsets\":[0,4]}}", std::string(4, 'x')),
+      "holds a number outside the range of a double", "huge_number_reason");
 }
 
 TEST(Safetensors, RejectsHeaderOverLimit) {

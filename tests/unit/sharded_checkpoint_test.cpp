@@ -50,7 +50,8 @@ using testing::RankResult;
 // when its checks passed, else the failed check (status 2).
 std::vector<RankResult> run_ranks(int size, const std::function<std::string(int rank, int port)>& body) {
   const int port = testing::free_port();
-  return testing::run_ranks(size, 90s, [&](int rank) { return body(rank, port); }, 2);
+  return testing::run_ranks(
+      size, 90s, [&](int rank) { return body(rank, port); }, 2);
 }
 
 void expect_all_ok(const std::vector<RankResult>& results, const std::string& what) {
@@ -533,6 +534,37 @@ TEST(ShardedCheckpoint, TheManifestMustListEveryFileTheLoaderReads) {
     EXPECT_NE(message.find(ckpt + "/index.json"), std::string::npos) << key << ": " << message;
     EXPECT_NE(message.find(key), std::string::npos) << key << ": " << message;
   }
+}
+
+// Found by fuzz/safetensors_fuzzer: a non-string "format" escaped as nlohmann's type_error; by reading beside it: a
+// shape whose product overflows int64 was undefined behaviour, and negative dimensions or integers past int64
+// were taken. Each is a RuntimeError naming index.json and the field.
+TEST(ShardedCheckpoint, AHostileIndexIsRefusedNamingTheField) {
+  const std::string dir = testing::temp_dir("sharded-hostile-index");
+  auto error_of = [&](const std::string& index) {
+    std::ofstream(dir + "/index.json", std::ios::trunc) << index;
+    try {
+      TensorCatalog::open_checkpoint(dir);
+    } catch (const RuntimeError& e) {
+      return std::string(e.what());
+    }
+    ADD_FAILURE() << "opened " << index;
+    return std::string();
+  };
+  auto with_shape = [](const std::string& shape) {
+    return R"({"format": "primus-sharded-checkpoint", "world_size": 1, "tensors": {"w": [{"file": "shard_0_of_1.safetensors", "key": "w", )"
+           R"("shape": )" +
+           shape + R"(, "slice": [0, 0]}]}})";
+  };
+  const std::string format_error = error_of(R"({"format": {"total_size": 24}})");
+  EXPECT_NE(format_error.find("index.json"), std::string::npos) << format_error;
+  EXPECT_NE(format_error.find("format"), std::string::npos) << format_error;
+  EXPECT_NE(error_of(with_shape("[4294967296, 4294967296, 16]"))
+                .find("tensors.w[0]: shape [4294967296, 4294967296, 16] has a negative dimension or more than 2^63"),
+            std::string::npos);
+  EXPECT_NE(error_of(with_shape("[-4, -2]")).find("shape [-4, -2] has a negative dimension"), std::string::npos);
+  EXPECT_NE(error_of(with_shape("[18446744073709551615]")).find("tensors.w[0].shape: expected an integer"),
+            std::string::npos);
 }
 
 }  // namespace

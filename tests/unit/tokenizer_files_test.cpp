@@ -247,6 +247,11 @@ TEST(HuggingFaceFile, ErrorsNameTheField) {
   expect_error(j, {"added_tokens[0].id"});
   write_file(file, "{\"model\": {\"type\": \"BPE\",,}}");
   expect_usage_error([&] { make_tokenizer("HuggingFaceTokenizer", file.string()); }, {"tokenizer.json", "byte"});
+  // As fuzz/safetensors_fuzzer found for safetensors headers: nlohmann throws out_of_range, not parse_error, for a
+  // number past a double's range.
+  write_file(file, "{\"version\": 1e999}");
+  expect_usage_error([&] { make_tokenizer("HuggingFaceTokenizer", file.string()); },
+                     {"tokenizer.json", "a number outside the range of a double"});
 }
 
 TEST(Gpt2BpeFiles, LoadsAndNamesBadMergeLines) {
