@@ -45,6 +45,8 @@ CheckpointSaver::~CheckpointSaver() {
 }
 
 void CheckpointSaver::save(const TrainerState& state) {
+  // A save still writing holds the snapshot buffer: training waits for it, and that wait counts as this save's.
+  const Clock::time_point called = Clock::now();
   wait();
   auto flight = std::make_unique<InFlight>();
   flight->start = Clock::now();
@@ -59,14 +61,20 @@ void CheckpointSaver::save(const TrainerState& state) {
     return;
   }
   snapshot_.take(dp_.shard_ranges(), live_state(model_.params(), optimizer_), model_.params().flat_params().device());
-  flight->blocked_s = seconds_since(flight->start);
+  flight->blocked_s = seconds_since(called);
   InFlight* f = flight.get();
   f->writer = std::thread([this, f] {
     f->save->write(snapshot_.state());
     f->written = true;
   });
-  spdlog::info("checkpoint {}: {:.2f} GB copied to the host in {:.2f} s; writing in the background",
-               checkpoint_dir_name(state.iteration), static_cast<double>(snapshot_.bytes()) / 1e9, f->blocked_s);
+  const double previous_s = std::chrono::duration<double>(f->start - called).count();
+  spdlog::info("checkpoint {}: {:.2f} GB copied to the host in {:.2f} s{}; writing in the background",
+               checkpoint_dir_name(state.iteration), static_cast<double>(snapshot_.bytes()) / 1e9,
+               seconds_since(f->start),
+               previous_s >= 0.05 ? fmt::format(" after waiting {:.1f} s for the previous save to be written (the "
+                                                "disk is slower than save_interval needs)",
+                                                previous_s)
+                                  : "");
   in_flight_ = std::move(flight);
 }
 
