@@ -184,7 +184,6 @@ std::string coverage_flaw(const std::vector<std::vector<FlatRange>>& pieces_of, 
 
 }  // namespace
 
-std::string shard_file_name(int rank, int size) { return fmt::format("shard_{}_of_{}.safetensors", rank, size); }
 
 SavedState live_state(const ParamStore& params, const AdamW& optimizer) {
   return SavedState{

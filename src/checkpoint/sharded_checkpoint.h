@@ -37,9 +37,6 @@
 
 namespace primus {
 
-// "shard_0_of_4.safetensors"
-std::string shard_file_name(int rank, int size);
-
 // Where a save reads the trained state: flat elements [begin, end) of the fp32 weights or of the first or second
 // AdamW moment, as 1-D f32 views on any device that hold them in order.
 struct SavedState {

@@ -10,7 +10,6 @@
 #include <set>
 
 #include "checkpoint/checkpoint_json.h"
-#include "checkpoint/sharded_checkpoint.h"
 #include "core/error.h"
 #include "core/file_io.h"
 #include "ops/ops.h"
@@ -94,6 +93,8 @@ std::string confined_path(const std::string& dir, const std::string& name, const
 }
 
 }  // namespace
+
+std::string shard_file_name(int rank, int size) { return fmt::format("shard_{}_of_{}.safetensors", rank, size); }
 
 void copy_to_host(const Tensor& src, float* dst) {
   PRIMUS_CHECK(src.dtype() == DType::kF32, "[checkpoint] copy_to_host of a {} tensor", src.describe());

@@ -22,6 +22,8 @@ namespace primus {
 // The sharded format's index, beside the shards in the checkpoint directory.
 inline constexpr const char* kShardedIndexFile = "index.json";
 inline constexpr const char* kShardedIndexFormat = "primus-sharded-checkpoint";
+// A sharded checkpoint's data file of `rank` of `size`: "shard_0_of_4.safetensors".
+std::string shard_file_name(int rank, int size);
 
 // Whether `dir` holds the sharded format: it has index.json (else it is the single-file format). The loader and the
 // verification decide the same way.
