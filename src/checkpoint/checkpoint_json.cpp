@@ -15,8 +15,8 @@ json read_json_object(const std::string& path) {
   json j;
   try {
     j = json::parse(text);
-  } catch (const json::parse_error& e) {
-    throw RuntimeError(fmt::format("{}: not valid JSON at byte {} ({})", path, e.byte, e.what()));
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number past a double's range
+    throw RuntimeError(fmt::format("{}: not valid JSON ({})", path, e.what()));
   }
   if (!j.is_object()) throw RuntimeError(fmt::format("{}: expected a JSON object, found a {}", path, j.type_name()));
   return j;

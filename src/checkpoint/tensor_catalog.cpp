@@ -222,8 +222,8 @@ TensorCatalog TensorCatalog::open_hf_folder(const std::string& dir) {
   json index;
   try {
     index = json::parse(read_file(index_path, FileKinds::kRegularOnly));
-  } catch (const json::parse_error& e) {
-    throw UsageError(fmt::format("{}: not valid JSON at byte {} ({})", index_path, e.byte, e.what()));
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number past a double's range
+    throw UsageError(fmt::format("{}: not valid JSON ({})", index_path, e.what()));
   }
   if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
     throw UsageError(fmt::format("{}: no \"weight_map\" object", index_path));
