@@ -1,6 +1,7 @@
 #include "checkpoint/checkpoint.h"
 
 #include <algorithm>
+#include <charconv>
 #include <filesystem>
 
 #include "checkpoint/checkpoint_dir.h"
@@ -30,6 +31,13 @@ SafetensorsWriter model_writer(const Model& model) {
 
 std::string checkpoint_dir_name(int64_t iteration) { return fmt::format("iter_{:07d}", iteration); }
 
+int64_t checkpoint_dir_iteration(const std::string& name) {
+  if (name.rfind("iter_", 0) != 0 || name.size() > 24) return -1;
+  int64_t n = -1;
+  const auto [end, status] = std::from_chars(name.data() + 5, name.data() + name.size(), n);
+  return status == std::errc() && end == name.data() + name.size() && checkpoint_dir_name(n) == name ? n : -1;
+}
+
 int64_t save_checkpoint(const std::string& save_dir, const Model& model, const AdamW& optimizer,
                         const TrainerState& state, const std::string& config_yaml,
                         const CheckpointProgressFn& progress) {
@@ -47,8 +55,7 @@ std::optional<std::string> find_latest_checkpoint(const std::string& dir) {
     if (fs::is_directory(dir, ignored)) {
       for (const auto& entry : fs::directory_iterator(dir, ignored)) {
         const std::string name = entry.path().filename().string();
-        if (entry.is_directory() && name.size() == 12 && name.rfind("iter_", 0) == 0 &&
-            name.find_first_not_of("0123456789", 5) == std::string::npos) {
+        if (entry.is_directory() && checkpoint_dir_iteration(name) >= 0) {
           stranded.push_back(name);
         }
       }
@@ -59,7 +66,7 @@ std::optional<std::string> find_latest_checkpoint(const std::string& dir) {
         "{}: holds checkpoints ({}{}) but no {}: a run would start from scratch and overwrite them. Write the "
         "iteration to resume from into {} (e.g. {}), or move the checkpoints away",
         dir, stranded.front(), stranded.size() > 1 ? fmt::format(" ... {}", stranded.back()) : "", kTrackerFile,
-        tracker, std::stoll(stranded.back().substr(5))));
+        tracker, checkpoint_dir_iteration(stranded.back())));
   }
   const std::string text = read_file(tracker, FileKinds::kRegularOnly);
   int64_t iteration = -1;

@@ -34,6 +34,8 @@ struct TrainerState {
 };
 
 std::string checkpoint_dir_name(int64_t iteration);  // "iter_0000100"
+// The iteration N of a name checkpoint_dir_name(N) gives, or -1 for any other name.
+int64_t checkpoint_dir_iteration(const std::string& name);
 
 // Where a long checkpoint operation stands, reported on the calling thread: first with done_bytes 0, then
 // as bytes go by, last with done_bytes == total_bytes. Phases: "save" (the safetensors files written; a device

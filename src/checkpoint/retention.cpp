@@ -12,25 +12,13 @@ namespace primus {
 
 namespace fs = std::filesystem;
 
-namespace {
-
-// The iteration of a directory named exactly like checkpoint_dir_name's output, or -1.
-int64_t iteration_of(const std::string& name) {
-  if (name.size() != 12 || name.rfind("iter_", 0) != 0 || name.find_first_not_of("0123456789", 5) != std::string::npos) {
-    return -1;
-  }
-  return std::stoll(name.substr(5));
-}
-
-}  // namespace
-
 std::vector<std::string> checkpoints_to_remove(const std::string& save_dir, int64_t latest,
                                                const RetentionPolicy& policy) {
   if (policy.keep_latest_k <= 0) return {};
   std::vector<int64_t> older;  // complete checkpoints up to the latest, newest first
   std::error_code error;
   for (const fs::directory_entry& entry : fs::directory_iterator(save_dir, error)) {
-    const int64_t iteration = iteration_of(entry.path().filename().string());
+    const int64_t iteration = checkpoint_dir_iteration(entry.path().filename().string());
     if (iteration >= 0 && iteration <= latest && entry.is_directory()) older.push_back(iteration);
   }
   if (error) throw RuntimeError(fmt::format("{}: cannot list the save directory: {}", save_dir, error.message()));
