@@ -133,7 +133,7 @@ std::vector<std::string> environment_with(const std::vector<std::pair<std::strin
   std::vector<std::string> entries;
   for (char** entry = environ; *entry != nullptr; ++entry) entries.emplace_back(*entry);
   for (const auto& [name, value] : extra) {
-    std::erase_if(entries, [&](const std::string& entry) { return entry.starts_with(name + "="); });
+    std::erase_if(entries, [prefix = name + "="](const std::string& entry) { return entry.starts_with(prefix); });
     entries.push_back(name + "=" + value);
   }
   return entries;

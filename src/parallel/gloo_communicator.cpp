@@ -11,7 +11,6 @@
 #include <gloo/broadcast.h>
 #include <gloo/common/error.h>
 #include <gloo/math.h>
-#include <gloo/reduce_scatter.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
@@ -59,10 +58,6 @@ float combine(ReduceOp op, float a, float b) {
 }
 
 // bf16 pairwise step: both operands widened to fp32, combined, rounded once (NCCL does the same per step).
-template <ReduceOp kOp>
-void bf16_into(Bf16* x, const Bf16* y, size_t n) {
-  for (size_t i = 0; i < n; ++i) x[i].bits = f32_to_bf16(combine(kOp, bf16_to_f32(x[i].bits), bf16_to_f32(y[i].bits)));
-}
 template <ReduceOp kOp>
 void bf16_binary(void* c, const void* a, const void* b, size_t n) {
   auto* out = static_cast<Bf16*>(c);
@@ -115,21 +110,6 @@ gloo::AllreduceOptions::Func allreduce_function(ReduceOp op) {
     }
   }
   return nullptr;
-}
-
-// The in-place function of Gloo's Algorithm classes (x = x op y).
-template <typename T>
-const gloo::ReductionFunction<T>* algorithm_function(ReduceOp op) {
-  if constexpr (std::is_same_v<T, Bf16>) {
-    static const gloo::ReductionFunction<Bf16> sum(gloo::CUSTOM, &bf16_into<ReduceOp::kSum>);
-    static const gloo::ReductionFunction<Bf16> max(gloo::CUSTOM, &bf16_into<ReduceOp::kMax>);
-    static const gloo::ReductionFunction<Bf16> min(gloo::CUSTOM, &bf16_into<ReduceOp::kMin>);
-    return op == ReduceOp::kSum ? &sum : op == ReduceOp::kMax ? &max : &min;
-  } else {
-    return op == ReduceOp::kSum   ? gloo::ReductionFunction<T>::sum
-           : op == ReduceOp::kMax ? gloo::ReductionFunction<T>::max
-                                  : gloo::ReductionFunction<T>::min;
-  }
 }
 
 bool overlaps(const Tensor& a, const Tensor& b) {
@@ -357,40 +337,27 @@ void GlooCommunicator::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op
     if (!in_place && n > 0) std::memcpy(out.data(), in.data(), out.nbytes());
     return;
   }
-  // ReduceScatterHalvingDoubling counts bytes in an int.
-  if (in.nbytes() > static_cast<size_t>(INT_MAX)) {
-    throw RuntimeError(
-        fmt::format("[distributed] reduce_scatter on {}: {} bytes exceed Gloo's limit of {} bytes a "
-                    "call; split the buffer",
-                    where(), in.nbytes(), INT_MAX));
-  }
-  // The algorithm works in place over the whole input (it is const here) and leaves this rank's reduced block
-  // at the start of the buffer, not at offset rank * n: it runs on a copy, and out takes that first block.
+  // Each rank sends block j of its input to rank j (Gloo's tag-based all-to-all), then sums the blocks it received
+  // in rank order: the result does not depend on timing, and every message is matched by its tag. Gloo's
+  // ReduceScatterHalvingDoubling, used before, matched messages by slots counted per algorithm object and, at a
+  // world size that is not a power of two, returned about one run in three with rank 0's block of a small buffer
+  // wrong while all-gathers ran between the reduce-scatters (ZeRO-3 with tied embeddings on 3 ranks).
   scratch_.resize(in.nbytes());
-  std::memcpy(scratch_.data(), in.data(), in.nbytes());
-  const uint32_t barrier_tag = next_tag();
+  const uint32_t tag = next_tag();
   with_reduce_type(in.dtype(), what, [&](auto zero) {
     using T = decltype(zero);
     run("reduce_scatter", in.numel(), in.dtype(), [&] {
-      T* data = reinterpret_cast<T*>(scratch_.data());
-      gloo::ReduceScatterHalvingDoubling<T> algorithm(context_, std::vector<T*>{data}, static_cast<int>(in.numel()),
-                                                      std::vector<int>(size_, static_cast<int>(n)),
-                                                      algorithm_function<T>(op));
-      algorithm.run();
-      // run() can return while the transport still reads this rank's partial sums from the buffer (ours, reused
-      // by the next call) through the algorithm's send buffers: at a size that is not a power of two the ranks
-      // outside the largest binary block send without waiting for an acknowledgement, and at 2 ranks a
-      // reduce-scatter followed at once by another collective (FSDP's per-unit reduce-scatters between
-      // all-gathers) was seen to corrupt the next one's data about one run in three. The receivers pass a
-      // barrier only after receiving, so after it nothing is in flight.
-      {
-        gloo::BarrierOptions opts(context_);
-        opts.setTag(barrier_tag);
-        gloo::barrier(opts);
-      }
+      gloo::AlltoallOptions opts(context_);
+      opts.setInput<uint8_t>(bytes(in), in.nbytes());
+      opts.setOutput<uint8_t>(reinterpret_cast<uint8_t*>(scratch_.data()), in.nbytes());
+      opts.setTag(tag);
+      gloo::alltoall(opts);
     });
+    const auto* blocks = reinterpret_cast<const T*>(scratch_.data());
+    const auto combine_into = allreduce_function<T>(op);
+    std::memcpy(out.data(), blocks, out.nbytes());
+    for (int r = 1; r < size_; ++r) combine_into(out.data(), out.data(), blocks + r * n, static_cast<size_t>(n));
   });
-  std::memcpy(out.data(), scratch_.data(), out.nbytes());
 }
 
 void GlooCommunicator::all_gather(const Tensor& in, Tensor& out, Stream) {

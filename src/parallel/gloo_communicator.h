@@ -1,6 +1,7 @@
 // GlooCommunicator: the Communicator of CPU ranks, over Gloo's TCP transport (Debian's libgloo). Gloo's own
-// algorithms do all the communication: allreduce (ring), ReduceScatterHalvingDoubling, allgather (ring),
-// alltoall(v), broadcast (binomial tree), the dissemination barrier, and send/recv through unbound buffers.
+// algorithms do all the communication: allreduce (ring), allgather (ring), alltoall(v) (also under reduce-scatter,
+// whose received blocks are then summed in rank order), broadcast (binomial tree), the dissemination barrier, and
+// send/recv through unbound buffers.
 // Each call runs on the calling thread and returns when it is done; the stream argument is ignored. One thread
 // at a time: the per-call tags that match a call with its peers' advance in call order, which must be the same
 // on every rank.
@@ -103,7 +104,7 @@ class GlooCommunicator final : public Communicator {
   uint32_t tag_ = 0;
   int splits_ = 0;
   std::deque<std::vector<char>> to_self_;  // sends to this rank, not received yet
-  std::vector<char> scratch_;              // reduce_scatter's working copy of its input
+  std::vector<char> scratch_;              // reduce_scatter's received blocks
   std::string failure_;                    // the first Gloo failure; empty while usable
 };
 
