@@ -33,7 +33,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "ops/param_store.h"
-#include "parallel/communicator.h"
+#include "ops/communicator.h"
 
 namespace primus {
 

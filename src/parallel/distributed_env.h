@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 
-#include "parallel/communicator.h"
+#include "ops/communicator.h"
 
 namespace primus {
 

@@ -28,7 +28,7 @@
 
 #include "ops/param_store.h"
 #include "parallel/comm_stream.h"
-#include "parallel/communicator.h"
+#include "ops/communicator.h"
 
 namespace primus {
 

@@ -30,7 +30,7 @@
 #include <string>
 #include <vector>
 
-#include "parallel/communicator.h"
+#include "ops/communicator.h"
 #include "parallel/store.h"
 
 namespace gloo {

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "parallel/communicator.h"
+#include "ops/communicator.h"
 
 namespace primus {
 

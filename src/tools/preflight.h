@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "parallel/communicator.h"
+#include "ops/communicator.h"
 
 namespace primus {
 

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "core/bf16.h"
-#include "parallel/communicator.h"
+#include "ops/communicator.h"
 
 namespace primus::testing {
 

@@ -21,7 +21,7 @@
 #include <memory>
 
 #include "core/dtype.h"
-#include "parallel/communicator.h"
+#include "ops/communicator.h"
 #include "parallel/store.h"
 
 namespace primus {

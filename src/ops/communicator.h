@@ -1,7 +1,8 @@
 // The communicator seam: the collectives the engine uses, over flat contiguous tensors, with two
 // implementations behind it: NCCL for GPU ranks (RCCL on AMD has the same API) and Gloo for CPU ranks.
 // A world of one is a real communicator (every collective is then a copy or nothing), never a branch in
-// the caller.
+// the caller. The interface lives in ops, below layers and models, so that tensor parallelism can hand a layer
+// its group; the implementations live in parallel/.
 //
 // Streams. A GPU communicator enqueues each collective on the stream it is given (Backend::stream) and
 // returns at once; ordering against other streams is the caller's, through Backend events. A host
