@@ -1,4 +1,4 @@
-// The NCCL communicator: the Communicator seam (parallel/communicator.h) for ranks on CUDA devices, one
+// The NCCL communicator: the Communicator seam (ops/communicator.h) for ranks on CUDA devices, one
 // device per rank. RCCL on AMD has the same API, so a HIP build swaps the header only.
 //
 // Collectives are enqueued on the stream given (the null handle: the CUDA backend's compute stream) and
