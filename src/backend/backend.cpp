@@ -25,6 +25,9 @@ void Backend::cross_entropy_forward_backward(const CrossEntropyArgs& args) {
   cross_entropy_forward(args);
   cross_entropy_backward(args);
 }
+void Backend::cross_entropy_shard_stats(const CrossEntropyArgs&) { unimplemented("cross_entropy_shard_stats"); }
+void Backend::cross_entropy_finish(const CrossEntropyArgs&) { unimplemented("cross_entropy_finish"); }
+void Backend::row_max(const Tensor&, Tensor&) { unimplemented("row_max"); }
 void Backend::adamw_step(const AdamWArgs&) { unimplemented("adamw_step"); }
 void Backend::add_inplace(Tensor&, const Tensor&) { unimplemented("add_inplace"); }
 void Backend::scale_inplace(Tensor&, float) { unimplemented("scale_inplace"); }
@@ -33,7 +36,7 @@ void Backend::sum_into(Tensor&, const Tensor&) { unimplemented("sum_into"); }
 void Backend::cast(Tensor&, const Tensor&) { unimplemented("cast"); }
 void Backend::copy(Tensor&, const Tensor&) { unimplemented("copy"); }
 void Backend::fill(Tensor&, float) { unimplemented("fill"); }
-void Backend::fill_normal(Tensor&, uint64_t, double) { unimplemented("fill_normal"); }
+void Backend::fill_normal(Tensor&, uint64_t, double, StreamIndex) { unimplemented("fill_normal"); }
 void Backend::zero(Tensor&) { unimplemented("zero"); }
 void Backend::synchronize() { unimplemented("synchronize"); }
 

@@ -14,6 +14,7 @@
 #include <memory>
 #include <string>
 
+#include "core/rng.h"
 #include "core/tensor.h"
 
 namespace primus {
@@ -31,12 +32,29 @@ struct GemmArgs {
   float beta = 0.0f;
 };
 
+// The rows of a vocabulary one tensor-parallel rank holds (Megatron's VocabParallelEmbedding and
+// vocab_parallel_cross_entropy): rows [begin, begin + Vl) of `total`, where Vl is the local table's rows or the
+// local logits' columns. total 0 means unsharded: the local rows are the whole vocabulary. src/ops checks
+// 0 ≤ begin, begin + Vl ≤ total; kernels check every id and target against total.
+struct VocabShard {
+  int64_t begin = 0;
+  int64_t total = 0;  // 0: the local rows, unsharded
+};
+
+// `shard` with total 0 spelt out for a local vocabulary of `rows`.
+inline VocabShard resolve_shard(VocabShard shard, int64_t rows) {
+  return shard.total == 0 ? VocabShard{0, rows} : shard;
+}
+
+// Ids must lie in [0, shard.total) (a backend reports others). An id in [begin, begin + V) reads (forward) or
+// accumulates into (backward) table row id − begin; any other id gives a zero output row and no gradient.
 struct EmbeddingArgs {
   const Tensor* ids = nullptr;    // [N] i32
-  const Tensor* table = nullptr;  // [V, C]  (forward)
+  const Tensor* table = nullptr;  // [V, C]  (forward) this shard's rows
   Tensor* out = nullptr;          // [N, C]  (forward)
   const Tensor* dout = nullptr;   // [N, C]  (backward)
   Tensor* dtable = nullptr;       // [V, C]  (backward, accumulate) f32
+  VocabShard shard;
 };
 
 struct RmsNormArgs {
@@ -87,13 +105,27 @@ struct SwiGluArgs {
 };
 
 // Softmax cross-entropy per row. Rows whose target is negative are ignored (loss 0, gradient 0).
+//
+// Vocabulary-parallel (Megatron's vocab_parallel_cross_entropy): a rank holds the logits of columns
+// [shard.begin, shard.begin + V) of a vocabulary of shard.total, and the loss layer reduces per-row statistics over
+// its group between the steps
+//   row_max (local max) → group max → cross_entropy_shard_stats (local Σ exp, target logit) → group sums
+//   → cross_entropy_finish (lse, losses) → cross_entropy_backward with the shard (this rank's dlogits columns).
+// Targets must lie below shard.total (a backend reports others); only the rank holding a target's column adds
+// its one-hot term and its logit.
 struct CrossEntropyArgs {
   const Tensor* logits = nullptr;   // [N, V]
   const Tensor* targets = nullptr;  // [N] i32
-  Tensor* losses = nullptr;         // [N] f32 (forward) -log softmax(logits)[target]
-  Tensor* lse = nullptr;            // [N] f32 (forward writes, backward reads)
+  Tensor* losses = nullptr;         // [N] f32 (forward, finish) -log softmax(logits)[target]
+  Tensor* lse = nullptr;            // [N] f32 (forward and finish write, backward reads)
   float grad_scale = 1.0f;          // (backward) dL/dloss_i for every counted row, e.g. 1/num_tokens
   Tensor* dlogits = nullptr;        // [N, V] (backward; may alias logits)
+  VocabShard shard;                 // (backward, shard_stats) the columns logits holds
+  const Tensor* max = nullptr;      // [N] f32 (shard_stats, finish) the row max over the whole vocabulary
+  // [N] f32 each: shard_stats writes this shard's Σ exp(logit − max) and the target's logit (0 unless held here);
+  // finish reads their sums over the group.
+  Tensor* sum_exp = nullptr;
+  Tensor* target_logit = nullptr;
 };
 
 // Decoupled-weight-decay Adam (Loshchilov & Hutter), one step, in place, with bias correction. Folding the clip
@@ -155,6 +187,14 @@ class Backend {
   virtual void cross_entropy_backward(const CrossEntropyArgs& args);
   // Both at once (every field of args): the forward, then the backward. A device may fuse them into one pass.
   virtual void cross_entropy_forward_backward(const CrossEntropyArgs& args);
+  // The vocabulary-parallel steps (CrossEntropyArgs). shard_stats reads logits, targets, shard and max and writes
+  // sum_exp (for every row, ignored or not: lse stays defined as in cross_entropy_forward) and target_logit (0 for
+  // a target outside the shard or negative); finish reads max, sum_exp, target_logit and targets and writes
+  // lse = max + log(sum_exp) and losses = lse − target_logit (0 for a negative target).
+  virtual void cross_entropy_shard_stats(const CrossEntropyArgs& args);
+  virtual void cross_entropy_finish(const CrossEntropyArgs& args);
+  // max[r] = max over the row x[r, :] (x [N, C] act, C ≥ 1; max [N] f32).
+  virtual void row_max(const Tensor& x, Tensor& max);
   virtual void adamw_step(const AdamWArgs& args);
   // y += x (same shape, same dtype: act)
   virtual void add_inplace(Tensor& y, const Tensor& x);
@@ -176,7 +216,7 @@ class Backend {
   // Every element of an f32 tensor set to value (poisoning outputs in tests, resetting buffers).
   virtual void fill(Tensor& x, float value);
   // f32 x[k] = float(normal_at(seed, k) · std) (core/rng.h): random initialisation drawn where x lives.
-  virtual void fill_normal(Tensor& x, uint64_t seed, double std);
+  virtual void fill_normal(Tensor& x, uint64_t seed, double std, StreamIndex index);
   // Every byte set to 0, any dtype (gradient buffers before accumulation).
   virtual void zero(Tensor& x);
   // Waits for all queued work of this backend; throws errors its kernels found in the data (bad ids).

@@ -20,10 +20,10 @@ std::string join(const std::vector<std::string>& words, const std::string& separ
 
 void line(const std::string& label, const std::string& value) { fmt::print("  {:<12} {}\n", label, value); }
 
-std::string describe_model(const ModelArgs& m) {
-  std::string vocab =
-      m.vocab_size > 0 ? std::to_string(m.vocab_size)
-                       : fmt::format("from the tokenizer, padded to a multiple of {}", m.make_vocab_size_divisible_by);
+std::string describe_model(const ModelArgs& m, const TrainingArgs& t) {
+  std::string vocab = m.vocab_size > 0 ? std::to_string(m.vocab_size)
+                                       : fmt::format("from the tokenizer, padded to a multiple of {}",
+                                                     m.make_vocab_size_divisible_by * t.tensor_model_parallel_size);
   return fmt::format(
       "{}: {} layers, hidden {}, ffn {}, {} heads, {} kv groups, head dim {}, vocab {}, max positions {}",
       m.preset.empty() ? "(inline)" : m.preset, m.num_layers, m.hidden_size, m.ffn_hidden_size, m.num_attention_heads,
@@ -78,7 +78,7 @@ void print_dry_run(const LaunchOptions& launch, const std::string& config_path,
   std::vector<std::string> env;
   for (const auto& [key, value] : config.env) env.push_back(key + "=" + shown_value(key, value));
   line("env", env.empty() ? "none" : join(env, " "));
-  line("model", describe_model(config.model));
+  line("model", describe_model(config.model, config.train));
   line("training", describe_schedule(config.train));
   line("data", describe_data(config.train));
   line("checkpoints", describe_checkpoints(config));

@@ -45,6 +45,12 @@ struct TrainingArgs {
   int64_t tensor_model_parallel_size = 1;
   int64_t pipeline_model_parallel_size = 1;
   int64_t context_parallel_size = 1;
+  bool sequence_parallel = false;
+  // Pipeline layout (0: unset). Checked with the model and the world size by parallel/parallel_dims.h.
+  int64_t num_layers_per_virtual_pipeline_stage = 0;  // unset: no interleaving (or the next key)
+  int64_t num_virtual_stages_per_pipeline_rank = 0;   // unset: no interleaving (or the key above)
+  int64_t decoder_first_pipeline_num_layers = 0;      // unset: an even split
+  int64_t decoder_last_pipeline_num_layers = 0;       // unset: an even split
   bool use_distributed_optimizer = false;
   bool overlap_grad_reduce = false;
   bool overlap_param_gather = false;

@@ -108,10 +108,60 @@ void check_model_size(const ModuleKeys& keys, const Origin& module_origin) {
   }
 }
 
+// The parallel keys among themselves (Megatron's rules), then what the engine does not do yet; each key is refused
+// once, naming both. What needs the world size or the model's shape is ParallelDims::make's (parallel_dims.h).
+void check_parallel_keys(const ModuleKeys& keys, const Origin& module_origin) {
+  const ModuleKey& tp = get(keys, "tensor_model_parallel_size");
+  const ModuleKey& pp = get(keys, "pipeline_model_parallel_size");
+  const ModuleKey& sequence_parallel = get(keys, "sequence_parallel");
+  if (sequence_parallel.value.b) {
+    config_error(place(sequence_parallel, module_origin),
+                 tp.value.i == 1
+                     ? fmt::format("sequence_parallel needs tensor_model_parallel_size > 1 ({}): Megatron's rule, as "
+                                   "it splits the activations between the tensor-parallel regions over the "
+                                   "tensor-parallel ranks (Megatron turns it off at 1 with a warning, Primus "
+                                   "refuses); sequence parallelism is also not implemented yet",
+                                   describe(tp))
+                     : "sequence_parallel: sequence parallelism is not implemented yet");
+  }
+  const ModuleKey& layers_per_virtual_stage = get(keys, "num_layers_per_virtual_pipeline_stage");
+  const ModuleKey& virtual_stages = get(keys, "num_virtual_stages_per_pipeline_rank");
+  const ModuleKey& first = get(keys, "decoder_first_pipeline_num_layers");
+  const ModuleKey& last = get(keys, "decoder_last_pipeline_num_layers");
+  if (layers_per_virtual_stage.value.is_set && virtual_stages.value.is_set) {
+    config_error(place(virtual_stages, module_origin),
+                 fmt::format("num_virtual_stages_per_pipeline_rank and num_layers_per_virtual_pipeline_stage ({}) "
+                             "both give the virtual stages: set one (Megatron's rule)",
+                             describe(layers_per_virtual_stage)));
+  }
+  if (layers_per_virtual_stage.value.is_set && (first.value.is_set || last.value.is_set)) {
+    config_error(place(layers_per_virtual_stage, module_origin),
+                 fmt::format("num_layers_per_virtual_pipeline_stage with an uneven split ({}): the stages differ in "
+                             "size, so give the virtual stages per stage as num_virtual_stages_per_pipeline_rank "
+                             "instead (Megatron's rule)",
+                             describe(first.value.is_set ? first : last)));
+  }
+  for (const ModuleKey* key : {&layers_per_virtual_stage, &virtual_stages, &first, &last}) {
+    if (!key->value.is_set) continue;
+    const bool virtual_key = key == &layers_per_virtual_stage || key == &virtual_stages;
+    const char* feature = virtual_key ? "the interleaved pipeline schedule" : "pipeline parallelism";
+    if (pp.value.i == 1) {
+      config_error(place(*key, module_origin),
+                   fmt::format("{} needs pipeline_model_parallel_size > 1 ({}): {}; {} is also not implemented yet",
+                               key->spec->name, describe(pp),
+                               virtual_key ? "virtual stages interleave the stages of a pipeline"
+                                           : "it sizes one stage of a pipeline of several",
+                               feature));
+    }
+    config_error(place(*key, module_origin), fmt::format("{}: {} is not implemented yet", key->spec->name, feature));
+  }
+}
+
 }  // namespace
 
 void check_module_keys(const ModuleKeys& keys, const Origin& module_origin) {
   check_model_size(keys, module_origin);
+  check_parallel_keys(keys, module_origin);
   const ModuleKey& heads = get(keys, "num_attention_heads");
   const ModuleKey& hidden = get(keys, "hidden_size");
   const ModuleKey& gqa = get(keys, "group_query_attention");

@@ -143,14 +143,16 @@ std::vector<KeySpec> build_specs() {
        .min = 1,
        .max = 2147483647,
        .why = "token ids are int32",
-       .help = "Vocabulary size. Not given: the tokenizer's size padded to make_vocab_size_divisible_by.",
+       .help = "Vocabulary size. Not given: the tokenizer's size padded to a multiple of make_vocab_size_divisible_by "
+               "x tensor_model_parallel_size. Given: taken as is, and tensor_model_parallel_size must divide it.",
        .apply = model_field<&ModelArgs::vocab_size>},
       {.name = "make_vocab_size_divisible_by",
        .type = kInt,
        .group = kModel,
        .default_yaml = "128",
        .min = 1,
-       .help = "Pads the tokenizer's vocabulary to a multiple of this.",
+       .help = "Pads the tokenizer's vocabulary to a multiple of this x tensor_model_parallel_size (Megatron's "
+               "padding: the vocabulary splits evenly over the tensor-parallel ranks and GEMMs stay aligned).",
        .apply = model_field<&ModelArgs::make_vocab_size_divisible_by>},
       {.name = "max_position_embeddings",
        .type = kInt,
@@ -675,9 +677,9 @@ std::vector<KeySpec> build_specs() {
        .group = kTraining,
        .default_yaml = "1",
        .min = 1,
-       .max = 1,
-       .why = "tensor parallelism is not implemented yet",
-       .help = "Tensor-parallel ranks per model replica. Only 1 for now.",
+       .help = "Tensor-parallel ranks per model replica: each holds its share of the attention heads, MLP "
+               "columns and vocabulary (Megatron's column- and row-parallel layers, vocabulary-parallel embedding "
+               "and cross-entropy). Ranks of a group are adjacent (tp is the fastest dimension).",
        .aliases = {"tp", "tensor_parallel_size", "tensor_parallel_degree"},
        .apply = train_field<&TrainingArgs::tensor_model_parallel_size>},
       {.name = "pipeline_model_parallel_size",
@@ -700,6 +702,56 @@ std::vector<KeySpec> build_specs() {
        .help = "Ranks a sequence is split over (ring attention). Only 1 for now.",
        .aliases = {"cp", "context_parallel_degree"},
        .apply = train_field<&TrainingArgs::context_parallel_size>},
+      {.name = "sequence_parallel",
+       .type = kBool,
+       .group = kTraining,
+       .default_yaml = "false",
+       .help = "With tensor parallelism: the activations between the tensor-parallel regions (norms, residual adds) "
+               "are split over the tensor-parallel ranks along the sequence, with reduce-scatter and all-gather "
+               "instead of all-reduce. Needs tensor_model_parallel_size > 1. Not implemented yet.",
+       .apply = train_field<&TrainingArgs::sequence_parallel>},
+      {.name = "num_layers_per_virtual_pipeline_stage",
+       .type = kInt,
+       .group = kTraining,
+       .presence = kOptional,
+       .min = 1,
+       .help = "Interleaved pipeline schedule: layers per model chunk (virtual stage); each pipeline stage holds "
+               "num_layers / pipeline_model_parallel_size / this many chunks, chunk v of stage s being the "
+               "(v x pipeline_model_parallel_size + s)-th group of layers. Unset: no interleaving. Needs "
+               "pipeline_model_parallel_size > 1; with decoder_first/last_pipeline_num_layers give "
+               "num_virtual_stages_per_pipeline_rank instead. Not implemented yet.",
+       .apply = train_field<&TrainingArgs::num_layers_per_virtual_pipeline_stage>},
+      {.name = "num_virtual_stages_per_pipeline_rank",
+       .type = kInt,
+       .group = kTraining,
+       .presence = kOptional,
+       .min = 1,
+       .help = "Interleaved pipeline schedule: model chunks (virtual stages) per pipeline stage, each stage's layers "
+               "split evenly into them (also with decoder_first/last_pipeline_num_layers). Unset: no interleaving, "
+               "or as num_layers_per_virtual_pipeline_stage gives (not both). Needs pipeline_model_parallel_size > 1. "
+               "Not implemented yet.",
+       .aliases = {"virtual_pipeline_model_parallel_size"},
+       .apply = train_field<&TrainingArgs::num_virtual_stages_per_pipeline_rank>},
+      {.name = "decoder_first_pipeline_num_layers",
+       .type = kInt,
+       .group = kTraining,
+       .presence = kOptional,
+       .min = 1,
+       .help = "Layers of the first pipeline stage (which also holds the embedding); the remaining layers split "
+               "evenly over the other stages. Unset: an even split. Needs pipeline_model_parallel_size > 1. Not "
+               "implemented yet.",
+       .aliases = {"num_layers_in_first_pipeline_stage"},
+       .apply = train_field<&TrainingArgs::decoder_first_pipeline_num_layers>},
+      {.name = "decoder_last_pipeline_num_layers",
+       .type = kInt,
+       .group = kTraining,
+       .presence = kOptional,
+       .min = 1,
+       .help = "Layers of the last pipeline stage (which also holds the output layer and the loss); the remaining "
+               "layers split evenly over the other stages. Unset: an even split. Needs "
+               "pipeline_model_parallel_size > 1. Not implemented yet.",
+       .aliases = {"num_layers_in_last_pipeline_stage"},
+       .apply = train_field<&TrainingArgs::decoder_last_pipeline_num_layers>},
       {.name = "use_distributed_optimizer",
        .type = kBool,
        .group = kTraining,

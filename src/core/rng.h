@@ -59,4 +59,16 @@ PRIMUS_HOST_DEVICE inline double normal_at(uint64_t seed, uint64_t k) {
   return box_muller(uniform_at(seed, 2 * k + 1), uniform_at(seed, 2 * k + 2));
 }
 
+// Where element k of a tensor sits in the stream it is drawn from: k itself for a whole tensor; for a slice of a
+// larger tensor (a tensor-parallel rank's part), rows of `row` elements that lie `stride` apart in the whole one,
+// starting at `first`, so that every layout draws the whole tensor's values.
+struct StreamIndex {
+  int64_t first = 0;
+  int64_t row = 0;  // 0: one contiguous run
+  int64_t stride = 0;
+  PRIMUS_HOST_DEVICE uint64_t operator()(int64_t k) const {
+    return static_cast<uint64_t>(first + (row > 0 ? (k / row) * stride + k % row : k));
+  }
+};
+
 }  // namespace primus

@@ -4,12 +4,18 @@
 #pragma once
 
 #include "core/tensor.h"
+#include "layers/tensor_parallel.h"
+#include "ops/ops.h"
 
 namespace primus {
 
+// Under tensor parallelism the table holds the rank's rows of the vocabulary (`vocab`): other ids give zero rows,
+// and the ranks' rows are summed over `tp`.
 struct Embedding {
-  Tensor table;   // [V, C]
+  Tensor table;   // [V, C] (this rank's rows)
   Tensor dtable;  // [V, C]
+  VocabShard vocab;
+  TensorParallelGroup tp;
 
   Tensor forward(const Tensor& ids);                  // ids [N] i32 -> [N, C]
   void backward(const Tensor& ids, const Tensor& dout);  // dtable += scatter(dout)
@@ -24,6 +30,9 @@ struct RmsNorm {
   Tensor weight;   // [C]
   Tensor dweight;  // [C]
   float eps = 1e-5f;
+  // Ranks that apply the same weight to different parts of the work (a tensor-parallel group's heads): the weight's
+  // gradient is summed over them.
+  TensorParallelGroup grad_group;
 
   Tensor forward(const Tensor& x, RmsNormSaved& saved);  // x [N, C] -> [N, C]
   Tensor backward(const Tensor& dy, const RmsNormSaved& saved);  // -> dx [N, C]
@@ -39,9 +48,15 @@ struct LmLossSaved {
 // global batch's counted tokens), multiplied into dhidden and accumulated into dhead, and the chunk's logits
 // are dropped. That costs no extra GEMM against keeping the logits for backward, and saves their memory
 // (4 GiB for 16,384 tokens of a 128K vocabulary in bf16).
+//
+// Vocabulary-parallel (Megatron's vocab_parallel_cross_entropy) under tensor parallelism: `head` holds the rank's
+// rows of the vocabulary; each chunk's row maxima, Σ exp and target logits are reduced over `tp`, so the full
+// logits are never on one rank; the hidden states' gradient is summed over `tp` too.
 struct LmLoss {
-  Tensor head;   // [V, C]
+  Tensor head;   // [V, C] (this rank's rows)
   Tensor dhead;  // [V, C]
+  VocabShard vocab;
+  TensorParallelGroup tp;
   int64_t max_logits_bytes = int64_t{1} << 30;  // one chunk's logits
 
   // Training: losses [N] f32 (0 for ignored targets); dhead += the gradient of grad_scale × Σ losses, whose
@@ -50,7 +65,11 @@ struct LmLoss {
   // Evaluation: losses [N] f32 only.
   Tensor forward(const Tensor& hidden, const Tensor& targets) const;
   Tensor backward(LmLossSaved& saved) const;  // -> dhidden [N, C] (saved's, released)
-  Tensor logits(const Tensor& hidden) const;  // hidden [n, C] -> [n, V]
+  Tensor logits(const Tensor& hidden) const;  // hidden [n, C] -> [n, V] (this rank's columns)
+
+ private:
+  // One chunk's losses and lse [n] from its logits [n, V] (this rank's columns) and targets [n].
+  void losses_of_chunk(const Tensor& logits, const Tensor& targets, Tensor& losses, Tensor& lse) const;
 };
 
 }  // namespace primus

@@ -49,36 +49,52 @@ struct LlamaModel::Context final : MicroBatchContext {
   LmLossSaved lm_loss;
 };
 
-std::vector<ParamSpec> LlamaModel::param_specs(const ModelArgs& a) {
+std::vector<ParamSpec> LlamaModel::param_specs(const ModelArgs& a, int tp_size, int tp_rank) {
   PRIMUS_CHECK(a.vocab_size > 0, "model vocab_size must be resolved before building the model");
-  const int64_t C = a.hidden_size, F = a.ffn_hidden_size, D = a.kv_channels;
-  const int64_t q_out = a.num_attention_heads * D, kv_out = a.num_query_groups * D;
+  const int64_t C = a.hidden_size, D = a.kv_channels;
+  PRIMUS_CHECK(tp_size >= 1 && tp_rank >= 0 && tp_rank < tp_size && a.num_attention_heads % tp_size == 0 &&
+                   a.num_query_groups % tp_size == 0 && a.ffn_hidden_size % tp_size == 0 &&
+                   a.vocab_size % tp_size == 0,
+               "[model] {} heads, {} query groups, ffn {} and vocabulary {} do not split over {} tensor-parallel ranks",
+               a.num_attention_heads, a.num_query_groups, a.ffn_hidden_size, a.vocab_size, tp_size);
   const double std = a.init_method_std;
   // Megatron's scaled init for the projections that write into the residual stream.
   const double out_std = std / std::sqrt(2.0 * static_cast<double>(a.num_layers));
-  auto norm = [](std::string name, int64_t n) { return ParamSpec{std::move(name), {n}, ParamInit::kOnes, 0.0, false}; };
-  auto weight = [](std::string name, Shape shape, double s) { return ParamSpec{std::move(name), std::move(shape), ParamInit::kNormal, s, true}; };
+  auto norm = [](std::string name, int64_t n) { return ParamSpec{std::move(name), {n}, ParamInit::kOnes, 0.0, false, {}}; };
+  // Rank tp_rank's part of a [rows, cols] weight cut along `dim` into tp_size equal slices.
+  auto weight = [&](std::string name, int64_t rows, int64_t cols, int dim, double s) {
+    Shape shape{rows, cols};
+    ParamSlice slice;
+    if (tp_size > 1) {
+      const int64_t part = shape[dim] / tp_size;
+      slice = ParamSlice{dim, tp_rank * part, shape[dim]};
+      shape[dim] = part;
+    }
+    return ParamSpec{std::move(name), std::move(shape), ParamInit::kNormal, s, true, slice};
+  };
+  constexpr int kRows = 0, kColumns = 1;  // column-parallel layers split their output rows, row-parallel ones columns
+  const int64_t q_out = a.num_attention_heads * D, kv_out = a.num_query_groups * D, F = a.ffn_hidden_size;
 
   std::vector<ParamSpec> specs;
-  specs.push_back(weight("model.embed_tokens.weight", {a.vocab_size, C}, std));
+  specs.push_back(weight("model.embed_tokens.weight", a.vocab_size, C, kRows, std));
   for (int64_t i = 0; i < a.num_layers; ++i) {
     const std::string p = layer_prefix(i);
     specs.push_back(norm(p + "input_layernorm.weight", C));
-    specs.push_back(weight(p + "self_attn.q_proj.weight", {q_out, C}, std));
-    specs.push_back(weight(p + "self_attn.k_proj.weight", {kv_out, C}, std));
-    specs.push_back(weight(p + "self_attn.v_proj.weight", {kv_out, C}, std));
-    specs.push_back(weight(p + "self_attn.o_proj.weight", {C, q_out}, out_std));
+    specs.push_back(weight(p + "self_attn.q_proj.weight", q_out, C, kRows, std));
+    specs.push_back(weight(p + "self_attn.k_proj.weight", kv_out, C, kRows, std));
+    specs.push_back(weight(p + "self_attn.v_proj.weight", kv_out, C, kRows, std));
+    specs.push_back(weight(p + "self_attn.o_proj.weight", C, q_out, kColumns, out_std));
     if (a.qk_layernorm) {
       specs.push_back(norm(p + "self_attn.q_norm.weight", D));
       specs.push_back(norm(p + "self_attn.k_norm.weight", D));
     }
     specs.push_back(norm(p + "post_attention_layernorm.weight", C));
-    specs.push_back(weight(p + "mlp.gate_proj.weight", {F, C}, std));
-    specs.push_back(weight(p + "mlp.up_proj.weight", {F, C}, std));
-    specs.push_back(weight(p + "mlp.down_proj.weight", {C, F}, out_std));
+    specs.push_back(weight(p + "mlp.gate_proj.weight", F, C, kRows, std));
+    specs.push_back(weight(p + "mlp.up_proj.weight", F, C, kRows, std));
+    specs.push_back(weight(p + "mlp.down_proj.weight", C, F, kColumns, out_std));
   }
   specs.push_back(norm("model.norm.weight", C));
-  if (a.untie_embeddings_and_output_weights) specs.push_back(weight("lm_head.weight", {a.vocab_size, C}, std));
+  if (a.untie_embeddings_and_output_weights) specs.push_back(weight("lm_head.weight", a.vocab_size, C, kRows, std));
   return specs;
 }
 
@@ -98,12 +114,14 @@ int64_t LlamaModel::matmul_params(const ModelArgs& a) {
   return total;
 }
 
-LlamaModel::LlamaModel(const ModelArgs& args, int64_t max_seq_length, Device device, DType compute_dtype)
+LlamaModel::LlamaModel(const ModelArgs& args, int64_t max_seq_length, Device device, DType compute_dtype,
+                       const ModelParallel& parallel)
     : args_(args),
+      tp_(parallel.tp),
       max_seq_length_(max_seq_length),
       device_(device),
       compute_dtype_(compute_dtype),
-      params_(param_specs(args), device) {
+      params_(param_specs(args, parallel.tp.size(), parallel.tp.rank()), device) {
   PRIMUS_CHECK(compute_dtype == DType::kF32 || compute_dtype == DType::kBF16, "[model] compute dtype {} unsupported",
                dtype_name(compute_dtype));
   if (compute_dtype_ != DType::kF32) compute_weights_ = Tensor::empty({params_.numel()}, compute_dtype_, device_);
@@ -180,37 +198,40 @@ void LlamaModel::bind_layers(const UnitBuffers& buffers) {
   };
   auto p2 = [&](const std::string& a, const std::string& b) { return view(buffers.compute, a, joined_rows(a, b)); };
   auto g2 = [&](const std::string& a, const std::string& b) { return view(buffers.grads, a, joined_rows(a, b)); };
-  embedding_ = Embedding{p("model.embed_tokens.weight"), g("model.embed_tokens.weight")};
+  // This rank's rows of the vocabulary (all of it on one rank), for the embedding and the output layer.
+  const VocabShard vocab{tp_.rank() * (args_.vocab_size / tp_.size()), args_.vocab_size};
+  embedding_ = Embedding{p("model.embed_tokens.weight"), g("model.embed_tokens.weight"), vocab, tp_};
   blocks_.resize(args_.num_layers);
   for (int64_t i = 0; i < args_.num_layers; ++i) {
     const std::string pre = layer_prefix(i);
     Block& b = blocks_[i];
     b.name = fmt::format("model.layers.{}", i);
-    b.input_norm = RmsNorm{p(pre + "input_layernorm.weight"), g(pre + "input_layernorm.weight"), eps};
+    b.input_norm = RmsNorm{p(pre + "input_layernorm.weight"), g(pre + "input_layernorm.weight"), eps, {}};
     b.post_attention_norm =
-        RmsNorm{p(pre + "post_attention_layernorm.weight"), g(pre + "post_attention_layernorm.weight"), eps};
+        RmsNorm{p(pre + "post_attention_layernorm.weight"), g(pre + "post_attention_layernorm.weight"), eps, {}};
     Attention& at = b.attention;
     auto linear = [&](const std::string& name) { return std::make_unique<Linear>(p(name), g(name)); };
     at.q_proj = linear(pre + "self_attn.q_proj.weight");
     at.k_proj = linear(pre + "self_attn.k_proj.weight");
     at.v_proj = linear(pre + "self_attn.v_proj.weight");
     at.o_proj = linear(pre + "self_attn.o_proj.weight");
-    at.heads = args_.num_attention_heads;
-    at.kv_heads = args_.num_query_groups;
+    at.heads = args_.num_attention_heads / tp_.size();
+    at.kv_heads = args_.num_query_groups / tp_.size();
     at.head_dim = args_.kv_channels;
     at.qk_norm = args_.qk_layernorm;
     if (at.qk_norm) {
-      at.q_norm = RmsNorm{p(pre + "self_attn.q_norm.weight"), g(pre + "self_attn.q_norm.weight"), eps};
-      at.k_norm = RmsNorm{p(pre + "self_attn.k_norm.weight"), g(pre + "self_attn.k_norm.weight"), eps};
+      // Each rank normalises its own heads with the shared weights: their gradients add up over the group.
+      at.q_norm = RmsNorm{p(pre + "self_attn.q_norm.weight"), g(pre + "self_attn.q_norm.weight"), eps, tp_};
+      at.k_norm = RmsNorm{p(pre + "self_attn.k_norm.weight"), g(pre + "self_attn.k_norm.weight"), eps, tp_};
     }
     SwiGluMlp& m = b.mlp;
     const std::string gate = pre + "mlp.gate_proj.weight", up = pre + "mlp.up_proj.weight";
     m.gate_up_proj = std::make_unique<Linear>(p2(gate, up), g2(gate, up));
     m.down_proj = linear(pre + "mlp.down_proj.weight");
   }
-  final_norm_ = RmsNorm{p("model.norm.weight"), g("model.norm.weight"), eps};
+  final_norm_ = RmsNorm{p("model.norm.weight"), g("model.norm.weight"), eps, {}};
   const std::string head = args_.untie_embeddings_and_output_weights ? "lm_head.weight" : "model.embed_tokens.weight";
-  lm_loss_ = LmLoss{p(head), g(head)};
+  lm_loss_ = LmLoss{p(head), g(head), vocab, tp_};
 }
 
 RopeTable LlamaModel::rope_for(int64_t seq, const PackedSequence& packed) const {
@@ -275,11 +296,13 @@ Tensor LlamaModel::block_forward(Block& b, BlockSaved& saved, const Tensor& x, c
     const ops::ProfileScope scope(b.name + ".self_attn");
     Tensor h = b.input_norm.forward(x, saved.input_norm);
     a = b.attention.forward(h, ctx.batch, ctx.rope, ctx.packed, saved.attention);
+    tp_.sum(a);  // o_proj is row-parallel: each rank's heads give part of it
     ops::add_inplace(a, x);  // a = x + attention(x): the block's mid residual
   }
   const ops::ProfileScope scope(b.name + ".mlp");
   Tensor h2 = b.post_attention_norm.forward(a, saved.post_norm);
   Tensor m = b.mlp.forward(h2, saved.mlp);
+  tp_.sum(m);  // down_proj is row-parallel
   ops::add_inplace(m, a);
   return m;
 }
@@ -290,12 +313,15 @@ Tensor LlamaModel::block_backward(Block& b, BlockSaved& saved, const Tensor& dx,
   Tensor dmid;
   {
     const ops::ProfileScope scope(b.name + ".mlp (backward)");
-    dmid = b.post_attention_norm.backward(b.mlp.backward(dx, saved.mlp), saved.post_norm);
+    Tensor dh2 = b.mlp.backward(dx, saved.mlp);
+    tp_.sum(dh2);  // gate/up are column-parallel: each rank's columns give part of their input's gradient
+    dmid = b.post_attention_norm.backward(dh2, saved.post_norm);
     ops::add_inplace(dmid, dx);
   }
   const ops::ProfileScope scope(b.name + ".self_attn (backward)");
-  Tensor dx_in = b.input_norm.backward(b.attention.backward(dmid, ctx.rope, ctx.packed, saved.attention),
-                                       saved.input_norm);
+  Tensor dh = b.attention.backward(dmid, ctx.rope, ctx.packed, saved.attention);
+  tp_.sum(dh);  // likewise q/k/v
+  Tensor dx_in = b.input_norm.backward(dh, saved.input_norm);
   ops::add_inplace(dx_in, dmid);
   saved.release_activations();
   return dx_in;
@@ -398,7 +424,9 @@ std::vector<float> LlamaModel::next_token_logits(const std::vector<int32_t>& con
     Context ctx;  // nothing is kept: freed before the logits
     hidden = forward_hidden(ctx, ops::to_device(tokens, device_), PackedSequence());
   }
-  Tensor last_row = lm_loss_.logits(hidden.slice_elements((T - 1) * hidden.dim(1), {1, hidden.dim(1)}));
+  // Each rank's vocabulary columns, gathered.
+  Tensor last_row =
+      tp_.gather_columns(lm_loss_.logits(hidden.slice_elements((T - 1) * hidden.dim(1), {1, hidden.dim(1)})));
   end_head_forward();
   if (last_row.dtype() != DType::kF32) {
     Tensor f32 = Tensor::empty(last_row.shape(), DType::kF32, device_);

@@ -17,9 +17,13 @@ class LlamaModel final : public Model {
   // compute_dtype kBF16 (mixed precision, CUDA): matmuls and activations in bf16 from a bf16 copy of the
   // weights; the ParamStore keeps fp32 master weights and fp32 gradients either way.
   LlamaModel(const ModelArgs& args, int64_t max_seq_length, Device device = kCpuDevice,
-             DType compute_dtype = DType::kF32);
+             DType compute_dtype = DType::kF32, const ModelParallel& parallel = {});
 
-  static std::vector<ParamSpec> param_specs(const ModelArgs& args);
+  // The whole model's parameters (one rank).
+  static std::vector<ParamSpec> param_specs(const ModelArgs& args) { return param_specs(args, 1, 0); }
+  // Tensor-parallel rank `tp_rank` of `tp_size`'s slices (heads, MLP columns and vocabulary rows divide evenly:
+  // ParallelDims checked it).
+  static std::vector<ParamSpec> param_specs(const ModelArgs& args, int tp_size, int tp_rank);
   // Parameters in the matmuls of one token's forward, the output layer included even when tied.
   static int64_t matmul_params(const ModelArgs& args);
   // Training FLOPs per token: 6 × matmul_params + 12 × layers × seq × heads × head_dim (causal not halved).
@@ -85,6 +89,7 @@ class LlamaModel final : public Model {
   RopeTable rope_for(int64_t seq, const PackedSequence& packed) const;
 
   ModelArgs args_;
+  TensorParallelGroup tp_;
   RecomputeConfig recompute_;  // for the forwards to come
   int64_t max_seq_length_;
   Device device_;

@@ -8,8 +8,9 @@ namespace primus {
 
 namespace {
 
-std::unique_ptr<Model> make_llama(const ModelArgs& args, int64_t max_seq_length, Device device, DType compute_dtype) {
-  return std::make_unique<LlamaModel>(args, max_seq_length, device, compute_dtype);
+std::unique_ptr<Model> make_llama(const ModelArgs& args, int64_t max_seq_length, Device device, DType compute_dtype,
+                                  const ModelParallel& parallel) {
+  return std::make_unique<LlamaModel>(args, max_seq_length, device, compute_dtype, parallel);
 }
 
 // Llama and Qwen3 differ only in what the shape keys already say (q/k norms, head_dim, tied head): one class.
@@ -31,8 +32,18 @@ const ModelFamily& find_model_family(std::string_view name) {
   throw UsageError(fmt::format("[model] unknown model family \"{}\" (known: {})", name, known));
 }
 
-std::unique_ptr<Model> make_model(const ModelArgs& args, int64_t max_seq_length, Device device, DType compute_dtype) {
-  return model_family(args).make(args, max_seq_length, device, compute_dtype);
+std::unique_ptr<Model> make_model(const ModelArgs& args, int64_t max_seq_length, Device device, DType compute_dtype,
+                                  const ModelParallel& parallel) {
+  return model_family(args).make(args, max_seq_length, device, compute_dtype, parallel);
+}
+
+ModelArgs tensor_parallel_shapes(const ModelArgs& args, int tp) {
+  ModelArgs part = args;
+  part.num_attention_heads /= tp;
+  part.num_query_groups /= tp;
+  part.ffn_hidden_size /= tp;
+  part.vocab_size /= tp;
+  return part;
 }
 
 int64_t counted_tokens(const Tensor& host_labels) {

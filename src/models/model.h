@@ -18,6 +18,7 @@
 #include "config/experiment.h"
 #include "layers/attention.h"
 #include "layers/linear.h"
+#include "layers/tensor_parallel.h"
 #include "ops/param_store.h"
 
 namespace primus {
@@ -49,6 +50,13 @@ struct RecomputeConfig {
 class MicroBatchContext {
  public:
   virtual ~MicroBatchContext() = default;
+};
+
+// How a model is split over ranks, handed in by the parallel code. Tensor parallelism: the model holds its rank's
+// slice of the sliced parameters (heads of q/k/v/o, columns of the MLP, rows of the vocabulary; ParamSpec::slice)
+// and calls the group's collectives where the slices meet (layers/tensor_parallel.h). Default: one rank.
+struct ModelParallel {
+  TensorParallelGroup tp;
 };
 
 class Model {
@@ -126,7 +134,8 @@ struct ModelFamily {
   int64_t (*matmul_params)(const ModelArgs& args);
   // Training FLOPs per token (the MFU numerator).
   double (*flops_per_token)(const ModelArgs& args, int64_t seq_length);
-  std::unique_ptr<Model> (*make)(const ModelArgs& args, int64_t max_seq_length, Device device, DType compute_dtype);
+  std::unique_ptr<Model> (*make)(const ModelArgs& args, int64_t max_seq_length, Device device, DType compute_dtype,
+                                 const ModelParallel& parallel);
 };
 
 // The family of a config: "qwen3" when it has Qwen3's q/k RMSNorm, else "llama" (the shape keys carry no model
@@ -139,7 +148,12 @@ inline const ModelFamily& model_family(const ModelArgs& args) { return find_mode
 // The model of `args`' family. `args.vocab_size` must be resolved (> 0). Parameters are allocated but not
 // initialised. compute_dtype kBF16 (mixed precision, CUDA) keeps fp32 master weights and gradients too.
 std::unique_ptr<Model> make_model(const ModelArgs& args, int64_t max_seq_length, Device device = kCpuDevice,
-                                  DType compute_dtype = DType::kF32);
+                                  DType compute_dtype = DType::kF32, const ModelParallel& parallel = {});
+
+// The shapes one rank of `tp` tensor-parallel ranks computes with: its share of the heads, query groups, MLP columns
+// and vocabulary rows. Their parameter table has the shapes of the rank's slices (ModelParallel), so the memory
+// plan and the activation estimate of a rank are those of these args.
+ModelArgs tensor_parallel_shapes(const ModelArgs& args, int tp);
 
 // Labels that count (>= 0) in a host [.., ..] i32 tensor.
 int64_t counted_tokens(const Tensor& host_labels);

@@ -9,6 +9,7 @@
 #include "ops/ops.h"
 
 #include <cmath>
+#include <deque>
 #include <initializer_list>
 
 #include "backend/cpu/cpu_backend.h"
@@ -96,6 +97,19 @@ bool row_output(const Tensor& t, const Shape& lead, int64_t last) {
   return t.shape() == with_last(lead, last) || t.shape() == Shape{shape_numel(lead), last};
 }
 
+// A vocabulary shard whose local part has `rows` rows (table rows, logits columns), checked, with total 0 spelt
+// out as the whole (unsharded) vocabulary.
+VocabShard check_shard(const char* op, VocabShard shard, int64_t rows) {
+  if (shard.total == 0) {
+    OP_CHECK(shard.begin == 0, "shard begin is {} but total is 0 (unsharded), where begin must be 0", shard.begin);
+    return VocabShard{0, rows};
+  }
+  OP_CHECK(shard.begin >= 0 && shard.total > 0 && rows <= shard.total && shard.begin <= shard.total - rows,
+           "shard rows [{}, {}) ({} local rows) must lie in the vocabulary [0, {})", shard.begin, shard.begin + rows,
+           rows, shard.total);
+  return shard;
+}
+
 // The dtype a gemm output must have: the operands' act, or f32 from bf16 operands (fp32 gradients, logits).
 DType c_dtype(DType act, const Tensor& c) {
   return act == DType::kBF16 && c.dtype() == DType::kF32 ? DType::kF32 : act;
@@ -173,7 +187,7 @@ void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor&
   }
 }
 
-void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out) {
+void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out, VocabShard shard) {
   const char* op = "embedding_forward";
   const ProfileScope profile_scope(op);
   const DType act = act_dtype(table);
@@ -188,10 +202,11 @@ void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out) {
   args.ids = &ids1;
   args.table = &table;
   args.out = &out2;
+  args.shard = check_shard(op, shard, table.dim(0));
   backend(device).embedding_forward(args);
 }
 
-void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable) {
+void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable, VocabShard shard) {
   const char* op = "embedding_backward";
   const ProfileScope profile_scope(op);
   const Device device =
@@ -206,6 +221,7 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable) {
   args.ids = &ids1;
   args.dout = &dout2;
   args.dtable = &dtable;
+  args.shard = check_shard(op, shard, dtable.dim(0));
   backend(device).embedding_backward(args);
 }
 
@@ -430,45 +446,43 @@ void swiglu_backward(const Tensor& gate_up, const Tensor& dout, Tensor& dgate_up
 namespace {
 
 // The shape checks the cross-entropy ops share (dtypes and devices are the caller's check_args) and the [N, V] /
-// [N] views the backend takes. losses and dlogits are optional; args() points into this object.
-struct CrossEntropyViews {
-  Tensor logits_rows, targets_rows, losses_rows, lse_rows, dlogits_rows;
-  float grad_scale = 1.0f;
-
-  // The parameters carry the ops' tensor names: OP_CHECK_PAIR's messages quote them.
-  CrossEntropyViews(const char* op, const Tensor& logits, const Tensor& targets, const Tensor* losses_or_null,
-                    const Tensor& lse, const Tensor* dlogits_or_null, float scale)
-      : grad_scale(scale) {
+// [N] views the backend takes. args() points into this object, which therefore stays where it was made.
+class CrossEntropyViews {
+ public:
+  // logits [..., V], targets per row of it, and the shard that holds logits' V columns.
+  CrossEntropyViews(const char* op, const Tensor& logits, const Tensor& targets, VocabShard shard = {})
+      : op_(op), logits_(logits) {
     check_min_rank(op, "logits", logits, 2, "[..., V]");
-    OP_CHECK_PAIR(per_row(targets, logits), logits, targets);
-    if (losses_or_null != nullptr) {
-      const Tensor& losses = *losses_or_null;
-      OP_CHECK_PAIR(per_row(losses, logits), logits, losses);
-    }
-    OP_CHECK_PAIR(per_row(lse, logits), logits, lse);
-    if (dlogits_or_null != nullptr) {
-      const Tensor& dlogits = *dlogits_or_null;
-      OP_CHECK_PAIR(dlogits.shape() == logits.shape(), logits, dlogits);
-      OP_CHECK(std::isfinite(scale), "grad_scale is {} but must be finite", scale);
-    }
-    logits_rows = rows_view(logits);
-    const int64_t rows = logits_rows.dim(0);
-    targets_rows = targets.reshape({rows});
-    if (losses_or_null != nullptr) losses_rows = losses_or_null->reshape({rows});
-    lse_rows = lse.reshape({rows});
-    if (dlogits_or_null != nullptr) dlogits_rows = rows_view(*dlogits_or_null);
+    args_.logits = keep(rows_view(logits));
+    args_.targets = row("targets", targets);
+    args_.shard = check_shard(op, shard, logits.dim(-1));
   }
 
-  CrossEntropyArgs args() {
-    CrossEntropyArgs a;
-    a.logits = &logits_rows;
-    a.targets = &targets_rows;
-    a.losses = losses_rows.defined() ? &losses_rows : nullptr;
-    a.lse = &lse_rows;
-    a.grad_scale = grad_scale;
-    a.dlogits = dlogits_rows.defined() ? &dlogits_rows : nullptr;
-    return a;
+  // A per-row tensor `name` of logits (its leading dims, or flat [N]) as an [N] view.
+  Tensor* row(const char* name, const Tensor& t) {
+    const char* op = op_;
+    OP_CHECK(per_row(t, logits_), "logits is {} but {} is {}", logits_.describe(), name, t.describe());
+    return keep(t.reshape({rows_of(logits_)}));
   }
+
+  void set_dlogits(const Tensor& dlogits, float grad_scale) {
+    const char* op = op_;
+    const Tensor& logits = logits_;
+    OP_CHECK_PAIR(dlogits.shape() == logits.shape(), logits, dlogits);
+    OP_CHECK(std::isfinite(grad_scale), "grad_scale is {} but must be finite", grad_scale);
+    args_.dlogits = keep(rows_view(dlogits));
+    args_.grad_scale = grad_scale;
+  }
+
+  CrossEntropyArgs& args() { return args_; }
+
+ private:
+  Tensor* keep(Tensor view) { return &views_.emplace_back(std::move(view)); }
+
+  const char* op_;
+  const Tensor& logits_;
+  std::deque<Tensor> views_;  // stable addresses for args_
+  CrossEntropyArgs args_;
 };
 
 }  // namespace
@@ -479,18 +493,22 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& 
   const Device device = check_args(
       op,
       {{"logits", &logits, act_dtype(logits)}, {"targets", &targets, DType::kI32}, {"losses", &losses}, {"lse", &lse}});
-  CrossEntropyViews views(op, logits, targets, &losses, lse, nullptr, 1.0f);
+  CrossEntropyViews views(op, logits, targets);
+  views.args().losses = views.row("losses", losses);
+  views.args().lse = views.row("lse", lse);
   backend(device).cross_entropy_forward(views.args());
 }
 
 void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, float grad_scale,
-                            Tensor& dlogits) {
+                            Tensor& dlogits, VocabShard shard) {
   const char* op = "cross_entropy_backward";
   const ProfileScope profile_scope(op);
   const DType act = act_dtype(logits);
   const Device device = check_args(
       op, {{"logits", &logits, act}, {"targets", &targets, DType::kI32}, {"lse", &lse}, {"dlogits", &dlogits, act}});
-  CrossEntropyViews views(op, logits, targets, nullptr, lse, &dlogits, grad_scale);
+  CrossEntropyViews views(op, logits, targets, shard);
+  views.args().lse = views.row("lse", lse);
+  views.set_dlogits(dlogits, grad_scale);
   backend(device).cross_entropy_backward(views.args());
 }
 
@@ -504,8 +522,72 @@ void cross_entropy_forward_backward(const Tensor& logits, const Tensor& targets,
                                         {"losses", &losses},
                                         {"lse", &lse},
                                         {"dlogits", &dlogits, act}});
-  CrossEntropyViews views(op, logits, targets, &losses, lse, &dlogits, grad_scale);
+  CrossEntropyViews views(op, logits, targets);
+  views.args().losses = views.row("losses", losses);
+  views.args().lse = views.row("lse", lse);
+  views.set_dlogits(dlogits, grad_scale);
   backend(device).cross_entropy_forward_backward(views.args());
+}
+
+void row_max(const Tensor& x, Tensor& max) {
+  const char* op = "row_max";
+  const ProfileScope profile_scope(op);
+  const Device device = check_args(op, {{"x", &x, act_dtype(x)}, {"max", &max}});
+  check_min_rank(op, "x", x, 2, "[..., C]");
+  OP_CHECK(x.dim(-1) > 0, "x is {} but its rows must not be empty", x.describe());
+  OP_CHECK_PAIR(per_row(max, x), x, max);
+  const Tensor x2 = rows_view(x);
+  Tensor max1 = max.reshape({x2.dim(0)});
+  backend(device).row_max(x2, max1);
+}
+
+void cross_entropy_shard_stats(const Tensor& logits, const Tensor& targets, VocabShard shard, const Tensor& max,
+                               Tensor& sum_exp, Tensor& target_logit) {
+  const char* op = "cross_entropy_shard_stats";
+  const ProfileScope profile_scope(op);
+  const Device device = check_args(op, {{"logits", &logits, act_dtype(logits)},
+                                        {"targets", &targets, DType::kI32},
+                                        {"max", &max},
+                                        {"sum_exp", &sum_exp},
+                                        {"target_logit", &target_logit}});
+  CrossEntropyViews views(op, logits, targets, shard);
+  views.args().max = views.row("max", max);
+  views.args().sum_exp = views.row("sum_exp", sum_exp);
+  views.args().target_logit = views.row("target_logit", target_logit);
+  backend(device).cross_entropy_shard_stats(views.args());
+}
+
+void cross_entropy_finish(const Tensor& max, const Tensor& sum_exp, const Tensor& target_logit, const Tensor& targets,
+                          Tensor& losses, Tensor& lse) {
+  const char* op = "cross_entropy_finish";
+  const ProfileScope profile_scope(op);
+  const Device device = check_args(op, {{"targets", &targets, DType::kI32},
+                                        {"max", &max},
+                                        {"sum_exp", &sum_exp},
+                                        {"target_logit", &target_logit},
+                                        {"losses", &losses},
+                                        {"lse", &lse}});
+  // Every tensor has targets' shape, or is flat [N].
+  const int64_t rows = targets.numel();
+  auto flat = [&](const char* name, const Tensor& t) {
+    OP_CHECK(t.shape() == targets.shape() || t.shape() == Shape{rows}, "targets is {} but {} is {}", targets.describe(),
+             name, t.describe());
+    return t.reshape({rows});
+  };
+  const Tensor targets1 = targets.reshape({rows});
+  const Tensor max1 = flat("max", max);
+  Tensor sum_exp1 = flat("sum_exp", sum_exp);
+  Tensor target_logit1 = flat("target_logit", target_logit);
+  Tensor losses1 = flat("losses", losses);
+  Tensor lse1 = flat("lse", lse);
+  CrossEntropyArgs args;
+  args.targets = &targets1;
+  args.max = &max1;
+  args.sum_exp = &sum_exp1;
+  args.target_logit = &target_logit1;
+  args.losses = &losses1;
+  args.lse = &lse1;
+  backend(device).cross_entropy_finish(args);
 }
 
 void adamw_step(const AdamWArgs& args) {
@@ -603,11 +685,11 @@ void fill(Tensor& x, float value) {
   backend(device).fill(x, value);
 }
 
-void fill_normal(Tensor& x, uint64_t seed, double std) {
+void fill_normal(Tensor& x, uint64_t seed, double std, StreamIndex index) {
   const char* op = "fill_normal";
   const ProfileScope profile_scope(op);
   const Device device = check_args(op, {{"x", &x}});  // f32 only
-  backend(device).fill_normal(x, seed, std);
+  backend(device).fill_normal(x, seed, std, index);
 }
 
 void zero(Tensor& x) {

@@ -19,8 +19,12 @@ void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor&
                      bool accumulate_dx = false);
 void gemm(const GemmArgs& args);
 
-void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out);
-void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable);
+// out [..., C] = table rows of ids [...] (i32); dtable [V, C] += dout scattered back (f32, accumulated). With a
+// vocabulary shard (tensor parallelism: table holds rows [shard.begin, shard.begin + V) of shard.total) an id
+// held here reads row id − shard.begin, any other id a zero row, and only held ids accumulate gradient; every id
+// must lie in [0, shard.total) (bad ids are errors, reported at the next synchronize on a device).
+void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out, VocabShard shard = {});
+void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable, VocabShard shard = {});
 
 void rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, Tensor& y, Tensor& rstd);
 void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd, Tensor& dx,
@@ -42,13 +46,37 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
 void swiglu_forward(const Tensor& gate_up, Tensor& out);
 void swiglu_backward(const Tensor& gate_up, const Tensor& dout, Tensor& dgate_up);
 
+// logits [..., V] (act), targets [...] i32 (negative: ignored), losses and lse [...] f32.
 void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& losses, Tensor& lse);
+// dlogits (may be logits itself) = grad_scale · (softmax − onehot(target)), zero rows where the target is negative.
+// With a vocabulary shard, logits and dlogits are the columns [shard.begin, shard.begin + V) of shard.total: the
+// one-hot term is added only where the target's column is held here, and lse comes from cross_entropy_finish.
 void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, float grad_scale,
-                            Tensor& dlogits);
+                            Tensor& dlogits, VocabShard shard = {});
 
 // cross_entropy_forward then cross_entropy_backward in one op (dlogits may alias logits), fused where the backend can.
 void cross_entropy_forward_backward(const Tensor& logits, const Tensor& targets, Tensor& losses, Tensor& lse,
                                     float grad_scale, Tensor& dlogits);
+
+// Vocabulary-parallel cross-entropy (Megatron's vocab_parallel_cross_entropy) in steps, the loss layer
+// reducing over the tensor-parallel group between them (backend.h, CrossEntropyArgs):
+//   row_max(logits, max)                                   all-reduce max with MAX
+//   cross_entropy_shard_stats(logits, targets, shard, max, sum_exp, target_logit)
+//                                                          all-reduce sum_exp and target_logit with SUM
+//   cross_entropy_finish(max, sum_exp, target_logit, targets, losses, lse)
+//   cross_entropy_backward(logits, targets, lse, grad_scale, dlogits, shard)
+// With one rank (shard {0, V}) this equals cross_entropy_forward and cross_entropy_backward.
+// max[...] = the largest element of each row of x [..., C] (act, C ≥ 1); max f32.
+void row_max(const Tensor& x, Tensor& max);
+// sum_exp = Σ over this shard's columns of exp(logit − max), max the row max over the whole vocabulary;
+// target_logit = the target's logit where this shard holds its column, else 0 (also for negative targets).
+// sum_exp is formed for every row, so finish gives every row an lse as cross_entropy_forward does. All [...] f32
+// beside logits [..., V] (act); targets must lie below shard.total.
+void cross_entropy_shard_stats(const Tensor& logits, const Tensor& targets, VocabShard shard, const Tensor& max,
+                               Tensor& sum_exp, Tensor& target_logit);
+// lse = max + log(sum_exp); losses = lse − target_logit (0 where the target is negative). All [...] f32.
+void cross_entropy_finish(const Tensor& max, const Tensor& sum_exp, const Tensor& target_logit, const Tensor& targets,
+                          Tensor& losses, Tensor& lse);
 
 void adamw_step(const AdamWArgs& args);
 void add_inplace(Tensor& y, const Tensor& x);
@@ -68,7 +96,7 @@ void copy(Tensor& dst, const Tensor& src);
 void cast(Tensor& dst, const Tensor& src);
 Tensor to_device(const Tensor& src, Device device);  // a new tensor on `device` holding src's data
 void fill(Tensor& x, float value);                   // f32 only
-void fill_normal(Tensor& x, uint64_t seed, double std);  // f32: x[k] = float(normal_at(seed, k) · std)
+void fill_normal(Tensor& x, uint64_t seed, double std, StreamIndex index = {});  // f32: x[k] = float(normal_at(seed, index(k)) · std)
 void zero(Tensor& x);
 Tensor zeros(const Shape& shape, DType dtype, Device device);
 // Waits for the device's queued work (and reports errors kernels found in the data).

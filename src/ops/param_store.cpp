@@ -37,6 +37,27 @@ Tensor ParamStore::grad(const std::string& name) const { return grad(index_of(na
 Tensor ParamStore::param(size_t i) const { return params_.slice_elements(offsets_[i], specs_[i].shape); }
 Tensor ParamStore::grad(size_t i) const { return grads_.slice_elements(offsets_[i], specs_[i].shape); }
 
+Shape ParamSpec::whole_shape() const {
+  Shape whole = shape;
+  if (slice.sliced()) whole[static_cast<size_t>(slice.dim)] = slice.whole;
+  return whole;
+}
+
+namespace {
+
+// Where this rank's part of a parameter lies in the whole tensor's stream of initial values (row-major).
+StreamIndex stream_index(const ParamSpec& spec) {
+  if (!spec.slice.sliced()) return {};
+  int64_t inner = 1;  // elements per step along the sliced dimension
+  for (size_t d = static_cast<size_t>(spec.slice.dim) + 1; d < spec.shape.size(); ++d) inner *= spec.shape[d];
+  if (spec.slice.dim == 0) return {spec.slice.offset * inner, 0, 0};
+  PRIMUS_CHECK(spec.slice.dim == 1 && spec.shape.size() == 2, "[params] {}: a slice along dimension {} of {} "
+               "is not supported", spec.name, spec.slice.dim, shape_str(spec.shape));
+  return {spec.slice.offset, spec.shape[1], spec.slice.whole};
+}
+
+}  // namespace
+
 void ParamStore::initialize(uint64_t seed) {
   // Drawn where the parameters live: element k of a tensor is normal_at(its stream, k), the same values on every
   // device (core/rng.h), and a GPU draws billions of them in milliseconds instead of seconds on the host.
@@ -46,7 +67,7 @@ void ParamStore::initialize(uint64_t seed) {
     if (spec.init == ParamInit::kOnes) {
       ops::fill(view, 1.0f);
     } else {
-      ops::fill_normal(view, Rng::derive(seed, stable_hash(spec.name)).seed(), spec.init_std);
+      ops::fill_normal(view, Rng::derive(seed, stable_hash(spec.name)).seed(), spec.init_std, stream_index(spec));
     }
   }
 }

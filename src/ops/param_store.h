@@ -49,12 +49,24 @@ struct UnitBuffers {
   std::vector<Tensor> grads;
 };
 
+// The part of a parameter a tensor-parallel rank holds: along `dim`, shape[dim] of the whole tensor's `whole`
+// entries, from `offset`. dim < 0: the whole tensor, the same on every tensor-parallel rank (norm weights).
+struct ParamSlice {
+  int dim = -1;
+  int64_t offset = 0;
+  int64_t whole = 0;
+  bool sliced() const { return dim >= 0; }
+};
+
 struct ParamSpec {
   std::string name;
-  Shape shape;
+  Shape shape;                // this rank's part (the whole tensor unless sliced)
   ParamInit init = ParamInit::kNormal;
   double init_std = 0.02;     // for kNormal
   bool weight_decay = true;   // Megatron convention: no decay on 1-D tensors (norm weights, biases)
+  ParamSlice slice;
+
+  Shape whole_shape() const;
 };
 
 class ParamStore {

@@ -1,5 +1,6 @@
 #include "parallel/data_parallel.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
@@ -19,6 +20,18 @@ T all_reduce_value(Communicator& group, T value, ReduceOp op) {
   Tensor buf = ops::to_device(host, group.device());
   group.all_reduce(buf, op);
   return *static_cast<const T*>(ops::to_device(buf, kCpuDevice).data());
+}
+
+// [0, n) without `ranges` (sorted, disjoint).
+std::vector<FlatRange> complement(const std::vector<FlatRange>& ranges, int64_t n) {
+  std::vector<FlatRange> out;
+  int64_t at = 0;
+  for (const FlatRange& r : ranges) {
+    if (r.begin > at) out.push_back({at, r.begin});
+    at = std::max(at, r.end);
+  }
+  if (at < n) out.push_back({at, n});
+  return out;
 }
 
 }  // namespace
@@ -107,16 +120,47 @@ double DataParallel::sum(double local) {
   return all_reduce_value<float>(*control_, static_cast<float>(local), ReduceOp::kSum);
 }
 
-bool DataParallel::any(bool flag) { return all_reduce_value<int64_t>(*control_, flag ? 1 : 0, ReduceOp::kMax) != 0; }
+bool DataParallel::any(bool flag) {
+  Communicator& group = options_.world && options_.world->size() > dp_->size() ? *options_.world : *control_;
+  return all_reduce_value<int64_t>(group, flag ? 1 : 0, ReduceOp::kMax) != 0;
+}
 
 double DataParallel::grad_norm() {
-  if (fsdp_) return std::sqrt(sum(fsdp_->local_grad_sum_squares()));
-  const Tensor grads = params_.flat_grads();
-  // Reduced full gradients are identical on every rank, so the local norm is the global one.
-  if (!sharded()) return std::sqrt(ops::sum_squares(grads));
+  const bool tensor_parallel = options_.tp && options_.tp->size() > 1;
   double local = 0.0;
-  for (const FlatRange& r : optimizer_ranges()) local += ops::sum_squares(grads.slice_elements(r.begin, {r.size()}));
-  return std::sqrt(sum(local));
+  if (!tensor_parallel) {
+    if (fsdp_) {
+      local = fsdp_->local_grad_sum_squares();
+    } else if (!sharded()) {
+      return std::sqrt(ops::sum_squares(params_.flat_grads()));  // reduced full gradients: the same on every rank
+    } else {
+      local = held_sum_squares({FlatRange{0, params_.numel()}});
+    }
+  } else {
+    // The first rank of the tensor-parallel group counts the replicated parameters; the others leave them out.
+    std::vector<FlatRange> counted{FlatRange{0, params_.numel()}};
+    if (options_.tp->rank() != 0) counted = complement(options_.tp_replicated, params_.numel());
+    local = held_sum_squares(counted);
+  }
+  if (sharded()) local = sum(local);
+  if (tensor_parallel) local = all_reduce_value<float>(*options_.tp, static_cast<float>(local), ReduceOp::kSum);
+  return std::sqrt(local);
+}
+
+double DataParallel::held_sum_squares(const std::vector<FlatRange>& ranges) const {
+  // The pieces this rank holds: everything, its optimizer shards, or FSDP's packed gradient shards.
+  const std::vector<FlatRange> held = optimizer_ranges();
+  double total = 0.0;
+  for (size_t i = 0; i < held.size(); ++i) {
+    for (const FlatRange& r : ranges) {
+      const int64_t lo = std::max(r.begin, held[i].begin), hi = std::min(r.end, held[i].end);
+      if (lo >= hi) continue;
+      total += fsdp_ ? ops::sum_squares(fsdp_->grad_shards().slice_elements(
+                           fsdp_->owned_offsets()[i] + (lo - held[i].begin), {hi - lo}))
+                     : ops::sum_squares(params_.flat_grads().slice_elements(lo, {hi - lo}));
+    }
+  }
+  return total;
 }
 
 void DataParallel::after_optimizer(Tensor compute) {

@@ -29,6 +29,13 @@ struct DataParallelOptions {
   bool overlap_param_gather = false;   // gathers after the step overlap the next forward (sharded only)
   std::vector<FlatRange> units;        // the model's parameter units (FSDP, overlap_param_gather)
   DType compute_dtype = DType::kF32;   // FSDP: the dtype of the gathered weights
+  // Tensor parallelism: the group whose ranks hold the other slices of this replica (null: none). The gradient
+  // norm sums over it too, counting the ranges of `tp_replicated` (parameters every rank of it holds whole) once.
+  std::shared_ptr<Communicator> tp;
+  std::vector<FlatRange> tp_replicated;
+  // The whole job, when it is more than this group (model parallelism): any() decides over it, so that every rank
+  // stops, saves or refuses a save at the same step.
+  std::shared_ptr<Communicator> world;
 };
 
 class DataParallel final : public ParamUnitHooks {
@@ -55,7 +62,8 @@ class DataParallel final : public ParamUnitHooks {
   double sum(double local);
   // loss_sum [1] f32 on the group's device: summed over the group in place.
   void sum_losses(Tensor& loss_sum);
-  // True on every rank when `flag` is true on any (a stop signal seen by one rank stops all at one step).
+  // True on every rank (of the job) when `flag` is true on any (a stop signal seen by one rank stops all at one
+  // step).
   bool any(bool flag);
   // Before the caller's own collectives on group() (a checkpoint's): every collective launched here is done.
   void wait_for_communication();
@@ -88,6 +96,8 @@ class DataParallel final : public ParamUnitHooks {
   void after_backward(size_t) override {}
 
  private:
+  // Σ g² over the parts of `ranges` (of the flat buffer) whose reduced gradient this rank holds.
+  double held_sum_squares(const std::vector<FlatRange>& ranges) const;
   // The queue of the group's background collectives, which the caller's own collectives follow.
   CommStream* comm() const { return fsdp_ ? &fsdp_->comm() : &reducer_->comm(); }
 

@@ -95,7 +95,7 @@ BenchmarkResult run_benchmark_train(const ExperimentConfig& config, const Benchm
   // takes its size from it, so a config naming data and a tokenizer benchmarks where they are not present.
   if (args.vocab_size == 0) {
     args.vocab_size = padded_vocab_size(make_tokenizer(t.tokenizer_type, t.tokenizer_model)->vocab_size(),
-                                        args.make_vocab_size_divisible_by);
+                                        args.make_vocab_size_divisible_by * t.tensor_model_parallel_size);
   }
   MemoryPlan plan = plan_memory(args, t, device, compute_dtype(t, device));
   add_device_memory(plan, device);
@@ -104,12 +104,13 @@ BenchmarkResult run_benchmark_train(const ExperimentConfig& config, const Benchm
 
   BenchmarkResult result;
   try {
-    // Data parallelism only (the same global batch split over the ranks); a world of one without a job.
+    // The config's layout (a world of one without a job).
     const std::shared_ptr<Communicator> world = connect_world(env, device, t);
-    const std::unique_ptr<Model> model = make_model(args, t.seq_length, device, compute_dtype(t, device));
+    const ProcessGroups groups = make_process_groups(world, args, t);
+    const std::unique_ptr<Model> model = make_parallel_model(args, t, device, groups);
     model->set_recompute(RecomputeConfig::from(t));
     model->params().initialize(static_cast<uint64_t>(t.seed));
-    const std::unique_ptr<DataParallel> dp = make_data_parallel(world, *model, t);
+    const std::unique_ptr<DataParallel> dp = make_data_parallel(groups, *model, t);
     AdamW optimizer = make_optimizer(*model, *dp, t);
     weights_ready(*model, *dp);
     result = time_steps(*model, optimizer, *dp, t, device, options);

@@ -158,9 +158,11 @@ void plan_fully_sharded(MemoryPlan& plan, const ModelArgs& args, const std::stri
 
 }  // namespace
 
-MemoryPlan plan_memory(const ModelArgs& args, const TrainingArgs& t, Device device, DType compute_dtype) {
+MemoryPlan plan_memory(const ModelArgs& whole, const TrainingArgs& t, Device device, DType compute_dtype) {
+  // One rank's share of a tensor-parallel model: its slices of the weights, its heads' and columns' activations.
+  const ModelArgs args = tensor_parallel_shapes(whole, static_cast<int>(t.tensor_model_parallel_size));
   MemoryPlan plan;
-  plan.model = args;
+  plan.model = whole;
   plan.train = t;
   plan.device = device.str();
   plan.parameters = parameter_count(args);

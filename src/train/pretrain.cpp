@@ -48,9 +48,12 @@ namespace {
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-ModelArgs resolve_vocab(ModelArgs model, const Tokenizer& tokenizer) {
+// Megatron's padding: the tokenizer's vocabulary rounded up to a multiple of make_vocab_size_divisible_by x
+// tensor_model_parallel_size, so that it splits evenly over the tensor-parallel ranks. A vocab_size in the config
+// is taken as is (ParallelDims checks that tp divides it).
+ModelArgs resolve_vocab(ModelArgs model, const Tokenizer& tokenizer, int64_t tensor_parallel) {
   if (model.vocab_size == 0) {
-    model.vocab_size = padded_vocab_size(tokenizer.vocab_size(), model.make_vocab_size_divisible_by);
+    model.vocab_size = padded_vocab_size(tokenizer.vocab_size(), model.make_vocab_size_divisible_by * tensor_parallel);
   } else if (model.vocab_size < tokenizer.vocab_size()) {
     throw UsageError(fmt::format("[config] vocab_size {} is smaller than the {} tokenizer's {} tokens",
                                  model.vocab_size, tokenizer.name(), tokenizer.vocab_size()));
@@ -200,7 +203,7 @@ int run_training(const ExperimentConfig& config, const RunOptions& options, std:
   }
 
   std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(t.tokenizer_type, t.tokenizer_model);
-  const ModelArgs model_args = resolve_vocab(config.model, *tokenizer);
+  const ModelArgs model_args = resolve_vocab(config.model, *tokenizer, t.tensor_model_parallel_size);
   const PackingOptions packing = packing_options(t, *tokenizer);
   if (packing.any()) {
     spdlog::info("packed documents (EOD id {}): reset_position_ids {}, reset_attention_mask {}, eod_mask_loss {}",
@@ -211,31 +214,20 @@ int run_training(const ExperimentConfig& config, const RunOptions& options, std:
                  "(exact, but much slower; docs/training.md)");
   }
   const std::shared_ptr<Communicator> world = connect_world(env, device, t);
-  const ParallelDims dims = ParallelDims::make(
-      world->size(),
-      ParallelSizes{static_cast<int>(t.tensor_model_parallel_size), static_cast<int>(t.pipeline_model_parallel_size),
-                    static_cast<int>(t.context_parallel_size)},
-      ParallelModelShape{model_args.num_attention_heads, model_args.num_query_groups, model_args.num_layers,
-                         t.seq_length});
-  if (dims.dp() != t.data_parallel_size) {
-    throw UsageError(fmt::format("[distributed] the config was resolved for a data-parallel size of {} but the job "
-                                 "has {} (WORLD_SIZE {})",
-                                 t.data_parallel_size, dims.dp(), world->size()));
-  }
-  const ProcessGroups groups = ProcessGroups::build(world, dims);
+  const ProcessGroups groups = make_process_groups(world, model_args, t);
   DataSources data = make_data(t, *tokenizer, packing, model_args.vocab_size);
   plan = plan_memory(model_args, t, device, compute_dtype(t, device));
   add_device_memory(*plan, device);
   log_memory_plan(*plan);
   check_memory_plan_fits(*plan);
-  const std::unique_ptr<Model> model_owner = make_model(model_args, t.seq_length, device, compute_dtype(t, device));
+  const std::unique_ptr<Model> model_owner = make_parallel_model(model_args, t, device, groups);
   Model& model = *model_owner;
   model.set_recompute(RecomputeConfig::from(t));
-  const std::unique_ptr<DataParallel> dp = make_data_parallel(groups.dp, model, t);
+  const std::unique_ptr<DataParallel> dp = make_data_parallel(groups, model, t);
   AdamW optimizer = make_optimizer(model, *dp, t);
   if (world->size() > 1) {
     spdlog::info("distributed: rank {} of {} ({}), {}, {}", rank, world->size(), world->backend_name(),
-                 dims.describe(), data_parallel_description(t));
+                 groups.dims.describe(), data_parallel_description(t));
   }
   const LrSchedule schedule{t.lr, t.min_lr, t.lr_warmup_iters, t.lr_decay_iters, t.lr_decay_style};
 

@@ -114,7 +114,44 @@ std::shared_ptr<Communicator> connect_world(const DistributedEnv& env, Device de
   return make_world_communicator(env, device, timeout);
 }
 
-std::unique_ptr<DataParallel> make_data_parallel(std::shared_ptr<Communicator> dp, Model& model,
+ProcessGroups make_process_groups(std::shared_ptr<Communicator> world, const ModelArgs& model, const TrainingArgs& t) {
+  const ParallelDims dims = ParallelDims::make(
+      world->size(),
+      ParallelSizes{.tp = static_cast<int>(t.tensor_model_parallel_size),
+                    .pp = static_cast<int>(t.pipeline_model_parallel_size),
+                    .cp = static_cast<int>(t.context_parallel_size),
+                    .sequence_parallel = t.sequence_parallel,
+                    .layers_per_virtual_stage = t.num_layers_per_virtual_pipeline_stage,
+                    .virtual_stages = t.num_virtual_stages_per_pipeline_rank,
+                    .first_stage_layers = t.decoder_first_pipeline_num_layers,
+                    .last_stage_layers = t.decoder_last_pipeline_num_layers},
+      ParallelModelShape{.num_attention_heads = model.num_attention_heads,
+                         .num_query_groups = model.num_query_groups,
+                         .ffn_hidden_size = model.ffn_hidden_size,
+                         .vocab_size = model.vocab_size,
+                         .num_layers = model.num_layers,
+                         .seq_length = t.seq_length});
+  if (dims.dp() != t.data_parallel_size) {
+    throw UsageError(fmt::format("[distributed] the config was resolved for a data-parallel size of {} but the job "
+                                 "has {} (WORLD_SIZE {})",
+                                 t.data_parallel_size, dims.dp(), world->size()));
+  }
+  if (dims.kv_head_replicas() > 1) {
+    throw UsageError(fmt::format("[config] num_query_groups {} is fewer than tensor_model_parallel_size {}: key/value "
+                                 "heads replicated over tensor-parallel ranks are not implemented yet; use at most {} "
+                                 "tensor-parallel ranks for this model",
+                                 model.num_query_groups, dims.tp(), model.num_query_groups));
+  }
+  return ProcessGroups::build(std::move(world), dims);
+}
+
+std::unique_ptr<Model> make_parallel_model(const ModelArgs& args, const TrainingArgs& t, Device device,
+                                           const ProcessGroups& groups) {
+  return make_model(args, t.seq_length, device, compute_dtype(t, device),
+                    ModelParallel{TensorParallelGroup(groups.tp)});
+}
+
+std::unique_ptr<DataParallel> make_data_parallel(const ProcessGroups& groups, Model& model,
                                                  const TrainingArgs& t) {
   const std::string& strategy = t.data_parallel_sharding_strategy;
   const bool fully_sharded = t.use_megatron_fsdp && (strategy == "optim_grads" || strategy == "optim_grads_params");
@@ -125,6 +162,18 @@ std::unique_ptr<DataParallel> make_data_parallel(std::shared_ptr<Communicator> d
   options.overlap_param_gather = t.overlap_param_gather;
   options.units = model.param_units();
   options.compute_dtype = model.compute_dtype();
+  options.tp = groups.tp;
+  options.world = groups.world;
+  const ParamStore& params = model.params();
+  for (size_t i = 0; i < params.specs().size(); ++i) {
+    if (params.specs()[i].slice.sliced()) continue;
+    const int64_t begin = params.offset(i), end = begin + shape_numel(params.specs()[i].shape);
+    if (!options.tp_replicated.empty() && options.tp_replicated.back().end == begin) {
+      options.tp_replicated.back().end = end;  // adjacent: one range
+    } else {
+      options.tp_replicated.push_back({begin, end});
+    }
+  }
   if (fully_sharded) {
     options.fully_sharded = strategy == "optim_grads" ? FullyShardedDataParallel::Strategy::kOptimGrads
                                                       : FullyShardedDataParallel::Strategy::kOptimGradsParams;
@@ -133,7 +182,7 @@ std::unique_ptr<DataParallel> make_data_parallel(std::shared_ptr<Communicator> d
     throw UsageError("[config] overlap_param_gather: true needs sharded weights to gather: set "
                      "use_distributed_optimizer: true, or use_megatron_fsdp: true with a sharding strategy");
   }
-  return std::make_unique<DataParallel>(std::move(dp), model.params(), options);
+  return std::make_unique<DataParallel>(groups.dp, model.params(), options);
 }
 
 std::string data_parallel_description(const TrainingArgs& t) {

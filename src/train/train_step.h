@@ -8,6 +8,7 @@
 #include "optim/adamw.h"
 #include "parallel/data_parallel.h"
 #include "parallel/distributed_env.h"
+#include "parallel/parallel_dims.h"
 
 namespace primus {
 
@@ -60,7 +61,13 @@ int64_t ddp_bucket_size(const TrainingArgs& t);
 // distributed_timeout_minutes.
 std::shared_ptr<Communicator> connect_world(const DistributedEnv& env, Device device, const TrainingArgs& t);
 
-std::unique_ptr<DataParallel> make_data_parallel(std::shared_ptr<Communicator> dp, Model& model,
+// The job's layout (tensor_model_parallel_size, ...) checked against the world and the model, and the rank's
+// groups: UsageError naming the key when they do not fit.
+ProcessGroups make_process_groups(std::shared_ptr<Communicator> world, const ModelArgs& model, const TrainingArgs& t);
+// The model of the config, split as `groups` say.
+std::unique_ptr<Model> make_parallel_model(const ModelArgs& args, const TrainingArgs& t, Device device,
+                                           const ProcessGroups& groups);
+std::unique_ptr<DataParallel> make_data_parallel(const ProcessGroups& groups, Model& model,
                                                  const TrainingArgs& t);
 // "distributed optimizer", "FSDP optim_grads (ZeRO-2)", ... for the log.
 std::string data_parallel_description(const TrainingArgs& t);

@@ -13,6 +13,7 @@
 
 #include "ops/ops.h"
 #include "support/test_support.h"
+#include "support/vocab_shards.h"
 
 namespace primus {
 namespace {
@@ -260,6 +261,29 @@ TEST(OpsGrad, CrossEntropyWithAnIgnoredRow) {
   Tensor dlogits = empty_like(logits);
   ops::cross_entropy_backward(logits, targets, lse, scale, dlogits);
   expect_grad(dlogits, numeric_grad(logits, loss), "dlogits");
+  for (int64_t v = 0; v < vocab; ++v) EXPECT_EQ(dlogits.f32()[2 * vocab + v], 0.0f) << "ignored row";
+}
+
+// The loss split over three vocabulary shards (uneven: 2, 3 and 3 columns of 8) through the vocabulary-parallel ops,
+// reduced as the loss layer would: its gradient, the ranks' dlogits side by side, against central differences of
+// the whole logits. Targets fall in every shard, one row is ignored.
+TEST(OpsGrad, CrossEntropySplitOverThreeVocabularyShards) {
+  Rng rng(409);
+  const int64_t rows = 5, vocab = 8;
+  const int ranks = 3;
+  const float scale = 0.37f;
+  Tensor logits = random_tensor({rows, vocab}, rng, 2.0f);
+  Tensor targets = Tensor::empty({rows}, DType::kI32);
+  const int32_t target_values[rows] = {0, 4, -100, 7, 3};
+  std::copy(std::begin(target_values), std::end(target_values), targets.i32());
+  auto loss = [&] {
+    const Tensor losses = testing::vocab_parallel_cross_entropy(logits, targets, ranks, scale).losses;
+    double s = 0.0;
+    for (int64_t i = 0; i < rows; ++i) s += scale * static_cast<double>(losses.f32()[i]);
+    return s;
+  };
+  const Tensor dlogits = testing::vocab_parallel_cross_entropy(logits, targets, ranks, scale).dlogits;
+  expect_grad(dlogits, numeric_grad(logits, loss), "dlogits over three shards");
   for (int64_t v = 0; v < vocab; ++v) EXPECT_EQ(dlogits.f32()[2 * vocab + v], 0.0f) << "ignored row";
 }
 

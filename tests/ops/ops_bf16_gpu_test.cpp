@@ -14,7 +14,7 @@
 //  - kAttention 1e-2: cuDNN rounds P and dS to bf16 before their matmuls and the outputs once more
 //    (docs/perf/attention.md measured 1.8e-3 – 3.2e-3); lse within kFp32.
 // Exact: embedding forward (a row copy), embedding dtable (fp32 sums of exactly widened bf16 in the CPU's
-// order) and cast (the same round-to-nearest-even on both devices).
+// order), both also split over vocabulary shards, and cast (the same round-to-nearest-even on both devices).
 // Measured on the H200 (2026-12-02, cuDNN 9.14): largest kRounded error 2.2e-3, kFp32 and kGemmFp32 1.2e-7,
 // attention 3.2e-3 (dk), lse 1.2e-7.
 // Determinism: two runs give identical bits for every op except cuDNN's dq (fp32 atomics by design).
@@ -35,6 +35,7 @@
 #include "core/bf16.h"
 #include "ops/ops.h"
 #include "support/test_support.h"
+#include "support/vocab_shards.h"
 #if PRIMUS_WITH_CUDA
 #include "backend/cuda/cuda_backend.h"
 #endif
@@ -331,6 +332,61 @@ TEST_F(Bf16Ops, CrossEntropyMatchesCpu) {
   }
 }
 
+// The vocabulary-parallel steps over 1 to 4 simulated ranks on bf16 logits (support/vocab_shards.h) against the CPU's
+// unsharded op on the same rounded values and the GPU's unsharded bf16 op. Against the GPU op the dlogits are bf16
+// roundings of fp32 values that differ by an lse rounding at most, so an element may round the other way: kRounded.
+TEST_F(Bf16Ops, VocabParallelCrossEntropyMatchesCpu) {
+  Rng rng(411);
+  for (int64_t rows : {1, 31, 33}) {
+    for (int64_t vocab : {16, 1000, 50257}) {
+      const Tensor logits = random_bf16_values({rows, vocab}, rng, 3.0f);
+      Tensor targets = random_ids({rows}, vocab, rng);
+      for (int64_t r = 3; r < rows; r += 7) targets.i32()[r] = -1;
+      const Tensor glogits = bf16_gpu(logits), gtargets = ops::to_device(targets, kGpu);
+      const float scale = 1.0f / static_cast<float>(rows);
+      Tensor losses = Tensor::empty({rows}, DType::kF32), lse = Tensor::empty({rows}, DType::kF32);
+      Tensor dlogits = Tensor::empty({rows, vocab}, DType::kF32);
+      ops::cross_entropy_forward(logits, targets, losses, lse);
+      ops::cross_entropy_backward(logits, targets, lse, scale, dlogits);
+      Tensor glosses = poisoned({rows}, DType::kF32), glse = poisoned({rows}, DType::kF32);
+      Tensor gdlogits = poisoned({rows, vocab}, DType::kBF16);
+      ops::cross_entropy_forward(glogits, gtargets, glosses, glse);
+      ops::cross_entropy_backward(glogits, gtargets, glse, scale, gdlogits);
+      for (int ranks = 1; ranks <= 4; ++ranks) {
+        const std::string what = fmt::format("N={} V={} ranks={}", rows, vocab, ranks);
+        const testing::VocabParallelLoss g = testing::vocab_parallel_cross_entropy(glogits, gtargets, ranks, scale);
+        expect_close("losses vs cpu " + what, g.losses, losses, kFp32);
+        expect_close("lse vs cpu " + what, g.lse, lse, kFp32);
+        expect_close("dlogits vs cpu " + what, g.dlogits, dlogits, kRounded);
+        expect_close("losses vs unsharded " + what, g.losses, glosses, kFp32);
+        expect_close("lse vs unsharded " + what, g.lse, glse, kFp32);
+        expect_close("dlogits vs unsharded " + what, g.dlogits, gdlogits, kRounded);
+      }
+    }
+  }
+}
+
+TEST_F(Bf16Ops, VocabParallelEmbeddingMatchesCpuBitForBit) {
+  Rng rng(412);
+  for (int64_t vocab : {37, 1000}) {
+    for (int64_t n : {1, 33, 130}) {
+      const int64_t channels = 128;
+      const Tensor ids = random_ids({n}, vocab, rng), table = random_bf16_values({vocab, channels}, rng);
+      const Tensor dout = random_bf16_values({n, channels}, rng), dtable0 = random_tensor({vocab, channels}, rng);
+      const Tensor gids = ops::to_device(ids, kGpu), gtable = bf16_gpu(table), gdout = bf16_gpu(dout);
+      const Tensor gdtable0 = ops::to_device(dtable0, kGpu);
+      for (int ranks = 1; ranks <= 4; ++ranks) {
+        const std::string what = fmt::format("V={} N={} ranks={}", vocab, n, ranks);
+        const testing::VocabParallelEmbedding g =
+            testing::vocab_parallel_embedding(gids, gtable, gdout, gdtable0, ranks);
+        const testing::VocabParallelEmbedding c = testing::vocab_parallel_embedding(ids, table, dout, dtable0, ranks);
+        EXPECT_TRUE(same_bits(g.out, c.out)) << "out " << what;
+        EXPECT_TRUE(same_bits(g.dtable, c.dtable)) << "dtable (f32, accumulated) " << what;
+      }
+    }
+  }
+}
+
 // ---- attention ------------------------------------------------------------------------------------------------
 
 struct AttentionCase {
@@ -413,6 +469,18 @@ TEST_F(Bf16Ops, TwoRunsGiveIdenticalBits) {
     ops::cross_entropy_forward(logits, targets, losses, lse);
     ops::cross_entropy_backward(logits, targets, lse, 0.03f, dlogits);
     return std::vector<Tensor>{losses, lse, dlogits};
+  });
+  const VocabShard shard{25128, 50257};  // the second of two ranks' columns
+  const Tensor half = bf16_gpu(random_bf16_values({33, 50257 - 25128}, rng, 3.0f));
+  twice("vocabulary-parallel cross_entropy", [&] {
+    Tensor max = poisoned({33}, DType::kF32), sum_exp = poisoned({33}, DType::kF32);
+    Tensor target_logit = poisoned({33}, DType::kF32), losses = poisoned({33}, DType::kF32);
+    Tensor lse = poisoned({33}, DType::kF32), dlogits = poisoned(half.shape(), DType::kBF16);
+    ops::row_max(half, max);
+    ops::cross_entropy_shard_stats(half, targets, shard, max, sum_exp, target_logit);
+    ops::cross_entropy_finish(max, sum_exp, target_logit, targets, losses, lse);
+    ops::cross_entropy_backward(half, targets, lse, 0.03f, dlogits, shard);
+    return std::vector<Tensor>{max, sum_exp, target_logit, losses, lse, dlogits};
   });
   const Tensor q = bf16_gpu(random_bf16_values({2, 130, 8, 64}, rng));
   const Tensor k = bf16_gpu(random_bf16_values({2, 130, 2, 64}, rng));

@@ -163,6 +163,18 @@ std::vector<Tensor> run_all_ops(uint64_t seed) {
   ops::cross_entropy_forward(logits, targets, losses, ce_lse);
   ops::cross_entropy_backward(logits, targets, ce_lse, 0.03f, logits);
   outs.insert(outs.end(), {losses, ce_lse, logits});
+  // vocabulary-parallel cross-entropy and embedding: rank 1 of 2
+  const VocabShard shard{25, 50};
+  Tensor half = random_tensor({33, 25}, rng), vmax = poisoned({33}), sum_exp = poisoned({33});
+  Tensor target_logit = poisoned({33}), vlosses = poisoned({33}), vlse = poisoned({33});
+  ops::row_max(half, vmax);
+  ops::cross_entropy_shard_stats(half, targets, shard, vmax, sum_exp, target_logit);
+  ops::cross_entropy_finish(vmax, sum_exp, target_logit, targets, vlosses, vlse);
+  ops::cross_entropy_backward(half, targets, vlse, 0.03f, half, shard);
+  Tensor shard_emb = poisoned({200, 40}), shard_dtable = Tensor::zeros({5, 40}, DType::kF32);
+  ops::embedding_forward(ids, table.slice_elements(4 * 40, {5, 40}), shard_emb, VocabShard{4, 9});
+  ops::embedding_backward(ids, emb, shard_dtable, VocabShard{4, 9});
+  outs.insert(outs.end(), {vmax, sum_exp, target_logit, vlosses, vlse, half, shard_emb, shard_dtable});
   // adamw
   Tensor p = random_tensor({1000}, rng), g = random_tensor({1000}, rng), m = random_tensor({1000}, rng, 0.1f);
   Tensor s = random_tensor({1000}, rng, 0.1f);
@@ -251,6 +263,51 @@ TEST(OpsChecks, DtypeAndValueErrors) {
   Tensor p = random_tensor({4}, rng), g = random_tensor({5}, rng), m = poisoned({4}), s = poisoned({4});
   AdamWArgs args{&p, &g, &m, &s};
   expect_error([&] { ops::adamw_step(args); }, {"[op adamw_step]", "param is [4] f32 cpu but grad is [5]"});
+}
+
+TEST(OpsChecks, VocabShardsAndTheirIdsAreChecked) {
+  Rng rng(310);
+  // Embedding rows [4, 8) of a vocabulary of 10.
+  Tensor ids = random_ids({4}, 10, rng), table = random_tensor({4, 8}, rng), out = poisoned({4, 8});
+  Tensor dtable = Tensor::zeros({4, 8}, DType::kF32);
+  ids.i32()[2] = 10;
+  expect_error([&] { ops::embedding_forward(ids, table, out, VocabShard{4, 10}); },
+               {"[op embedding_forward]", "id 10 at position 2 is outside the vocabulary [0, 10)"});
+  ids.i32()[2] = -1;
+  expect_error([&] { ops::embedding_backward(ids, out, dtable, VocabShard{4, 10}); },
+               {"[op embedding_backward]", "id -1 at position 2 is outside the vocabulary [0, 10)"});
+  for (int64_t i = 0; i < 4; ++i) ids.i32()[i] = static_cast<int32_t>(i);
+  ids.i32()[2] = 4;  // unsharded, the table is the whole vocabulary
+  expect_error([&] { ops::embedding_forward(ids, table, out); },
+               {"[op embedding_forward]", "id 4 at position 2 is outside the table [0, 4)"});
+  expect_error([&] { ops::embedding_forward(ids, table, out, VocabShard{8, 10}); },
+               {"[op embedding_forward]", "shard rows [8, 12) (4 local rows) must lie in the vocabulary [0, 10)"});
+  expect_error([&] { ops::embedding_backward(ids, out, dtable, VocabShard{-1, 10}); },
+               {"[op embedding_backward]", "shard rows [-1, 3)"});
+  expect_error([&] { ops::embedding_forward(ids, table, out, VocabShard{2, 0}); },
+               {"[op embedding_forward]", "shard begin is 2 but total is 0 (unsharded)"});
+
+  // Cross-entropy columns [5, 10) of a vocabulary of 10.
+  const VocabShard shard{5, 10};
+  Tensor logits = random_tensor({3, 5}, rng), targets = random_ids({3}, 10, rng), max = poisoned({3});
+  Tensor sum_exp = poisoned({3}), target_logit = poisoned({3}), dlogits = poisoned({3, 5});
+  ops::row_max(logits, max);
+  targets.i32()[1] = 10;
+  expect_error([&] { ops::cross_entropy_shard_stats(logits, targets, shard, max, sum_exp, target_logit); },
+               {"[op cross_entropy_shard_stats]", "target 10 at row 1 is outside the vocabulary [0, 10)"});
+  expect_error([&] { ops::cross_entropy_backward(logits, targets, max, 1.0f, dlogits, shard); },
+               {"[op cross_entropy_backward]", "target 10 at row 1 is outside the vocabulary [0, 10)"});
+  targets.i32()[1] = 7;
+  expect_error([&] { ops::cross_entropy_backward(logits, targets, max, 1.0f, dlogits, VocabShard{6, 10}); },
+               {"[op cross_entropy_backward]", "shard rows [6, 11) (5 local rows)"});
+  Tensor max4 = poisoned({4}), losses = poisoned({3}), lse = poisoned({3});
+  expect_error([&] { ops::cross_entropy_shard_stats(logits, targets, shard, max4, sum_exp, target_logit); },
+               {"[op cross_entropy_shard_stats]", "logits is [3, 5] f32 cpu but max is [4] f32 cpu"});
+  expect_error([&] { ops::cross_entropy_finish(max4, sum_exp, target_logit, targets, losses, lse); },
+               {"[op cross_entropy_finish]", "targets is [3] i32 cpu but max is [4] f32 cpu"});
+  Tensor no_columns = Tensor::empty({3, 0}, DType::kF32);
+  expect_error([&] { ops::row_max(no_columns, max); }, {"[op row_max]", "rows must not be empty"});
+  expect_error([&] { ops::row_max(logits, max4); }, {"[op row_max]", "x is [3, 5] f32 cpu but max is [4] f32 cpu"});
 }
 
 TEST(OpsChecks, PackedDocumentInputsAreChecked) {

@@ -10,7 +10,8 @@
 //  - sum_squares: 1e-11, both sides accumulate in double (in different orders).
 // Also: the embedding gradient equals the CPU's bit for bit (same order of fp32 adds), two runs of every
 // reduction-heavy op give identical bits, data errors found on the GPU are thrown at the next wait, and the
-// caching allocator reuses freed blocks.
+// caching allocator reuses freed blocks. The vocabulary-parallel ops (tensor parallelism) are checked step by step
+// against the CPU and, over 1 to 4 simulated ranks (support/vocab_shards.h), against the unsharded ops.
 //
 // Without a usable CUDA device (or in a build without the CUDA backend) every test is skipped with the reason.
 #include <gtest/gtest.h>
@@ -23,6 +24,7 @@
 
 #include "ops/ops.h"
 #include "support/test_support.h"
+#include "support/vocab_shards.h"
 #if PRIMUS_WITH_CUDA
 #include "backend/cuda/cuda_backend.h"
 #endif
@@ -290,6 +292,114 @@ TEST_F(CudaOps, CrossEntropyMatchesCpu) {
   }
 }
 
+// ---- vocabulary-parallel cross-entropy and embedding (tensor parallelism) -------------------------------------
+
+// One rank's steps (columns [7, 7 + Vl) of Vl + 20) on both devices, at widths that take the 16-byte path and the
+// element-wise one; targets held here, held elsewhere and ignored.
+TEST_F(CudaOps, VocabParallelCrossEntropyStepsMatchCpu) {
+  Rng rng(314);
+  for (int64_t rows : {1, 31, 33}) {
+    for (int64_t cols : {1, 31, 32, 33, 257, 4096}) {
+      const std::string shape = fmt::format("N={} Vl={}", rows, cols);
+      const VocabShard shard{7, cols + 20};
+      const Tensor logits = random_tensor({rows, cols}, rng, 3.0f);
+      Tensor targets = random_ids({rows}, shard.total, rng);
+      for (int64_t r = 0; r < rows; r += 2) {
+        targets.i32()[r] = static_cast<int32_t>(shard.begin + static_cast<int64_t>(rng.below(cols)));
+      }
+      for (int64_t r = 3; r < rows; r += 7) targets.i32()[r] = -1;
+      const Tensor glogits = gpu(logits), gtargets = gpu(targets);
+      Tensor max = poisoned({rows}, kCpuDevice), gmax = poisoned({rows}, kGpu);
+      ops::row_max(logits, max);
+      ops::row_max(glogits, gmax);
+      EXPECT_TRUE(same_bits(gmax, max)) << "row_max " << shape;
+
+      // The group's max: at or above this shard's.
+      for (int64_t r = 0; r < rows; r += 3) max.f32()[r] += 1.5f;
+      const Tensor group_max = max, ggroup_max = gpu(max);
+      Tensor sum_exp = poisoned({rows}, kCpuDevice), gsum_exp = poisoned({rows}, kGpu);
+      Tensor target_logit = poisoned({rows}, kCpuDevice), gtarget_logit = poisoned({rows}, kGpu);
+      ops::cross_entropy_shard_stats(logits, targets, shard, group_max, sum_exp, target_logit);
+      ops::cross_entropy_shard_stats(glogits, gtargets, shard, ggroup_max, gsum_exp, gtarget_logit);
+      expect_close("shard_stats sum_exp " + shape, gsum_exp, sum_exp, 1e-5);
+      EXPECT_TRUE(same_bits(gtarget_logit, target_logit)) << "shard_stats target_logit " << shape;
+
+      Tensor losses = poisoned({rows}, kCpuDevice), glosses = poisoned({rows}, kGpu);
+      Tensor lse = poisoned({rows}, kCpuDevice), glse = poisoned({rows}, kGpu);
+      ops::cross_entropy_finish(group_max, sum_exp, target_logit, targets, losses, lse);
+      ops::cross_entropy_finish(ggroup_max, gpu(sum_exp), gpu(target_logit), gtargets, glosses, glse);
+      expect_close("finish losses " + shape, glosses, losses, 1e-5);
+      expect_close("finish lse " + shape, glse, lse, 1e-5);
+
+      const float scale = 1.0f / static_cast<float>(rows);
+      const Tensor same_lse = gpu(lse);  // both backwards from the same lse
+      Tensor dlogits = poisoned({rows, cols}, kCpuDevice), gdlogits = poisoned({rows, cols}, kGpu);
+      ops::cross_entropy_backward(logits, targets, lse, scale, dlogits, shard);
+      ops::cross_entropy_backward(glogits, gtargets, same_lse, scale, gdlogits, shard);
+      expect_close("sharded dlogits " + shape, gdlogits, dlogits, 1e-5);
+      Tensor in_place = gpu(logits);
+      ops::cross_entropy_backward(in_place, gtargets, same_lse, scale, in_place, shard);
+      EXPECT_TRUE(same_bits(in_place, gdlogits)) << "sharded dlogits written over the logits, " << shape;
+    }
+  }
+}
+
+// The steps over 1 to 4 simulated ranks (the reductions done on the host) equal the GPU's unsharded op and the
+// same steps on the CPU; 50257 columns split unevenly leave shards that are not 16-byte multiples.
+TEST_F(CudaOps, VocabParallelCrossEntropyMatchesUnshardedAndCpu) {
+  Rng rng(315);
+  for (int64_t rows : {1, 31, 33}) {
+    for (int64_t vocab : {16, 1000, 50257}) {
+      const Tensor logits = random_tensor({rows, vocab}, rng, 3.0f);
+      Tensor targets = random_ids({rows}, vocab, rng);
+      for (int64_t r = 3; r < rows; r += 7) targets.i32()[r] = -1;
+      const Tensor glogits = gpu(logits), gtargets = gpu(targets);
+      const float scale = 1.0f / static_cast<float>(rows);
+      Tensor glosses = poisoned({rows}, kGpu), glse = poisoned({rows}, kGpu), gdlogits = poisoned({rows, vocab}, kGpu);
+      ops::cross_entropy_forward(glogits, gtargets, glosses, glse);
+      ops::cross_entropy_backward(glogits, gtargets, glse, scale, gdlogits);
+      for (int ranks = 1; ranks <= 4; ++ranks) {
+        const std::string what = fmt::format("N={} V={} ranks={}", rows, vocab, ranks);
+        const testing::VocabParallelLoss g = testing::vocab_parallel_cross_entropy(glogits, gtargets, ranks, scale);
+        const testing::VocabParallelLoss c = testing::vocab_parallel_cross_entropy(logits, targets, ranks, scale);
+        expect_close("losses vs unsharded " + what, g.losses, glosses, 1e-5);
+        expect_close("lse vs unsharded " + what, g.lse, glse, 1e-5);
+        expect_close("dlogits vs unsharded " + what, g.dlogits, gdlogits, 1e-5);
+        expect_close("losses vs cpu " + what, g.losses, c.losses, 1e-5);
+        expect_close("lse vs cpu " + what, g.lse, c.lse, 1e-5);
+        expect_close("dlogits vs cpu " + what, g.dlogits, c.dlogits, 1e-5);
+      }
+    }
+  }
+}
+
+// The table's rows split over 1 to 4 ranks: outputs (summed) and dtable rows equal the CPU's and the GPU's
+// unsharded ones bit for bit.
+TEST_F(CudaOps, VocabParallelEmbeddingMatchesCpuBitForBit) {
+  Rng rng(316);
+  for (int64_t vocab : {37, 1000}) {
+    for (int64_t n : {1, 31, 33, 130}) {
+      const int64_t channels = 64;
+      const Tensor ids = random_ids({n}, vocab, rng), table = random_tensor({vocab, channels}, rng);
+      const Tensor dout = random_tensor({n, channels}, rng), dtable0 = random_tensor({vocab, channels}, rng);
+      const Tensor gids = gpu(ids), gtable = gpu(table), gdout = gpu(dout), gdtable0 = gpu(dtable0);
+      Tensor out = poisoned({n, channels}, kGpu), dtable = gpu(dtable0);
+      ops::embedding_forward(gids, gtable, out);
+      ops::embedding_backward(gids, gdout, dtable);
+      for (int ranks = 1; ranks <= 4; ++ranks) {
+        const std::string what = fmt::format("V={} N={} ranks={}", vocab, n, ranks);
+        const testing::VocabParallelEmbedding g =
+            testing::vocab_parallel_embedding(gids, gtable, gdout, gdtable0, ranks);
+        const testing::VocabParallelEmbedding c = testing::vocab_parallel_embedding(ids, table, dout, dtable0, ranks);
+        EXPECT_TRUE(same_bits(g.out, out)) << "out vs unsharded " << what;
+        EXPECT_TRUE(same_bits(g.dtable, dtable)) << "dtable vs unsharded " << what;
+        EXPECT_TRUE(same_bits(g.out, c.out)) << "out vs cpu " << what;
+        EXPECT_TRUE(same_bits(g.dtable, c.dtable)) << "dtable vs cpu " << what;
+      }
+    }
+  }
+}
+
 TEST_F(CudaOps, AdamWMatchesCpu) {
   Rng rng(309);
   for (int64_t n : {1, 31, 33, 100003}) {
@@ -459,6 +569,41 @@ TEST_F(CudaOps, BadIdsAreReportedAtTheNextWait) {
   Tensor losses = poisoned({3}, kGpu), lse = poisoned({3}, kGpu);
   ops::cross_entropy_forward(gpu(random_tensor({3, 16}, rng)), gpu(targets), losses, lse);
   EXPECT_THROW(host(losses), RuntimeError);
+}
+
+// Ids and targets of a shard are checked against the whole vocabulary, on the GPU too.
+TEST_F(CudaOps, BadIdsOfAVocabularyShardAreReportedAtTheNextWait) {
+  Rng rng(317);
+  auto expect_reported = [](const std::string& fragment) {
+    try {
+      backend_for(kGpu).synchronize();
+      ADD_FAILURE() << "not reported: " << fragment;
+    } catch (const RuntimeError& e) {
+      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+    }
+  };
+  const VocabShard rows{10, 40};  // table rows [10, 20) of 40
+  Tensor ids = random_ids({5}, 40, rng);
+  ids.i32()[2] = 40;
+  const Tensor table = gpu(random_tensor({10, 16}, rng));
+  Tensor out = poisoned({5, 16}, kGpu), dtable = poisoned({10, 16}, kGpu);
+  ops::embedding_forward(gpu(ids), table, out, rows);
+  expect_reported("[op embedding_forward] id 40 at position 2 is outside the vocabulary [0, 40)");
+  ids.i32()[2] = -1;
+  ops::embedding_backward(gpu(ids), out, dtable, rows);
+  expect_reported("[op embedding_backward] id -1 at position 2 is outside the vocabulary [0, 40)");
+
+  const VocabShard columns{8, 16};  // logit columns [8, 16) of 16
+  Tensor targets = random_ids({3}, 16, rng);
+  targets.i32()[1] = 16;
+  const Tensor logits = gpu(random_tensor({3, 8}, rng)), gtargets = gpu(targets);
+  Tensor max = poisoned({3}, kGpu), sum_exp = poisoned({3}, kGpu), target_logit = poisoned({3}, kGpu);
+  ops::row_max(logits, max);
+  ops::cross_entropy_shard_stats(logits, gtargets, columns, max, sum_exp, target_logit);
+  expect_reported("[op cross_entropy_shard_stats] target 16 at row 1 is outside the vocabulary [0, 16)");
+  Tensor dlogits = poisoned({3, 8}, kGpu);
+  ops::cross_entropy_backward(logits, gtargets, max, 1.0f, dlogits, columns);
+  expect_reported("[op cross_entropy_backward] target 16 at row 1 is outside the vocabulary [0, 16)");
 }
 
 #if PRIMUS_WITH_CUDA

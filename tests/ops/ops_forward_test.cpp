@@ -13,12 +13,15 @@
 #include "core/rng.h"
 #include "ops/ops.h"
 #include "support/test_support.h"
+#include "support/vocab_shards.h"
 
 namespace primus {
 namespace {
 
+using primus::testing::expect_close;
 using primus::testing::random_ids;
 using primus::testing::random_tensor;
+using primus::testing::same_bits;
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
@@ -418,6 +421,132 @@ TEST(OpsForward, CrossEntropyAcceptsBatchShapes) {
   Tensor flat_lse = poisoned({6});
   ops::cross_entropy_forward(logits.reshape({6, 10}), targets.reshape({6}), flat_losses, flat_lse);
   expect_near(losses, values(flat_losses), 0.0, "losses");
+}
+
+// ---- vocabulary-parallel cross-entropy and embedding (tensor parallelism) --------------------------------------
+
+// One rank's steps against a double reference: the columns [5, 5 + Vl) of a vocabulary of Vl + 12, a group max at
+// or above this shard's, and targets held here, held elsewhere and ignored.
+TEST(OpsForward, VocabParallelCrossEntropyStepsOfOneShard) {
+  Rng rng(112);
+  for (int64_t rows : {1, 31, 33}) {
+    for (int64_t cols : {1, 31, 32, 33, 257}) {
+      SCOPED_TRACE(fmt::format("rows={} Vl={}", rows, cols));
+      const VocabShard shard{5, cols + 12};
+      Tensor logits = random_tensor({rows, cols}, rng, 3.0f);
+      Tensor targets = random_ids({rows}, shard.total, rng);
+      for (int64_t r = 0; r < rows; r += 2) {
+        targets.i32()[r] = static_cast<int32_t>(shard.begin + static_cast<int64_t>(rng.below(cols)));
+      }
+      if (rows > 1) targets.i32()[1] = -100;
+      targets.i32()[rows - 1] = -1;
+
+      Tensor max = poisoned({rows});
+      ops::row_max(logits, max);
+      std::vector<double> want_max(rows);
+      for (int64_t r = 0; r < rows; ++r) {
+        want_max[r] = *std::max_element(logits.f32() + r * cols, logits.f32() + (r + 1) * cols);
+      }
+      expect_near(max, want_max, 0.0, "row_max");
+
+      // The group's max: this shard's, or larger where another rank holds a larger logit.
+      Tensor group_max = copy_of(max);
+      for (int64_t r = 0; r < rows; r += 3) group_max.f32()[r] += 1.5f;
+      Tensor sum_exp = poisoned({rows}), target_logit = poisoned({rows});
+      ops::cross_entropy_shard_stats(logits, targets, shard, group_max, sum_exp, target_logit);
+      std::vector<double> want_sum(rows), want_target(rows);
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* row = logits.f32() + r * cols;
+        for (int64_t v = 0; v < cols; ++v) want_sum[r] += std::exp(double(row[v]) - group_max.f32()[r]);
+        const int64_t t = targets.i32()[r] - shard.begin;
+        want_target[r] = targets.i32()[r] >= 0 && t >= 0 && t < cols ? row[t] : 0.0;
+      }
+      expect_near(sum_exp, want_sum, 1e-6, "sum_exp");
+      expect_near(target_logit, want_target, 0.0, "target_logit");
+
+      // Finish on this shard's statistics as if they were the group's sums.
+      Tensor losses = poisoned({rows}), lse = poisoned({rows});
+      ops::cross_entropy_finish(group_max, sum_exp, target_logit, targets, losses, lse);
+      std::vector<double> want_lse(rows), want_loss(rows);
+      for (int64_t r = 0; r < rows; ++r) {
+        want_lse[r] = group_max.f32()[r] + std::log(double(sum_exp.f32()[r]));
+        want_loss[r] = targets.i32()[r] < 0 ? 0.0 : want_lse[r] - target_logit.f32()[r];
+      }
+      expect_near(lse, want_lse, 1e-6, "lse");
+      expect_near(losses, want_loss, 1e-6, "losses");
+
+      const float scale = 0.25f;
+      std::vector<double> want_d(rows * cols);
+      for (int64_t r = 0; r < rows; ++r) {
+        const int32_t t = targets.i32()[r];
+        for (int64_t v = 0; v < cols; ++v) {
+          const double onehot = v + shard.begin == t ? 1.0 : 0.0;
+          want_d[r * cols + v] = t < 0 ? 0.0 : scale * (std::exp(logits.f32()[r * cols + v] - want_lse[r]) - onehot);
+        }
+      }
+      Tensor dlogits = poisoned({rows, cols});
+      ops::cross_entropy_backward(logits, targets, lse, scale, dlogits, shard);
+      expect_near(dlogits, want_d, 1e-5, "dlogits");
+      ops::cross_entropy_backward(logits, targets, lse, scale, logits, shard);  // in place: the same bits
+      EXPECT_EQ(std::memcmp(logits.data(), dlogits.data(), dlogits.nbytes()), 0);
+    }
+  }
+}
+
+// The steps over 1 to 4 simulated ranks (even and uneven splits), reduced as the loss layer's all-reduces would,
+// give the unsharded op's losses, lse and dlogits.
+TEST(OpsForward, VocabParallelCrossEntropyEqualsUnsharded) {
+  Rng rng(113);
+  for (int64_t rows : {1, 31, 33}) {
+    for (int64_t vocab : {12, 257}) {
+      Tensor logits = random_tensor({rows, vocab}, rng, 3.0f);
+      Tensor targets = random_ids({rows}, vocab, rng);
+      for (int64_t r = 2; r < rows; r += 5) targets.i32()[r] = -1;
+      const float scale = 1.0f / static_cast<float>(rows);
+      Tensor losses = poisoned({rows}), lse = poisoned({rows}), dlogits = poisoned({rows, vocab});
+      ops::cross_entropy_forward(logits, targets, losses, lse);
+      ops::cross_entropy_backward(logits, targets, lse, scale, dlogits);
+      for (int ranks = 1; ranks <= 4; ++ranks) {
+        const std::string what = fmt::format("rows={} V={} ranks={}", rows, vocab, ranks);
+        const testing::VocabParallelLoss split = testing::vocab_parallel_cross_entropy(logits, targets, ranks, scale);
+        expect_close("losses " + what, split.losses, losses, 1e-6);
+        expect_close("lse " + what, split.lse, lse, 1e-6);
+        expect_close("dlogits " + what, split.dlogits, dlogits, 1e-6);
+      }
+    }
+  }
+}
+
+// Rows of the table split over 1 to 4 ranks: the ranks' outputs sum to the unsharded output (every id is held by
+// one rank, the others give zeros), and their dtables are the row slices of the unsharded one, bit for bit.
+TEST(OpsForward, VocabParallelEmbeddingEqualsUnsharded) {
+  Rng rng(114);
+  for (int64_t n : {1, 31, 33}) {
+    for (int64_t vocab : {7, 257}) {
+      const int64_t channels = 20;
+      const Tensor ids = random_ids({n}, vocab, rng), table = random_tensor({vocab, channels}, rng);
+      const Tensor dout = random_tensor({n, channels}, rng), dtable0 = random_tensor({vocab, channels}, rng);
+      Tensor out = poisoned({n, channels}), dtable = copy_of(dtable0);
+      ops::embedding_forward(ids, table, out);
+      ops::embedding_backward(ids, dout, dtable);
+      for (int ranks = 1; ranks <= 4; ++ranks) {
+        SCOPED_TRACE(fmt::format("n={} V={} ranks={}", n, vocab, ranks));
+        const testing::VocabParallelEmbedding split =
+            testing::vocab_parallel_embedding(ids, table, dout, dtable0, ranks);
+        EXPECT_TRUE(same_bits(split.out, out)) << "out summed over ranks";
+        EXPECT_TRUE(same_bits(split.dtable, dtable)) << "dtable rows";
+      }
+    }
+  }
+  // A shard gives zero rows for the ids it does not hold.
+  Tensor ids = Tensor::empty({3}, DType::kI32);
+  const int32_t id_values[] = {1, 4, 6};
+  std::copy_n(id_values, 3, ids.i32());
+  const Tensor held = random_tensor({3, 4}, rng);  // vocabulary rows [3, 6) of 7
+  Tensor out = poisoned({3, 4});
+  ops::embedding_forward(ids, held, out, VocabShard{3, 7});
+  const float* row4 = held.f32() + 4;
+  expect_near(out, {0, 0, 0, 0, row4[0], row4[1], row4[2], row4[3], 0, 0, 0, 0}, 0.0, "out");
 }
 
 }  // namespace

@@ -4,207 +4,29 @@
 // rank's to fp32 rounding (relative 1e-5), for plain data parallelism, the distributed optimizer and FSDP's
 // optim, optim_grads (ZeRO-2) and optim_grads_params (ZeRO-3) strategies, with gradient accumulation, with
 // bucketed reduction overlapped with backward and with the weight gathers overlapped with forward.
-#include <fcntl.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <spawn.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <chrono>
-#include <cstdlib>
-#include <cstring>
-#include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
-#include <thread>
+#include <string>
+#include <vector>
 
-#include "checkpoint/safetensors.h"
 #include "core/file_io.h"
 #include "support/cli_process.h"
 #include "support/test_support.h"
-
-extern char** environ;
+#include "support/training_job.h"
 
 namespace primus {
 namespace {
 
 namespace fs = std::filesystem;
-
-struct Job {
-  std::string workspace;
-  std::vector<std::string> overrides;
-  int ranks = 1;
-};
-
-// The experiment shared by every run: a tiny Llama on mock tokens, a log line and a metrics record every step.
-std::string write_config(const std::string& dir) {
-  const std::string path = dir + "/dp.yaml";
-  write_file_atomic(path,
-                    "exp_name: dp\n"
-                    "workspace: " + dir + "\n"
-                    "modules:\n"
-                    "  pre_trainer:\n"
-                    "    framework: megatron\n"
-                    "    model: tiny_llama\n"
-                    "    overrides:\n"
-                    "      train_iters: 20\n"
-                    "      micro_batch_size: 2\n"
-                    "      global_batch_size: 8\n"
-                    "      seq_length: 32\n"
-                    "      lr: 3.0e-3\n"
-                    "      lr_warmup_iters: 2\n"
-                    "      lr_decay_iters: 20\n"
-                    "      weight_decay: 0.1\n"
-                    "      clip_grad: 0.5\n"
-                    "      log_interval: 1\n"
-                    "      eval_interval: 10\n"
-                    "      eval_iters: 1\n"
-                    "      mock_data: true\n"
-                    "      device: cpu\n"
-                    "      distributed_timeout_minutes: 1\n");
-  return path;
-}
-
-// Starts `ranks` primus-cli processes with torchrun's variables and waits for all (at most two minutes).
-void run_job(const Job& job) {
-  fs::create_directories(job.workspace);
-  const std::string config = write_config(job.workspace);
-  const int port = testing::free_port();
-  std::vector<pid_t> pids;
-  for (int rank = 0; rank < job.ranks; ++rank) {
-    std::vector<std::string> env_strings;
-    for (char** e = environ; *e != nullptr; ++e) env_strings.emplace_back(*e);
-    for (const std::string& kv :
-         {fmt::format("RANK={}", rank), fmt::format("WORLD_SIZE={}", job.ranks), fmt::format("LOCAL_RANK={}", rank),
-          fmt::format("LOCAL_WORLD_SIZE={}", job.ranks), std::string("MASTER_ADDR=127.0.0.1"),
-          fmt::format("MASTER_PORT={}", port), std::string("OMP_NUM_THREADS=1")}) {
-      env_strings.push_back(kv);
-    }
-    std::vector<char*> envp;
-    for (std::string& kv : env_strings) envp.push_back(kv.data());
-    envp.push_back(nullptr);
-    std::vector<std::string> args{testing::cli_path().string(), "--", "train", "pretrain", "--config", config};
-    args.insert(args.end(), job.overrides.begin(), job.overrides.end());
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const std::string log = fmt::format("{}/rank{}.out", job.workspace, rank);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
-    pid_t pid = -1;
-    const int spawned = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), envp.data());
-    posix_spawn_file_actions_destroy(&actions);
-    if (spawned != 0) {  // end the ranks already started, which would wait for this one
-      for (pid_t p : pids) kill(p, SIGKILL), waitpid(p, nullptr, 0);
-      FAIL() << "cannot start rank " << rank << ": " << std::strerror(spawned);
-    }
-    pids.push_back(pid);
-  }
-  // Every rank is waited for, whatever happens: one that fails or outlives the deadline ends the others (they
-  // would wait for it until distributed_timeout_minutes), so no worker outlives the test.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(2);
-  std::vector<int> status(pids.size(), 0);
-  std::vector<bool> done(pids.size(), false);
-  bool timed_out = false;
-  for (size_t left = pids.size(); left > 0;) {
-    for (size_t rank = 0; rank < pids.size(); ++rank) {
-      if (done[rank] || waitpid(pids[rank], &status[rank], WNOHANG) != pids[rank]) continue;
-      done[rank] = true;
-      --left;
-      const bool ok = WIFEXITED(status[rank]) && WEXITSTATUS(status[rank]) == 0;
-      if (!ok) {
-        for (size_t other = 0; other < pids.size(); ++other) {
-          if (!done[other]) kill(pids[other], SIGKILL);
-        }
-      }
-    }
-    if (left > 0 && !timed_out && std::chrono::steady_clock::now() > deadline) {
-      timed_out = true;
-      for (size_t rank = 0; rank < pids.size(); ++rank) {
-        if (!done[rank]) kill(pids[rank], SIGKILL);
-      }
-      ADD_FAILURE() << "the job did not finish in 2 minutes";
-    }
-    if (left > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  for (size_t rank = 0; rank < pids.size(); ++rank) {
-    ASSERT_TRUE(WIFEXITED(status[rank]) && WEXITSTATUS(status[rank]) == 0)
-        << "rank " << rank << " of " << job.ranks << " failed (status " << status[rank] << "):\n"
-        << testing::read_text(fmt::format("{}/rank{}.out", job.workspace, rank));
-  }
-}
-
-struct RunResult {
-  std::vector<double> losses;
-  std::vector<double> grad_norms;
-  std::vector<double> eval_losses;
-  std::map<std::string, std::vector<float>> weights;
-};
-
-RunResult read_run(const std::string& workspace) {
-  RunResult r;
-  std::istringstream in(testing::read_text(workspace + "/dp/metrics.jsonl"));
-  for (std::string line; std::getline(in, line);) {
-    const nlohmann::json record = nlohmann::json::parse(line);
-    r.losses.push_back(record["loss"]);
-    r.grad_norms.push_back(record["grad_norm"]);
-    if (record.contains("eval_loss")) r.eval_losses.push_back(record["eval_loss"]);
-  }
-  // Whatever the format (one file, or a shard per rank), `checkpoint convert` gives the whole weights.
-  const std::string hf = workspace + "/hf";
-  const std::string command = fmt::format("'{}' -- checkpoint convert --input '{}/dp/checkpoints' --output '{}' >'{}/convert.out' 2>&1",
-                                          testing::cli_path().string(), workspace, hf, workspace);
-  EXPECT_EQ(std::system(command.c_str()), 0) << testing::read_text(workspace + "/convert.out");
-  const SafetensorsFile file = SafetensorsFile::open(hf + "/model.safetensors");
-  for (const SafetensorsEntry& entry : file.entries()) {
-    const Tensor t = file.read_f32(entry.name);
-    r.weights[entry.name].assign(t.f32(), t.f32() + t.numel());
-  }
-  return r;
-}
-
-void expect_close(double a, double b, const std::string& what) {
-  EXPECT_LE(std::abs(a - b), 1e-5 * std::max(std::abs(a), std::abs(b)) + 1e-7) << what << ": " << a << " vs " << b;
-}
-
-void expect_same_run(const RunResult& one, const RunResult& many, const std::string& layout) {
-  ASSERT_EQ(one.losses.size(), 20u);
-  ASSERT_EQ(many.losses.size(), one.losses.size()) << layout;
-  for (size_t i = 0; i < one.losses.size(); ++i) {
-    expect_close(one.losses[i], many.losses[i], fmt::format("{}: loss of step {}", layout, i + 1));
-    expect_close(one.grad_norms[i], many.grad_norms[i], fmt::format("{}: grad norm of step {}", layout, i + 1));
-  }
-  ASSERT_EQ(many.eval_losses.size(), one.eval_losses.size()) << layout;
-  for (size_t i = 0; i < one.eval_losses.size(); ++i) {
-    expect_close(one.eval_losses[i], many.eval_losses[i], fmt::format("{}: eval loss {}", layout, i));
-  }
-  ASSERT_EQ(many.weights.size(), one.weights.size()) << layout;
-  // Per tensor, ||a - b|| / ||a||: the reduction adds the ranks' partial gradients in another order than one
-  // rank accumulating them, and AdamW's g / sqrt(v) magnifies those last-bit differences for the elements whose
-  // gradient is near zero, so single elements drift more than the tensor does.
-  double worst = 0.0;
-  std::string worst_name;
-  for (const auto& [name, values] : one.weights) {
-    const std::vector<float>& other = many.weights.at(name);
-    ASSERT_EQ(other.size(), values.size()) << name;
-    double diff = 0.0, norm = 0.0;
-    for (size_t k = 0; k < values.size(); ++k) {
-      diff += (static_cast<double>(values[k]) - other[k]) * (static_cast<double>(values[k]) - other[k]);
-      norm += static_cast<double>(values[k]) * values[k];
-    }
-    const double rel = std::sqrt(diff / std::max(norm, 1e-30));
-    if (rel > worst) worst = rel, worst_name = name;
-  }
-  std::printf("%s: largest relative difference of a parameter tensor after 20 steps: %.2e (%s)\n", layout.c_str(),
-              worst, worst_name.c_str());
-  EXPECT_LE(worst, 1e-5) << layout << ": parameters after 20 steps differ most in " << worst_name;
-}
+using testing::Job;
+using testing::RunResult;
+using testing::expect_same_run;
+using testing::read_run;
+using testing::run_job;
+using testing::with;
+using testing::write_config;
 
 // ZeRO-2: gradients reduce-scattered per micro-batch into shards, fp32 master weights and moments sharded, the
 // weights gathered after each step while the next forward runs (overlap_param_gather).
@@ -212,11 +34,6 @@ const std::vector<std::string> kZero2{"use_megatron_fsdp=true", "data_parallel_s
                                       "overlap_param_gather=true"};
 // ZeRO-3: also the blocks' weights sharded, gathered (one block ahead) before each use and freed after it.
 const std::vector<std::string> kZero3{"use_megatron_fsdp=true", "data_parallel_sharding_strategy=optim_grads_params"};
-
-std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
 
 class DataParallel : public ::testing::Test {
  protected:
@@ -450,13 +267,13 @@ TEST_F(DataParallel, AnInterruptedSaveLeavesThePreviousCheckpoint) {
 
 // Settings that contradict the job exit 2 naming the key, before any rendezvous: a global batch that
 // micro_batch_size × dp does not divide (dp from WORLD_SIZE), a model-parallel size that does not divide WORLD_SIZE
-// (only 1 is implemented), a sharding strategy without FSDP, overlap_param_gather without sharded weights.
+// (3 into 4), a sharding strategy without FSDP, overlap_param_gather without sharded weights.
 TEST(DataParallelConfig, InconsistentSettingsExitTwoNamingTheKey) {
   const std::string dir = testing::temp_dir("dp_bad");
   const std::string config = write_config(dir);
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"WORLD_SIZE=3 RANK=0", "global_batch_size"},
-      {"WORLD_SIZE=4 RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 tensor_model_parallel_size=2",
+      {"WORLD_SIZE=4 RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 tensor_model_parallel_size=3",
        "tensor_model_parallel_size"},
       {"WORLD_SIZE=1 data_parallel_sharding_strategy=optim", "use_megatron_fsdp"},
       {"WORLD_SIZE=1 overlap_param_gather=true", "overlap_param_gather"},

@@ -1,6 +1,9 @@
 // Shared helpers for tests: fresh random tensors, comparisons, paths to test data.
 #pragma once
 
+#include <gtest/gtest.h>
+
+#include <exception>
 #include <string>
 
 #include "core/rng.h"
@@ -32,6 +35,21 @@ std::string temp_dir(const std::string& label);
 int free_port();
 // Empty when a CUDA GPU is usable, else why not (GPU tests skip with it).
 std::string why_no_gpu();
+
+// The message of the E that f throws; a test failure when it throws nothing or something else.
+template <typename E, typename F>
+std::string message_of(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "threw another kind of error: " << e.what();
+    return "";
+  }
+  ADD_FAILURE() << "nothing was thrown";
+  return "";
+}
 
 }  // namespace primus::testing
 

@@ -33,20 +33,7 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-// The message of the E that f throws; a test failure when it throws nothing or something else.
-template <typename E, typename F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "threw another kind of error: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "nothing was thrown";
-  return "";
-}
+using testing::message_of;
 
 struct Tiny {
   std::unique_ptr<Model> model;

@@ -316,6 +316,61 @@ TEST_F(ConfigErrorsTest, CrossKeyChecksNameBothKeysAndSources) {
   EXPECT_CONTAINS(message, "models/tiny.yaml:6)");
 }
 
+// Megatron's parallel keys load, and each one the engine cannot run yet is refused naming it: first by Megatron's
+// rule among the keys (sequence parallel needs tp > 1, virtual stages and uneven stages need pp > 1), always saying
+// what is not implemented. tp, pp and cp themselves are pinned to 1 by the schema.
+TEST_F(ConfigErrorsTest, ParallelKeysNotImplementedYetAreRefusedNamingTheKey) {
+  const TrainingArgs defaults = load_experiment_config(write("plain.yaml", kBase), {}).config.train;
+  EXPECT_FALSE(defaults.sequence_parallel);
+  EXPECT_EQ(defaults.num_layers_per_virtual_pipeline_stage, 0);
+  EXPECT_EQ(defaults.num_virtual_stages_per_pipeline_rank, 0);
+  EXPECT_EQ(defaults.decoder_first_pipeline_num_layers, 0);
+  EXPECT_EQ(defaults.decoder_last_pipeline_num_layers, 0);
+  EXPECT_FALSE(load_experiment_config(write("off.yaml", std::string(kBase) + "      sequence_parallel: false\n"
+                                                                             "      decoder_first_pipeline_num_layers: "
+                                                                             "null\n"),
+                                      {})
+                   .config.train.sequence_parallel);
+
+  std::string message = error_with("      sequence_parallel: true\n");
+  EXPECT_CONTAINS(message,
+                  "exp.yaml:11: modules.pre_trainer.overrides.sequence_parallel: sequence_parallel needs "
+                  "tensor_model_parallel_size > 1 (tensor_model_parallel_size = 1 from the default): Megatron's rule");
+  EXPECT_CONTAINS(message, "sequence parallelism is also not implemented yet");
+  EXPECT_CONTAINS(error_with("", {"sequence_parallel=true"}), "command line: sequence_parallel: sequence_parallel");
+
+  for (const char* key : {"num_layers_per_virtual_pipeline_stage", "num_virtual_stages_per_pipeline_rank"}) {
+    message = error_with(fmt::format("      {}: 2\n", key));
+    EXPECT_CONTAINS(message, fmt::format("exp.yaml:11: modules.pre_trainer.overrides.{}: {} needs "
+                                         "pipeline_model_parallel_size > 1 (pipeline_model_parallel_size = 1 from the "
+                                         "default): virtual stages interleave the stages of a pipeline",
+                                         key, key));
+    EXPECT_CONTAINS(message, "the interleaved pipeline schedule is also not implemented yet");
+  }
+  for (const char* key : {"decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers"}) {
+    message = error_with(fmt::format("      {}: 1\n", key));
+    EXPECT_CONTAINS(message, fmt::format("exp.yaml:11: modules.pre_trainer.overrides.{}: {} needs "
+                                         "pipeline_model_parallel_size > 1",
+                                         key, key));
+    EXPECT_CONTAINS(message, "pipeline parallelism is also not implemented yet");
+  }
+  EXPECT_CONTAINS(error_with("      decoder_last_pipeline_num_layers: 0\n"), "0 is out of range; allowed: >= 1");
+  // Megatron's rules between the virtual-stage keys.
+  EXPECT_CONTAINS(error_with("      num_layers_per_virtual_pipeline_stage: 1\n"
+                             "      num_virtual_stages_per_pipeline_rank: 2\n"),
+                  "exp.yaml:12: modules.pre_trainer.overrides.num_virtual_stages_per_pipeline_rank: "
+                  "num_virtual_stages_per_pipeline_rank and num_layers_per_virtual_pipeline_stage "
+                  "(num_layers_per_virtual_pipeline_stage = 1 from ");
+  EXPECT_CONTAINS(error_with("      num_layers_per_virtual_pipeline_stage: 1\n"
+                             "      decoder_last_pipeline_num_layers: 1\n"),
+                  "exp.yaml:11: modules.pre_trainer.overrides.num_layers_per_virtual_pipeline_stage: "
+                  "num_layers_per_virtual_pipeline_stage with an uneven split (decoder_last_pipeline_num_layers = 1 "
+                  "from ");
+  // Megatron's name for the derived size suggests the key.
+  EXPECT_CONTAINS(error_with("      virtual_pipeline_model_parallel_size: 2\n"),
+                  "did you mean 'num_virtual_stages_per_pipeline_rank'?");
+}
+
 TEST_F(ConfigErrorsTest, NoSilentFallbackToMockData) {
   std::string text = kBase;
   text.replace(text.find("mock_data: true"), 15, "mock_data: false");

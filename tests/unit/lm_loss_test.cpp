@@ -47,7 +47,7 @@ TEST(LmLoss, ChunkedTrainingEqualsWholeLogits) {
   const Expected expected = whole_logits(c);
   // 1 row per chunk, 3 rows (a partial last chunk), and everything at once.
   for (int64_t rows_per_chunk : {int64_t{1}, int64_t{3}, kRows}) {
-    LmLoss loss{c.head, Tensor::empty({kVocab, kChannels}, DType::kF32)};
+    LmLoss loss{c.head, Tensor::empty({kVocab, kChannels}, DType::kF32), {}, {}};
     loss.dhead.copy_from(c.dhead_start);
     loss.max_logits_bytes = rows_per_chunk * kVocab * static_cast<int64_t>(sizeof(float));
     LmLossSaved saved;
@@ -63,7 +63,7 @@ TEST(LmLoss, ChunkedTrainingEqualsWholeLogits) {
 
 TEST(LmLoss, EvaluationLossesEqualTrainingLosses) {
   const Case c = fresh_case(42);
-  LmLoss loss{c.head, Tensor::empty({kVocab, kChannels}, DType::kF32)};
+  LmLoss loss{c.head, Tensor::empty({kVocab, kChannels}, DType::kF32), {}, {}};
   loss.dhead.copy_from(c.dhead_start);
   loss.max_logits_bytes = 4 * kVocab * static_cast<int64_t>(sizeof(float));
   const Tensor eval_losses = loss.forward(c.hidden, c.targets);
@@ -73,7 +73,7 @@ TEST(LmLoss, EvaluationLossesEqualTrainingLosses) {
 
 TEST(LmLoss, LogitsOfRows) {
   const Case c = fresh_case(43);
-  LmLoss loss{c.head, Tensor()};
+  LmLoss loss{c.head, Tensor(), {}, {}};
   const Tensor row = c.hidden.slice_elements(5 * kChannels, {1, kChannels});
   Tensor expected = Tensor::empty({1, kVocab}, DType::kF32);
   for (int64_t v = 0; v < kVocab; ++v) {

@@ -40,6 +40,9 @@ class CpuBackend : public Backend {
   void swiglu_backward(const SwiGluArgs& args) override;
   void cross_entropy_forward(const CrossEntropyArgs& args) override;
   void cross_entropy_backward(const CrossEntropyArgs& args) override;
+  void cross_entropy_shard_stats(const CrossEntropyArgs& args) override;
+  void cross_entropy_finish(const CrossEntropyArgs& args) override;
+  void row_max(const Tensor& x, Tensor& max) override;
   void adamw_step(const AdamWArgs& args) override;
   void add_inplace(Tensor& y, const Tensor& x) override;
   void scale_inplace(Tensor& x, float s) override;
@@ -48,7 +51,7 @@ class CpuBackend : public Backend {
   void copy(Tensor& dst, const Tensor& src) override;
   void cast(Tensor& dst, const Tensor& src) override;
   void fill(Tensor& x, float value) override;
-  void fill_normal(Tensor& x, uint64_t seed, double std) override;
+  void fill_normal(Tensor& x, uint64_t seed, double std, StreamIndex index) override;
   void zero(Tensor& x) override;
   void synchronize() override {}
 };

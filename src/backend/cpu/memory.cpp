@@ -39,11 +39,11 @@ void CpuBackend::sum_into(Tensor& acc, const Tensor& x) {
 
 void CpuBackend::fill(Tensor& x, float value) { x.fill(value); }
 
-void CpuBackend::fill_normal(Tensor& x, uint64_t seed, double std) {
+void CpuBackend::fill_normal(Tensor& x, uint64_t seed, double std, StreamIndex index) {
   float* p = x.f32();
   const int64_t n = x.numel();
 #pragma omp parallel for schedule(static)
-  for (int64_t k = 0; k < n; ++k) p[k] = static_cast<float>(normal_at(seed, static_cast<uint64_t>(k)) * std);
+  for (int64_t k = 0; k < n; ++k) p[k] = static_cast<float>(normal_at(seed, index(k)) * std);
 }
 
 void CpuBackend::zero(Tensor& x) { x.zero(); }

@@ -88,6 +88,15 @@ std::string device_error_message(const cuda::DeviceError& e) {
     case cuda::kAttentionSegmentStart:
       w = {"attention", "segment start", "token", "its causal range"};
       break;
+    case cuda::kEmbeddingForwardVocabId:
+      w = {"embedding_forward", "id", "position", "the vocabulary"};
+      break;
+    case cuda::kEmbeddingBackwardVocabId:
+      w = {"embedding_backward", "id", "position", "the vocabulary"};
+      break;
+    case cuda::kCrossEntropyShardStatsTarget:
+      w = {"cross_entropy_shard_stats", "target", "row", "the vocabulary"};
+      break;
     default:
       break;
   }
@@ -298,8 +307,8 @@ void CudaBackend::fill(Tensor& x, float value) {
   });
 }
 
-void CudaBackend::fill_normal(Tensor& x, uint64_t seed, double std) {
-  cuda::fill_normal(state_->ctx, ptr<float>(x), seed, std, x.numel());
+void CudaBackend::fill_normal(Tensor& x, uint64_t seed, double std, StreamIndex index) {
+  cuda::fill_normal(state_->ctx, ptr<float>(x), seed, std, x.numel(), index);
 }
 
 void CudaBackend::zero(Tensor& x) {
@@ -342,10 +351,11 @@ void CudaBackend::gemm(const GemmArgs& args) {
 void CudaBackend::embedding_forward(const EmbeddingArgs& args) {
   PRIMUS_CHECK(args.ids->numel() <= std::numeric_limits<int32_t>::max(), "[op embedding_forward] {} tokens exceed {}",
                args.ids->numel(), std::numeric_limits<int32_t>::max());
+  const VocabShard shard = resolve_shard(args.shard, args.table->dim(0));
   dispatch(args.table->dtype(), "embedding_forward", [&](auto tag) {
     using T = decltype(tag);
     cuda::embedding_forward<T>(state_->ctx, ptr<int32_t>(*args.ids), ptr<T>(*args.table), ptr<T>(*args.out),
-                               args.ids->numel(), args.table->dim(0), args.table->dim(1));
+                               args.ids->numel(), args.table->dim(0), args.table->dim(1), shard.begin, shard.total);
   });
 }
 
@@ -355,10 +365,11 @@ void CudaBackend::embedding_backward(const EmbeddingArgs& args) {
                    args.dtable->dim(0) < std::numeric_limits<int32_t>::max(),
                "[op embedding_backward] {} tokens or vocabulary {} exceed the 32-bit sort keys", args.ids->numel(),
                args.dtable->dim(0));
+  const VocabShard shard = resolve_shard(args.shard, args.dtable->dim(0));
   dispatch(args.dout->dtype(), "embedding_backward", [&](auto tag) {
     using T = decltype(tag);
     cuda::embedding_backward<T>(state_->ctx, ptr<int32_t>(*args.ids), ptr<T>(*args.dout), ptr<float>(*args.dtable),
-                                args.ids->numel(), args.dtable->dim(0), args.dtable->dim(1));
+                                args.ids->numel(), args.dtable->dim(0), args.dtable->dim(1), shard.begin, shard.total);
   });
 }
 
@@ -525,11 +536,35 @@ void CudaBackend::cross_entropy_forward_backward(const CrossEntropyArgs& args) {
 }
 
 void CudaBackend::cross_entropy_backward(const CrossEntropyArgs& args) {
+  const VocabShard shard = resolve_shard(args.shard, args.logits->dim(-1));
   dispatch(args.logits->dtype(), "cross_entropy_backward", [&](auto tag) {
     using T = decltype(tag);
     cuda::cross_entropy_backward<T>(state_->ctx, ptr<T>(*args.logits), ptr<int32_t>(*args.targets),
                                     ptr<float>(*args.lse), args.grad_scale, ptr<T>(*args.dlogits),
-                                    args.targets->numel(), args.logits->dim(-1));
+                                    args.targets->numel(), args.logits->dim(-1), shard.begin, shard.total);
+  });
+}
+
+void CudaBackend::cross_entropy_shard_stats(const CrossEntropyArgs& args) {
+  const VocabShard shard = resolve_shard(args.shard, args.logits->dim(-1));
+  dispatch(args.logits->dtype(), "cross_entropy_shard_stats", [&](auto tag) {
+    using T = decltype(tag);
+    cuda::cross_entropy_shard_stats<T>(state_->ctx, ptr<T>(*args.logits), ptr<int32_t>(*args.targets),
+                                       ptr<float>(*args.max), ptr<float>(*args.sum_exp), ptr<float>(*args.target_logit),
+                                       args.targets->numel(), args.logits->dim(-1), shard.begin, shard.total);
+  });
+}
+
+void CudaBackend::cross_entropy_finish(const CrossEntropyArgs& args) {
+  cuda::cross_entropy_finish(state_->ctx, ptr<float>(*args.max), ptr<float>(*args.sum_exp),
+                             ptr<float>(*args.target_logit), ptr<int32_t>(*args.targets), ptr<float>(*args.losses),
+                             ptr<float>(*args.lse), args.targets->numel());
+}
+
+void CudaBackend::row_max(const Tensor& x, Tensor& max) {
+  dispatch(x.dtype(), "row_max", [&](auto tag) {
+    using T = decltype(tag);
+    cuda::row_max<T>(state_->ctx, ptr<T>(x), ptr<float>(max), max.numel(), x.dim(-1));
   });
 }
 

@@ -50,6 +50,9 @@ class CudaBackend : public Backend {
   void cross_entropy_forward(const CrossEntropyArgs& args) override;
   void cross_entropy_backward(const CrossEntropyArgs& args) override;
   void cross_entropy_forward_backward(const CrossEntropyArgs& args) override;
+  void cross_entropy_shard_stats(const CrossEntropyArgs& args) override;
+  void cross_entropy_finish(const CrossEntropyArgs& args) override;
+  void row_max(const Tensor& x, Tensor& max) override;
   void adamw_step(const AdamWArgs& args) override;
   void add_inplace(Tensor& y, const Tensor& x) override;
   void scale_inplace(Tensor& x, float s) override;
@@ -58,7 +61,7 @@ class CudaBackend : public Backend {
   void copy(Tensor& dst, const Tensor& src) override;
   void cast(Tensor& dst, const Tensor& src) override;
   void fill(Tensor& x, float value) override;
-  void fill_normal(Tensor& x, uint64_t seed, double std) override;
+  void fill_normal(Tensor& x, uint64_t seed, double std, StreamIndex index) override;
   void zero(Tensor& x) override;
   std::unique_ptr<DeviceMark> mark() override;
   double elapsed_ms(const DeviceMark& from, const DeviceMark& to) override;

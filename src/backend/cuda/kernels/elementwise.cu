@@ -50,10 +50,10 @@ __global__ void fill_kernel(T* __restrict__ x, float value, int64_t n) {
   }
 }
 
-__global__ void fill_normal_kernel(float* __restrict__ x, uint64_t seed, double std, int64_t n) {
+__global__ void fill_normal_kernel(float* __restrict__ x, uint64_t seed, double std, int64_t n, StreamIndex index) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    x[i] = static_cast<float>(normal_at(seed, static_cast<uint64_t>(i)) * std);
+    x[i] = static_cast<float>(normal_at(seed, index(i)) * std);
   }
 }
 
@@ -134,9 +134,9 @@ void fill(const KernelContext& ctx, T* x, float value, int64_t n) {
   PRIMUS_CUDA_CHECK_LAUNCH();
 }
 
-void fill_normal(const KernelContext& ctx, float* x, uint64_t seed, double std, int64_t n) {
+void fill_normal(const KernelContext& ctx, float* x, uint64_t seed, double std, int64_t n, StreamIndex index) {
   if (n == 0) return;
-  fill_normal_kernel<<<grid_for(n, kThreads), kThreads, 0, ctx.stream>>>(x, seed, std, n);
+  fill_normal_kernel<<<grid_for(n, kThreads), kThreads, 0, ctx.stream>>>(x, seed, std, n, index);
   PRIMUS_CUDA_CHECK_LAUNCH();
 }
 

@@ -15,6 +15,7 @@
 
 #include "backend/cuda/gpu_runtime.h"
 #include "core/allocator.h"
+#include "core/rng.h"
 
 namespace primus::cuda {
 
@@ -35,6 +36,10 @@ enum DeviceErrorCode : int {
   kCrossEntropyBackwardTarget = 4,
   kRopePosition = 5,            // position: token (b·T + t), value: the position, limit: rows of the table
   kAttentionSegmentStart = 6,   // position: token (b·T + t), value: its segment start, limit: t + 1
+  // An id of a vocabulary shard's table outside the whole vocabulary (limit: its total).
+  kEmbeddingForwardVocabId = 7,
+  kEmbeddingBackwardVocabId = 8,
+  kCrossEntropyShardStatsTarget = 9,
 };
 
 // bf16 storage: the raw bits of a bfloat16. Conversions go through core/bf16.h (round to nearest even), so a
@@ -50,14 +55,17 @@ struct KernelContext {
   int64_t max_shared_bytes = 48 * 1024;  // per block, opt-in limit of the device
 };
 
-// out[i, :] = table[ids[i], :]            ids [N], table [V, C], out [N, C]
+// ids [N], table [rows, C] holding vocabulary rows [vocab_begin, vocab_begin + rows) of vocab_total (unsharded:
+// 0 and rows), out [N, C]. Every id must lie in [0, vocab_total); one not held here gives a zero row (forward) and
+// no gradient (backward).
+// out[i, :] = table[ids[i] − vocab_begin, :]
 template <typename T>
-void embedding_forward(const KernelContext& ctx, const int32_t* ids, const T* table, T* out, int64_t n, int64_t vocab,
-                       int64_t channels);
-// dtable[ids[i], :] += dout[i, :] (fp32), repeated ids summed in token order (deterministic).
+void embedding_forward(const KernelContext& ctx, const int32_t* ids, const T* table, T* out, int64_t n, int64_t rows,
+                       int64_t channels, int64_t vocab_begin, int64_t vocab_total);
+// dtable[ids[i] − vocab_begin, :] += dout[i, :] (fp32), repeated ids summed in token order (deterministic).
 template <typename T>
 void embedding_backward(const KernelContext& ctx, const int32_t* ids, const T* dout, float* dtable, int64_t n,
-                        int64_t vocab, int64_t channels);
+                        int64_t rows, int64_t channels, int64_t vocab_begin, int64_t vocab_total);
 
 // x, y, dy, dx [N, C]; weight [C]; dweight [C] fp32; rstd [N]. dx or dweight may be null (skipped); dweight
 // accumulates.
@@ -117,9 +125,24 @@ void swiglu_backward(const KernelContext& ctx, const T* gate_up, const T* dout, 
 template <typename T>
 void cross_entropy_forward(const KernelContext& ctx, const T* logits, const int32_t* targets, float* losses, float* lse,
                            int64_t rows, int64_t vocab, float grad_scale = 0.0f, T* dlogits = nullptr);
+// With a vocabulary shard, logits and dlogits hold columns [vocab_begin, vocab_begin + vocab) of vocab_total
+// (unsharded: 0 and vocab); targets must lie below vocab_total.
 template <typename T>
 void cross_entropy_backward(const KernelContext& ctx, const T* logits, const int32_t* targets, const float* lse,
-                            float grad_scale, T* dlogits, int64_t rows, int64_t vocab);
+                            float grad_scale, T* dlogits, int64_t rows, int64_t vocab, int64_t vocab_begin,
+                            int64_t vocab_total);
+// The vocabulary-parallel steps (backend.h). max[r] = max of x[r, :], x [rows, columns].
+template <typename T>
+void row_max(const KernelContext& ctx, const T* x, float* max, int64_t rows, int64_t columns);
+// sum_exp[r] = Σ_v exp(logits[r, v] − max[r]); target_logit[r] = the target's logit where this shard holds its
+// column, else 0. logits [rows, vocab] as for cross_entropy_backward; max, sum_exp, target_logit [rows] f32.
+template <typename T>
+void cross_entropy_shard_stats(const KernelContext& ctx, const T* logits, const int32_t* targets, const float* max,
+                               float* sum_exp, float* target_logit, int64_t rows, int64_t vocab, int64_t vocab_begin,
+                               int64_t vocab_total);
+// lse = max + log(sum_exp) (in double, rounded once); losses = lse − target_logit, 0 for a negative target.
+void cross_entropy_finish(const KernelContext& ctx, const float* max, const float* sum_exp, const float* target_logit,
+                          const int32_t* targets, float* losses, float* lse, int64_t rows);
 
 // Step scalars computed on the host in double and rounded once, exactly as the CPU backend does.
 struct AdamWScalars {
@@ -144,7 +167,7 @@ void scale_inplace(const KernelContext& ctx, T* x, float s, int64_t n);
 template <typename T>
 void fill(const KernelContext& ctx, T* x, float value, int64_t n);
 // x[k] = float(normal_at(seed, k) · std), core/rng.h.
-void fill_normal(const KernelContext& ctx, float* x, uint64_t seed, double std, int64_t n);
+void fill_normal(const KernelContext& ctx, float* x, uint64_t seed, double std, int64_t n, StreamIndex index);
 // *result (device memory) = Σ x² in double, by fixed chunks then chunk order: deterministic.
 template <typename T>
 void sum_squares(const KernelContext& ctx, const T* x, int64_t n, double* result);

@@ -1,0 +1,42 @@
+#include "layers/tensor_parallel.h"
+
+#include "ops/ops.h"
+#include "ops/profile.h"
+
+namespace primus {
+
+namespace {
+
+Stream compute_stream(const Tensor& x) { return backend_for(x.device()).stream(StreamKind::kCompute); }
+
+}  // namespace
+
+void TensorParallelGroup::sum(Tensor& x) const {
+  if (size() == 1) return;
+  const ops::ProfileScope scope("tensor parallel: all_reduce");
+  comm_->all_reduce(x, ReduceOp::kSum, compute_stream(x));
+}
+
+void TensorParallelGroup::max(Tensor& x) const {
+  if (size() == 1) return;
+  const ops::ProfileScope scope("tensor parallel: all_reduce max");
+  comm_->all_reduce(x, ReduceOp::kMax, compute_stream(x));
+}
+
+Tensor TensorParallelGroup::gather_columns(const Tensor& x) const {
+  if (size() == 1) return x;
+  const ops::ProfileScope scope("tensor parallel: all_gather");
+  const int64_t n = x.dim(0), c = x.dim(1);
+  Tensor gathered = Tensor::empty({size() * n, c}, x.dtype(), x.device());  // rank-major: [size, n, c]
+  comm_->all_gather(x, gathered, compute_stream(x));
+  Tensor out = Tensor::empty({n, size() * c}, x.dtype(), x.device());
+  for (int r = 0; r < size(); ++r) {
+    for (int64_t row = 0; row < n; ++row) {  // only for sampling's few rows
+      Tensor dst = out.slice_elements(row * size() * c + r * c, {c});
+      ops::copy(dst, gathered.slice_elements((r * n + row) * c, {c}));
+    }
+  }
+  return out;
+}
+
+}  // namespace primus

@@ -1,0 +1,132 @@
+// Tensor parallelism at the model: N forked CPU ranks over Gloo each build the tensor-parallel model (its slices of
+// the heads, MLP columns and vocabulary) and, beside it, the whole model from the same seed, and run the same
+// micro-batches through both. Every rank must hold exactly its slice of the whole model's initial weights, and
+// get the same losses, the slice of the whole model's gradients (replicated norm weights whole, q/k norms summed
+// over the group), the same evaluation losses and the same next-token logits, to fp32 rounding.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <random>
+#include <string>
+
+#include "core/rng.h"
+#include "models/model.h"
+#include "ops/ops.h"
+#include "parallel/distributed_env.h"
+#include "support/multiprocess.h"
+#include "support/test_support.h"
+#include "support/tiny_models.h"
+
+namespace primus {
+namespace {
+
+using namespace std::chrono_literals;
+
+// The part of `whole` ([rows, cols] or [n]) that `spec` describes.
+Tensor slice_of(const Tensor& whole, const ParamSpec& spec) {
+  if (!spec.slice.sliced()) return whole;
+  Tensor part = Tensor::empty(spec.shape, DType::kF32);
+  const int64_t rows = spec.shape[0], cols = spec.shape[1], whole_cols = whole.dim(1);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      const int64_t wr = spec.slice.dim == 0 ? spec.slice.offset + r : r;
+      const int64_t wc = spec.slice.dim == 1 ? spec.slice.offset + c : c;
+      part.f32()[r * cols + c] = whole.f32()[wr * whole_cols + wc];
+    }
+  }
+  return part;
+}
+
+// "" when a and b agree within fp32 rounding of sums in another order, else what differs.
+std::string compare(const std::string& what, const float* a, const float* b, int64_t n) {
+  double worst = 0.0, scale = 1e-30;
+  for (int64_t k = 0; k < n; ++k) {
+    worst = std::max(worst, std::abs(static_cast<double>(a[k]) - b[k]));
+    scale = std::max(scale, std::abs(static_cast<double>(a[k])));
+  }
+  if (worst <= 2e-5 * scale + 1e-7) return "";
+  return fmt::format("{}: differs by {:.3g} (largest value {:.3g}); ", what, worst, scale);
+}
+
+// One rank: the tensor-parallel model against the whole one. Returns "" or the mismatches.
+std::string check_rank(const ModelArgs& args, int rank, int tp, int port, uint64_t seed) {
+  DistributedEnv env;
+  env.rank = rank;
+  env.world_size = tp;
+  env.local_rank = rank;
+  env.local_world_size = tp;
+  env.master_port = port;
+  std::shared_ptr<Communicator> group = make_world_communicator(env, kCpuDevice, 20s);
+  constexpr int64_t kSeq = 12;
+  const std::unique_ptr<Model> whole = make_model(args, kSeq);
+  const std::unique_ptr<Model> part = make_model(args, kSeq, kCpuDevice, DType::kF32,
+                                                 ModelParallel{TensorParallelGroup(group)});
+  whole->params().initialize(seed);
+  part->params().initialize(seed);
+  std::string errors;
+  const std::vector<ParamSpec>& specs = part->params().specs();
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const Tensor want = slice_of(whole->params().param(specs[i].name), specs[i]);
+    errors += compare(specs[i].name + " (initial weight)", want.f32(), part->params().param(i).f32(), want.numel());
+  }
+  // Two micro-batches accumulate, one of them with ignored targets; the same ids on every rank.
+  Rng rng(seed);
+  const Tensor tokens_a = testing::random_ids({2, kSeq}, args.vocab_size, rng);
+  Tensor labels_a = testing::random_ids({2, kSeq}, args.vocab_size, rng);
+  labels_a.i32()[3] = -1;
+  const Tensor tokens_b = testing::random_ids({1, kSeq - 3}, args.vocab_size, rng);
+  const Tensor labels_b = testing::random_ids({1, kSeq - 3}, args.vocab_size, rng);
+  const float grad_scale = 1.0f / 40.0f;
+  for (Model* m : {whole.get(), part.get()}) m->params().zero_grads();
+  for (const auto& [tokens, labels] : {std::pair{tokens_a, labels_a}, std::pair{tokens_b, labels_b}}) {
+    const LossSum w = testing::train_micro_batch(*whole, tokens, labels, grad_scale);
+    const LossSum p = testing::train_micro_batch(*part, tokens, labels, grad_scale);
+    const float wl = static_cast<float>(w.loss_sum), pl = static_cast<float>(p.loss_sum);
+    errors += compare("training loss", &wl, &pl, 1);
+  }
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const Tensor want = slice_of(whole->params().grad(specs[i].name), specs[i]);
+    errors += compare(specs[i].name + " (gradient)", want.f32(), part->params().grad(i).f32(), want.numel());
+  }
+  const LossSum we = whole->evaluate(tokens_a, labels_a), pe = part->evaluate(tokens_a, labels_a);
+  const float wel = static_cast<float>(we.loss_sum), pel = static_cast<float>(pe.loss_sum);
+  errors += compare("evaluation loss", &wel, &pel, 1);
+  const std::vector<int32_t> context(tokens_b.i32(), tokens_b.i32() + tokens_b.numel());
+  const std::vector<float> wlog = whole->next_token_logits(context), plog = part->next_token_logits(context);
+  if (plog.size() != wlog.size()) return errors + fmt::format("{} logits, not {}", plog.size(), wlog.size());
+  errors += compare("next-token logits", wlog.data(), plog.data(), static_cast<int64_t>(wlog.size()));
+  return errors;
+}
+
+void check_layout(const ModelArgs& args, int tp) {
+  const uint64_t seed = std::random_device{}();
+  const int port = testing::free_port();
+  const auto results = testing::run_ranks(tp, 120s, [&](int rank) { return check_rank(args, rank, tp, port, seed); },
+                                          /*status_if_message=*/2);
+  for (size_t rank = 0; rank < results.size(); ++rank) {
+    EXPECT_EQ(results[rank].status, 0) << "rank " << rank << " of " << tp << " (seed " << seed
+                                       << "): " << results[rank].message;
+  }
+}
+
+TEST(TensorParallel, LlamaOnTwoRanksEqualsOneRank) { check_layout(testing::tiny_llama_args(), 2); }
+
+TEST(TensorParallel, TiedEmbeddingsOnTwoRanksEqualOneRank) {
+  ModelArgs args = testing::tiny_llama_args();
+  args.untie_embeddings_and_output_weights = false;
+  check_layout(args, 2);
+}
+
+// q/k norms: one weight over each rank's heads, so its gradient is summed over the group.
+TEST(TensorParallel, Qwen3OnTwoRanksEqualsOneRank) { check_layout(testing::tiny_qwen3_args(), 2); }
+
+TEST(TensorParallel, FourRanksEqualOneRank) {
+  ModelArgs args = testing::tiny_qwen3_args();
+  args.num_query_groups = 4;
+  check_layout(args, 4);
+}
+
+}  // namespace
+}  // namespace primus

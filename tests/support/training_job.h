@@ -1,0 +1,44 @@
+// Training jobs of the built primus-cli on CPU ranks over Gloo, for the end-to-end parallel tests: N processes
+// started with torchrun's environment (as `primus-cli direct --nproc-per-node N` starts them) on one tiny Llama
+// experiment (mock tokens, 20 steps, a metrics record every step, an evaluation at steps 10 and 20, a checkpoint at
+// the end), and the comparison of a run with one rank's at the same global batch: losses, gradient norms and
+// evaluation losses within relative 1e-5, and every parameter tensor after the run within 1e-5 (relative norm).
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace primus::testing {
+
+// A job: its workspace (the experiment is written there), overrides of the experiment, and its ranks.
+struct Job {
+  std::string workspace;
+  std::vector<std::string> overrides;
+  int ranks = 1;
+};
+
+// Writes the experiment into `dir` (dir/dp.yaml, its workspace dir) and returns its path.
+std::string write_config(const std::string& dir);
+
+// Starts `ranks` primus-cli processes and waits for all (at most two minutes); a failed rank fails the test with
+// its output.
+void run_job(const Job& job);
+
+struct RunResult {
+  std::vector<double> losses;
+  std::vector<double> grad_norms;
+  std::vector<double> eval_losses;
+  std::map<std::string, std::vector<float>> weights;
+};
+
+// The run of a workspace: its metrics and (through `checkpoint convert`) its final weights.
+RunResult read_run(const std::string& workspace);
+
+// `many` (a layout of several ranks) against `one` (one rank): see the top of this file.
+void expect_same_run(const RunResult& one, const RunResult& many, const std::string& layout);
+
+// a then b.
+std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b);
+
+}  // namespace primus::testing
