@@ -23,7 +23,13 @@ std::string hf_config_text(const Model& model) { return hf_config_json_text(mode
 SafetensorsWriter model_writer(const Model& model) {
   SafetensorsWriter writer;
   const ParamStore& params = model.params();
-  for (size_t i = 0; i < params.specs().size(); ++i) writer.add(params.specs()[i].name, params.param(i));
+  for (size_t i = 0; i < params.specs().size(); ++i) {
+    // A tensor-parallel rank's slice under the whole tensor's name would be a wrong Hugging Face file.
+    PRIMUS_CHECK(!params.specs()[i].slice.sliced(),
+                 "[checkpoint] export of '{}', a tensor-parallel slice: save a checkpoint and convert it instead",
+                 params.specs()[i].name);
+    writer.add(params.specs()[i].name, params.param(i));
+  }
   return writer;
 }
 
@@ -101,14 +107,15 @@ TrainerState load_checkpoint(const std::string& checkpoint_dir, Model& model, Ad
   const int64_t total = 4 * (params.numel() + 2 * owned);
   int64_t done = 0;
   if (progress) progress({"load", 0, total});
+  // Each tensor's part of this rank (the whole tensor, or its tensor-parallel box) from whichever pieces hold it.
   for (size_t i = 0; i < specs.size(); ++i) {
     const int64_t n = shape_numel(specs[i].shape);
-    catalog.require(specs[i].name, specs[i].shape);
-    catalog.read_into(specs[i].name, 0, n, params.param(i).reshape({n}));
+    catalog.require(specs[i].name, specs[i].whole_shape());
+    catalog.read_into(specs[i].name, param_box(specs[i]), 0, n, params.param(i).reshape({n}));
     done += 4 * n;
     if (progress) progress({"load", done, total});
   }
-  // Each owned range crosses some tensors; the part of each comes from whichever slices of the checkpoint hold it.
+  // Each owned range crosses some tensors; the part of each, a range of the tensor's box, comes the same way.
   for (size_t r = 0; r < optimizer.owned().size(); ++r) {
     const FlatRange range = optimizer.owned()[r];
     for (size_t i = 0; i < specs.size(); ++i) {
@@ -118,9 +125,10 @@ TrainerState load_checkpoint(const std::string& checkpoint_dir, Model& model, Ad
       if (lo >= hi) continue;
       for (const bool second : {false, true}) {
         const std::string name = (second ? "exp_avg_sq." : "exp_avg.") + specs[i].name;
-        catalog.require(name, specs[i].shape);
+        catalog.require(name, specs[i].whole_shape());
         const Tensor moments = second ? optimizer.exp_avg_sq(r) : optimizer.exp_avg(r);
-        catalog.read_into(name, lo - offset, hi - offset, moments.slice_elements(lo - range.begin, {hi - lo}));
+        catalog.read_into(name, param_box(specs[i]), lo - offset, hi - offset,
+                          moments.slice_elements(lo - range.begin, {hi - lo}));
       }
       done += 2 * 4 * (hi - lo);
       if (progress) progress({"load", done, total});
@@ -156,12 +164,12 @@ void load_hf_weights(const std::string& dir, Model& model) {
     const ParamSpec& spec = params.specs()[i];
     const CatalogTensor* tensor = catalog.find(spec.name);
     if (tensor == nullptr) throw UsageError(fmt::format("{}: no tensor '{}'", catalog.source(), spec.name));
-    if (tensor->shape != spec.shape) {
+    if (tensor->shape != spec.whole_shape()) {
       throw UsageError(fmt::format("{}: tensor '{}' has shape {} but the model needs {}", catalog.source(), spec.name,
-                                   shape_str(tensor->shape), shape_str(spec.shape)));
+                                   shape_str(tensor->shape), shape_str(spec.whole_shape())));
     }
-    const int64_t n = shape_numel(spec.shape);
-    catalog.read_into(spec.name, 0, n, params.param(i).reshape({n}));
+    const int64_t n = shape_numel(spec.shape);  // this rank's part (its tensor-parallel slice)
+    catalog.read_into(spec.name, param_box(spec), 0, n, params.param(i).reshape({n}));
   }
   model.weights_changed();
 }

@@ -8,7 +8,7 @@
 //                       config.yaml            the effective experiment config
 //                       manifest.json          size and CRC32C of every file above (written last)
 //   <save>/latest_checkpointed_iteration.txt   Megatron's tracker file, replaced atomically after the directory
-// Sharded format (data-parallel ranks, sharded_checkpoint.h): shard_<r>_of_<n>.safetensors from each rank and
+// Sharded format (several ranks, sharded_checkpoint.h): shard_<r>_of_<n>.safetensors from each rank and
 // index.json in place of model.safetensors and optimizer.safetensors; the other files are the same.
 //
 // A directory is built under a temporary name (`iter_N.tmp`), every file fsync'ed, then renamed into place;
@@ -67,17 +67,19 @@ std::optional<std::string> find_latest_checkpoint(const std::string& dir);
 void verify_checkpoint(const std::string& checkpoint_dir, const CheckpointProgressFn& progress = {});
 
 // Verifies, then loads weights, optimizer moments and trainer state from a checkpoint of either format into a
-// model and an optimizer of any layout: every weight, and the moments of the optimizer's owned ranges only,
-// each from whichever stored slices hold it (a 4-rank checkpoint loads into 2 ranks or 1, a 1-process one into
-// 4). The checkpoint's config.json must describe the model (UsageError naming the key and both values: the run is
+// model and an optimizer of any layout: every weight of this rank's part of each tensor (its tensor-parallel box,
+// or the whole tensor), and the moments of the optimizer's owned ranges only, each from whichever stored pieces
+// hold it (a checkpoint of 4 data-parallel ranks loads into 2 ranks or 1, a 1-process one into 4, one of tp 2 × dp
+// 2 into tp 4 or one process). The checkpoint's config.json must describe the model (UsageError naming the key and both values: the run is
 // configured for another model); a missing tensor or slice throws RuntimeError naming the file.
 TrainerState load_checkpoint(const std::string& checkpoint_dir, Model& model, AdamW& optimizer,
                              const CheckpointProgressFn& progress = {});
 
-// Hugging Face model folder: model.safetensors (fp32) + config.json.
+// Hugging Face model folder: model.safetensors (fp32) + config.json, from a model of one process (a tensor-parallel
+// rank's slices are refused: convert a checkpoint instead).
 void export_hf_model(const std::string& dir, const Model& model);
 // Loads weights from a Hugging Face model folder (F32/BF16/F16 safetensors; one file or an index of shards whose
-// files stay inside the folder). The folder's config.json must describe the model (require_same_model in
+// files stay inside the folder), each rank its tensor-parallel part. The folder's config.json must describe the model (require_same_model in
 // hf_config.h) with max_position_embeddings at least the model's sequence length; UsageError names the file and key.
 void load_hf_weights(const std::string& dir, Model& model);
 

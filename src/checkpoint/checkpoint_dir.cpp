@@ -67,14 +67,14 @@ void ManifestFiles::write_text(const std::string& dir, const std::string& name, 
   add(name, text.size(), crc32c(text));
 }
 
-void ManifestFiles::write_manifest(const std::string& dir, int64_t iteration) const {
-  const json manifest = {{"format_version", kCheckpointFormatVersion}, {"iteration", iteration}, {"files", files_}};
+void ManifestFiles::write_manifest(const std::string& dir, int64_t iteration, int format_version) const {
+  const json manifest = {{"format_version", format_version}, {"iteration", iteration}, {"files", files_}};
   write_file_atomic(dir + "/" + kManifestFile, manifest.dump(2) + "\n");
   fsync_directory(dir);
 }
 
-std::string trainer_state_text(const TrainerState& state) {
-  const json trainer = {{"format_version", kCheckpointFormatVersion},
+std::string trainer_state_text(const TrainerState& state, int format_version) {
+  const json trainer = {{"format_version", format_version},
                         {"iteration", state.iteration},
                         {"consumed_train_samples", state.consumed_train_samples},
                         {"optimizer_steps", state.optimizer_steps},
@@ -121,11 +121,11 @@ void commit_checkpoint_dir(const std::string& tmp_dir, const std::string& save_d
 
 void finish_checkpoint_dir(ManifestFiles& files, const std::string& tmp_dir, const std::string& save_dir,
                            const std::string& hf_config_json, const TrainerState& state,
-                           const std::string& config_yaml) {
+                           const std::string& config_yaml, int format_version) {
   files.write_text(tmp_dir, "config.json", hf_config_json);
-  files.write_text(tmp_dir, "trainer_state.json", trainer_state_text(state));
+  files.write_text(tmp_dir, "trainer_state.json", trainer_state_text(state, format_version));
   files.write_text(tmp_dir, "config.yaml", config_yaml);
-  files.write_manifest(tmp_dir, state.iteration);
+  files.write_manifest(tmp_dir, state.iteration, format_version);
   commit_checkpoint_dir(tmp_dir, save_dir, state.iteration);
 }
 
@@ -143,7 +143,7 @@ int64_t write_single_file_checkpoint(const std::string& save_dir, const Safetens
     files.add("model.safetensors", model.bytes, model.crc32c);
     const SafetensorsWriter::Written optim = moments.write(tmp_dir + "/optimizer.safetensors", on_bytes);
     files.add("optimizer.safetensors", optim.bytes, optim.crc32c);
-    finish_checkpoint_dir(files, tmp_dir, save_dir, hf_config_json, state, config_yaml);
+    finish_checkpoint_dir(files, tmp_dir, save_dir, hf_config_json, state, config_yaml, kFirstCheckpointFormatVersion);
     return done;
   } catch (...) {
     // A failed save (a full disk, say) must not leave gigabytes behind.

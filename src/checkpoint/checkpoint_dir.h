@@ -21,7 +21,12 @@ namespace primus {
 
 inline constexpr const char* kTrackerFile = "latest_checkpointed_iteration.txt";
 inline constexpr const char* kManifestFile = "manifest.json";
-inline constexpr int kCheckpointFormatVersion = 1;
+// format_version of manifest.json, trainer_state.json and index.json. 1: every slice of index.json is a flat range
+// of its whole tensor. 2: slices may give a "box" of the tensor (tensor-parallel ranks' parts, tensor_box.h). A
+// checkpoint without boxes is written as version 1, so that builds from before version 2 still read it; one with
+// boxes as 2, which such builds refuse by its version instead of misreading its slices. This build reads both.
+inline constexpr int kFirstCheckpointFormatVersion = 1;
+inline constexpr int kCheckpointFormatVersion = 2;
 
 // `<save>/iter_N.tmp`: one fixed name per iteration, so the ranks of a sharded save agree on it without a
 // message, and a crashed attempt is found (and removed) by the next save.
@@ -47,13 +52,13 @@ class ManifestFiles {
   // Writes `text` as `dir/name` atomically and records it.
   void write_text(const std::string& dir, const std::string& name, const std::string& text);
   // Writes dir/manifest.json (last: its presence marks the directory complete) and fsyncs the directory.
-  void write_manifest(const std::string& dir, int64_t iteration) const;
+  void write_manifest(const std::string& dir, int64_t iteration, int format_version) const;
 
  private:
   nlohmann::json files_ = nlohmann::json::object();
 };
 
-std::string trainer_state_text(const TrainerState& state);
+std::string trainer_state_text(const TrainerState& state, int format_version);
 // config.json beside fp32 weights: the Hugging Face config of `args`, pretty-printed.
 std::string hf_config_json_text(const ModelArgs& args);
 // Every field range-checked (checkpoint_verify.cpp): RuntimeError naming the file and the key.
@@ -65,10 +70,10 @@ TrainerState read_trainer_state(const std::string& checkpoint_dir);
 // replaced; a crash while it is swapped leaves the tracker naming the previous iteration, which stays complete.
 void commit_checkpoint_dir(const std::string& tmp_dir, const std::string& save_dir, int64_t iteration);
 // The last step of every save: config.json, trainer_state.json, config.yaml and the manifest written into tmp_dir
-// beside the data files already in `files`, then committed.
+// beside the data files already in `files` (both JSON files of `format_version`), then committed.
 void finish_checkpoint_dir(ManifestFiles& files, const std::string& tmp_dir, const std::string& save_dir,
                            const std::string& hf_config_json, const TrainerState& state,
-                           const std::string& config_yaml);
+                           const std::string& config_yaml, int format_version);
 
 // The single-file format from its two safetensors files' contents: model.safetensors, config.json,
 // optimizer.safetensors, trainer_state.json, config.yaml and the manifest, committed. Progress: "save" over the

@@ -52,9 +52,9 @@ bool plain_file_name(const std::string& name) {
 
 void require_format_version(const JsonFields& fields) {
   const int64_t version = fields.integer("format_version", INT64_MIN, INT64_MAX);
-  if (version != kCheckpointFormatVersion) {
-    fields.fail("format_version", fmt::format("is {}; this build reads format {} only (written by another version?)",
-                                              version, kCheckpointFormatVersion));
+  if (version < kFirstCheckpointFormatVersion || version > kCheckpointFormatVersion) {
+    fields.fail("format_version", fmt::format("is {}; this build reads formats {} to {} (written by another version?)",
+                                              version, kFirstCheckpointFormatVersion, kCheckpointFormatVersion));
   }
 }
 

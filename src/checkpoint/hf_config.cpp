@@ -230,6 +230,16 @@ void require_same_model(const ModelArgs& theirs, const ModelArgs& ours, const st
       {"vocab_size", {theirs.vocab_size, ours.vocab_size}},
   };
   for (const auto& [key, values] : sizes) {
+    if (values.first != values.second && std::string_view(key) == "vocab_size") {
+      // Most often the padding: Megatron's rounds the tokenizer's vocabulary up to a multiple of
+      // make_vocab_size_divisible_by × tensor_model_parallel_size, so another tp pads it differently.
+      throw UsageError(
+          fmt::format("{}: vocab_size is {} but the configured model has {} (the tokenizer's vocabulary "
+                      "padded to a multiple of make_vocab_size_divisible_by x "
+                      "tensor_model_parallel_size; set vocab_size: {} to use these weights at another "
+                      "tensor-parallel size)",
+                      source, values.first, values.second, values.first));
+    }
     if (values.first != values.second) differ(key, values.first, values.second);
   }
   const bool their_tie = !theirs.untie_embeddings_and_output_weights,

@@ -3,9 +3,11 @@
 #include "checkpoint/sharded_checkpoint.h"
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <tuple>
 
 #include "checkpoint/checkpoint_dir.h"
 #include "checkpoint/safetensors.h"
@@ -21,7 +23,7 @@ using json = nlohmann::json;
 namespace {
 
 // Fields of the record each rank all_gathers after writing its shard.
-enum RecordField : int64_t { kOk, kBytes, kCrc32c, kPieces, kNumel, kRecordFields };
+enum RecordField : int64_t { kOk, kBytes, kCrc32c, kDescriptionBytes, kRecordFields };
 
 // Collectives on host vectors; the communicator's buffers live on its device.
 std::vector<int64_t> all_gather_i64(Communicator& group, const std::vector<int64_t>& mine) {
@@ -81,8 +83,8 @@ std::vector<FlatRange> shard_pieces(const ParamStore& params, std::vector<FlatRa
   return pieces;
 }
 
-// The key of each piece inside its shard: the tensor's name, or `<name>@<first element>` when the shard holds
-// several pieces of it. A function of the piece list alone, so rank 0 names other ranks' pieces the same way.
+// The key of each piece inside its shard: the tensor's name, or `<name>@<first element of its box>` when the shard
+// holds several pieces of it.
 std::vector<std::string> piece_keys(const ParamStore& params, const std::vector<FlatRange>& pieces) {
   std::map<size_t, int> count;
   for (const FlatRange& p : pieces) ++count[param_at(params, p.begin)];
@@ -124,66 +126,128 @@ std::pair<SafetensorsWriter, SafetensorsWriter> single_file_writers(const ParamS
   return {std::move(weights), std::move(moments)};
 }
 
-std::string index_text(const ParamStore& params, const std::vector<std::vector<FlatRange>>& pieces_of,
-                       int64_t iteration) {
-  const int size = static_cast<int>(pieces_of.size());
-  json tensors = json::object();
+// A piece as every rank sees it: which tensor, where in it, under which key of its rank's shard.
+struct PieceRecord {
+  std::string name;
+  Shape whole;  // the logical tensor's shape
+  TensorBox box;
+  int64_t begin = 0;  // elements [begin, end) of the box
+  int64_t end = 0;
+  std::string key;
+};
+
+std::vector<PieceRecord> piece_records(const ParamStore& params, const std::vector<FlatRange>& pieces) {
+  const std::vector<std::string> keys = piece_keys(params, pieces);
+  std::vector<PieceRecord> records;
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    const size_t i = param_at(params, pieces[k].begin);
+    const ParamSpec& spec = params.specs()[i];
+    records.push_back(PieceRecord{spec.name, spec.whole_shape(), param_box(spec), pieces[k].begin - params.offset(i),
+                                  pieces[k].end - params.offset(i), keys[k]});
+  }
+  return records;
+}
+
+// The description a rank sends in step 3: JSON [[name, whole shape, box offset, box shape, begin, end, key], ...].
+std::string describe(const std::vector<PieceRecord>& records) {
+  json list = json::array();
+  for (const PieceRecord& r : records) {
+    list.push_back({r.name, r.whole, r.box.offset, r.box.shape, r.begin, r.end, r.key});
+  }
+  return list.dump();
+}
+
+std::vector<PieceRecord> parse_description(const std::string& text) {
+  std::vector<PieceRecord> records;
+  for (const json& p : json::parse(text)) {
+    records.push_back(PieceRecord{p[0].get<std::string>(), p[1].get<Shape>(),
+                                  TensorBox{p[2].get<Shape>(), p[3].get<Shape>()}, p[4].get<int64_t>(),
+                                  p[5].get<int64_t>(), p[6].get<std::string>()});
+  }
+  return records;
+}
+
+// Text through an int64 all_gather: each rank's bytes packed into `words` words (the longest rank's count).
+std::vector<std::string> all_gather_text(Communicator& group, const std::string& mine, int64_t words,
+                                         const std::vector<int64_t>& lengths) {
+  std::vector<int64_t> packed(static_cast<size_t>(words), 0);
+  std::memcpy(packed.data(), mine.data(), mine.size());
+  const std::vector<int64_t> all = all_gather_i64(group, packed);
+  std::vector<std::string> texts;
+  for (int r = 0; r < group.size(); ++r) {
+    const char* bytes = reinterpret_cast<const char*>(all.data() + static_cast<size_t>(r * words));
+    texts.emplace_back(bytes, static_cast<size_t>(lengths[static_cast<size_t>(r)]));
+  }
+  return texts;
+}
+
+// Every tensor's pieces over the ranks, by name.
+using TensorPieces = std::map<std::string, std::vector<std::pair<int, PieceRecord>>>;
+
+// The first flaw in how the ranks' pieces cover the tensors, or empty: a tensor whose ranks disagree on its shape,
+// a tensor whose pieces do not hold every element exactly once, a tensor of `params` (this rank's) in no piece.
+std::string tensors_flaw(const TensorPieces& tensors, const ParamStore& params) {
+  for (const auto& [name, list] : tensors) {
+    std::vector<TensorPiece> pieces;
+    for (const auto& [rank, p] : list) {
+      if (p.whole != list.front().second.whole) {
+        return fmt::format("rank {} gives tensor '{}' shape {}, rank {} gives it {}", rank, name, shape_str(p.whole),
+                           list.front().first, shape_str(list.front().second.whole));
+      }
+      pieces.push_back(TensorPiece{p.box, p.begin, p.end, fmt::format("rank {}", rank)});
+    }
+    if (const std::string flaw = coverage_flaw(list.front().second.whole, pieces); !flaw.empty()) {
+      return fmt::format("tensor '{}': {}", name, flaw);
+    }
+  }
+  for (const ParamSpec& spec : params.specs()) {
+    if (shape_numel(spec.shape) > 0 && tensors.count(spec.name) == 0) {
+      return fmt::format("tensor '{}' is in no rank's pieces", spec.name);
+    }
+  }
+  return {};
+}
+
+std::string index_text(const TensorPieces& tensors, int size, int64_t iteration, int format_version) {
   json files = json::array();
-  for (int r = 0; r < size; ++r) {
-    const std::string file = shard_file_name(r, size);
-    files.push_back(file);
-    const std::vector<std::string> keys = piece_keys(params, pieces_of[r]);
-    for (size_t k = 0; k < pieces_of[r].size(); ++k) {
-      const FlatRange p = pieces_of[r][k];
-      const size_t i = param_at(params, p.begin);
-      const ParamSpec& spec = params.specs()[i];
-      const int64_t offset = params.offset(i);
-      for (const char* prefix : {"", "exp_avg.", "exp_avg_sq."}) {
-        tensors[prefix + spec.name].push_back({{"file", file},
-                                               {"key", prefix + keys[k]},
-                                               {"shape", spec.shape},
-                                               {"slice", {p.begin - offset, p.end - offset}},
-                                               {"dtype", "F32"}});
+  for (int r = 0; r < size; ++r) files.push_back(shard_file_name(r, size));
+  json index_tensors = json::object();
+  int64_t numel = 0;
+  for (const auto& [name, list] : tensors) {
+    std::vector<std::pair<int, PieceRecord>> sorted = list;
+    std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) {
+      return std::tie(a.second.box.offset, a.second.begin) < std::tie(b.second.box.offset, b.second.begin);
+    });
+    numel += shape_numel(sorted.front().second.whole);
+    for (const char* prefix : {"", "exp_avg.", "exp_avg_sq."}) {
+      json& entries = index_tensors[prefix + name];
+      for (const auto& [rank, p] : sorted) {
+        json entry = {{"file", shard_file_name(rank, size)}, {"key", prefix + p.key}, {"shape", p.whole}};
+        if (!p.box.is_whole(p.whole)) entry["box"] = {{"offset", p.box.offset}, {"shape", p.box.shape}};
+        entry["slice"] = {p.begin, p.end};
+        entry["dtype"] = "F32";
+        entries.push_back(std::move(entry));
       }
     }
   }
-  for (auto& [name, list] : tensors.items()) {
-    std::sort(list.begin(), list.end(),
-              [](const json& a, const json& b) { return a["slice"][0].get<int64_t>() < b["slice"][0].get<int64_t>(); });
-  }
   const json index = {{"format", kShardedIndexFormat},
-                      {"format_version", kCheckpointFormatVersion},
+                      {"format_version", format_version},
                       {"iteration", iteration},
                       {"world_size", size},
-                      {"numel", params.numel()},
+                      {"numel", numel},
                       {"files", files},
-                      {"tensors", tensors}};
+                      {"tensors", index_tensors}};
   return index.dump(1) + "\n";
-}
-
-// The first flaw in how the ranks' pieces cover [0, numel), or empty when they tile it exactly.
-std::string coverage_flaw(const std::vector<std::vector<FlatRange>>& pieces_of, int64_t numel) {
-  std::vector<std::pair<FlatRange, int>> all;
-  for (size_t r = 0; r < pieces_of.size(); ++r) {
-    for (const FlatRange& p : pieces_of[r]) all.push_back({p, static_cast<int>(r)});
-  }
-  std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.first.begin < b.first.begin; });
-  int64_t at = 0;
-  int last_rank = -1;
-  for (const auto& [p, r] : all) {
-    if (p.begin > at) return fmt::format("flat elements [{}, {}) belong to no rank's ranges", at, p.begin);
-    if (p.begin < at) {
-      return fmt::format("rank {}'s range from {} overlaps rank {}'s, which ends at {}", r, p.begin, last_rank, at);
-    }
-    at = p.end;
-    last_rank = r;
-  }
-  if (at < numel) return fmt::format("flat elements [{}, {}) belong to no rank's ranges", at, numel);
-  return {};
 }
 
 }  // namespace
 
+
+TensorBox param_box(const ParamSpec& spec) {
+  TensorBox box{Shape(spec.shape.size(), 0), spec.shape};
+  if (spec.slice.sliced()) box.offset[static_cast<size_t>(spec.slice.dim)] = spec.slice.offset;
+  return box;
+}
 
 SavedState live_state(const ParamStore& params, const AdamW& optimizer) {
   return SavedState{
@@ -206,17 +270,29 @@ CheckpointSave::CheckpointSave(std::string save_dir, const Model& model, std::ve
       config_yaml_(std::move(config_yaml)) {
   const ParamStore& params = model.params();
   pieces_ = shard_pieces(params, std::move(ranges));
+  int64_t elements = 0;
+  for (const FlatRange& p : pieces_) elements += p.size();
   if (group_ == nullptr) {
-    if (const std::string flaw = coverage_flaw({pieces_}, params.numel()); !flaw.empty()) {
-      throw RuntimeError(fmt::format("[checkpoint] save of a world of one: {}", flaw));
+    // The single-file format holds every tensor whole.
+    TensorPieces tensors;
+    for (const PieceRecord& r : piece_records(params, pieces_)) tensors[r.name].push_back({0, r});
+    std::string flaw = tensors_flaw(tensors, params);
+    for (const ParamSpec& spec : params.specs()) {
+      if (flaw.empty() && spec.slice.sliced()) flaw = fmt::format("'{}' is a tensor-parallel slice", spec.name);
     }
+    if (!flaw.empty()) throw RuntimeError(fmt::format("[checkpoint] save of a world of one: {}", flaw));
+  } else {
+    // Rank 0 checks the free space for what every rank writes (ranks may hold different tensors).
+    const int64_t mine = elements;
+    elements = 0;
+    for (int64_t n : all_gather_i64(*group_, {mine})) elements += n;
   }
   const int rank = group_ ? group_->rank() : 0;
   std::string error;
   int64_t ok = 1;
   if (rank == 0) {
     try {
-      prepare_temporary_dir(save_dir_, state_.iteration, checkpoint_bytes_estimate(params.numel()));
+      prepare_temporary_dir(save_dir_, state_.iteration, checkpoint_bytes_estimate(elements));
     } catch (const std::exception& e) {
       ok = 0;
       error = e.what();
@@ -283,7 +359,8 @@ int64_t CheckpointSave::finish() {
         files.add(f.name, f.bytes, f.crc32c);
         bytes += static_cast<int64_t>(f.bytes);
       }
-      finish_checkpoint_dir(files, tmp_dir_, save_dir_, hf_config_json_text(model_.args()), state_, config_yaml_);
+      finish_checkpoint_dir(files, tmp_dir_, save_dir_, hf_config_json_text(model_.args()), state_, config_yaml_,
+                            kFirstCheckpointFormatVersion);
       return bytes;
     } catch (const std::exception& e) {
       error = e.what();
@@ -291,23 +368,22 @@ int64_t CheckpointSave::finish() {
     throw abandon(error);
   }
 
-  // Every rank learns how every rank fared.
+  // Every rank learns how every rank fared, and how long its description of its pieces is.
   Communicator& group = *group_;
+  const std::string description = describe(piece_records(params, pieces_));
   const DataFile shard = written_ok_ ? written_.front() : DataFile{};
   const std::vector<int64_t> records =
       all_gather_i64(group, {ok, static_cast<int64_t>(shard.bytes), static_cast<int64_t>(shard.crc32c),
-                             static_cast<int64_t>(pieces_.size()), params.numel()});
+                             static_cast<int64_t>(description.size())});
   auto field = [&](int r, RecordField f) { return records[static_cast<size_t>(r * kRecordFields + f)]; };
   std::vector<int> failed;
-  int64_t max_pieces = 0;
+  int64_t max_words = 0;
   int64_t total_bytes = 0;
+  std::vector<int64_t> lengths;
   for (int r = 0; r < size; ++r) {
     if (field(r, kOk) == 0) failed.push_back(r);
-    if (field(r, kNumel) != params.numel()) {
-      throw abandon(
-          fmt::format("rank {} has {} parameters, rank {} has {}", r, field(r, kNumel), rank, params.numel()));
-    }
-    max_pieces = std::max(max_pieces, field(r, kPieces));
+    lengths.push_back(field(r, kDescriptionBytes));
+    max_words = std::max(max_words, (lengths.back() + 7) / 8);
     total_bytes += field(r, kBytes);
   }
   if (!failed.empty()) {
@@ -316,33 +392,31 @@ int64_t CheckpointSave::finish() {
                                         fmt::join(failed, ", ")));
   }
 
-  // The flat ranges of every rank's pieces: rank 0 indexes them, and every rank checks that they tile the buffer.
-  std::vector<int64_t> mine(static_cast<size_t>(2 * max_pieces), -1);
-  for (size_t k = 0; k < pieces_.size(); ++k) {
-    mine[2 * k] = pieces_[k].begin;
-    mine[2 * k + 1] = pieces_[k].end;
-  }
-  const std::vector<int64_t> all = all_gather_i64(group, mine);
-  std::vector<std::vector<FlatRange>> pieces_of(static_cast<size_t>(size));
+  // Every rank's pieces: rank 0 indexes them, and every rank checks that they hold every tensor's elements once.
+  const std::vector<std::string> descriptions = all_gather_text(group, description, max_words, lengths);
+  TensorPieces tensors;
+  bool boxes = false;
   for (int r = 0; r < size; ++r) {
-    for (int64_t k = 0; k < field(r, kPieces); ++k) {
-      const size_t at = static_cast<size_t>((r * max_pieces + k) * 2);
-      pieces_of[r].push_back({all[at], all[at + 1]});
+    for (PieceRecord& p : parse_description(descriptions[static_cast<size_t>(r)])) {
+      boxes = boxes || !p.box.is_whole(p.whole);
+      tensors[p.name].push_back({r, std::move(p)});
     }
   }
-  if (const std::string flaw = coverage_flaw(pieces_of, params.numel()); !flaw.empty()) throw abandon(flaw);
+  if (const std::string flaw = tensors_flaw(tensors, params); !flaw.empty()) throw abandon(flaw);
 
   // Rank 0 writes the small files, the manifest last, and commits; the broadcast is the closing barrier.
   std::string error;
   if (rank == 0) {
     try {
+      const int version = boxes ? kCheckpointFormatVersion : kFirstCheckpointFormatVersion;
       ManifestFiles files;
       for (int r = 0; r < size; ++r) {
         files.add(shard_file_name(r, size), static_cast<uint64_t>(field(r, kBytes)),
                   static_cast<uint32_t>(field(r, kCrc32c)));
       }
-      files.write_text(tmp_dir_, kShardedIndexFile, index_text(params, pieces_of, state_.iteration));
-      finish_checkpoint_dir(files, tmp_dir_, save_dir_, hf_config_json_text(model_.args()), state_, config_yaml_);
+      files.write_text(tmp_dir_, kShardedIndexFile, index_text(tensors, size, state_.iteration, version));
+      finish_checkpoint_dir(files, tmp_dir_, save_dir_, hf_config_json_text(model_.args()), state_, config_yaml_,
+                            version);
     } catch (const std::exception& e) {
       ok = 0;
       error = e.what();

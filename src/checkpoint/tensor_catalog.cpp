@@ -118,7 +118,9 @@ void TensorCatalog::add_whole_tensor(const std::string& path, const SafetensorsE
     throw RuntimeError(
         fmt::format("{}: tensor '{}' is also in {}", path, entry.name, tensors_.at(entry.name).slices.front().file));
   }
-  tensors_[entry.name] = CatalogTensor{entry.shape, {TensorSlice{path, entry.name, 0, shape_numel(entry.shape)}}};
+  const TensorBox box = TensorBox::whole(entry.shape);
+  tensors_[entry.name] = CatalogTensor{
+      entry.shape, {TensorSlice{path, entry.name, box, 0, shape_numel(entry.shape), strided_runs(box, entry.shape)}}};
 }
 
 void TensorCatalog::add_whole_tensors(const std::string& path) {
@@ -157,10 +159,13 @@ TensorCatalog TensorCatalog::open_checkpoint(const std::string& dir) {
       const std::string at = fmt::format("{}[{}]", where, k);
       if (!s.is_object() || !s.contains("file") || !s["file"].is_string() || !s.contains("key") ||
           !s["key"].is_string() || !s.contains("shape") || !s["shape"].is_array() || !s.contains("slice") ||
-          !s["slice"].is_array() || s["slice"].size() != 2) {
+          !s["slice"].is_array() || s["slice"].size() != 2 ||
+          (s.contains("box") &&
+           (!s["box"].is_object() || !s["box"].contains("offset") || !s["box"]["offset"].is_array() ||
+            !s["box"].contains("shape") || !s["box"]["shape"].is_array()))) {
         throw RuntimeError(
-            fmt::format("{}: expected {{\"file\", \"key\", \"shape\", \"slice\": [begin, end], "
-                        "\"dtype\"}}, found {}",
+            fmt::format("{}: expected {{\"file\", \"key\", \"shape\", optionally \"box\": {{\"offset\", "
+                        "\"shape\"}}, \"slice\": [begin, end], \"dtype\"}}, found {}",
                         at, s.dump()));
       }
       // Only the shards, which verification requires the manifest to cover, are ever read.
@@ -185,21 +190,35 @@ TensorCatalog TensorCatalog::open_checkpoint(const std::string& dir) {
         throw RuntimeError(fmt::format("{}: shape {} differs from the first slice's {}", at, shape_str(shape),
                                        shape_str(tensor.shape)));
       }
+      // Without "box" (every checkpoint before tensor parallelism, and unsliced tensors), the whole tensor.
+      TensorBox box = TensorBox::whole(shape);
+      if (s.contains("box")) {
+        box.offset.clear();
+        box.shape.clear();
+        for (const json& d : s["box"]["offset"]) box.offset.push_back(json_int(d, at + ".box.offset"));
+        for (const json& d : s["box"]["shape"]) box.shape.push_back(json_int(d, at + ".box.shape"));
+        if (const std::string flaw = box_flaw(box, shape); !flaw.empty()) {
+          throw RuntimeError(fmt::format("{}: {}", at, flaw));
+        }
+      }
       const int64_t begin = json_int(s["slice"][0], at + ".slice");
       const int64_t end = json_int(s["slice"][1], at + ".slice");
-      if (begin < 0 || end < begin || end > shape_numel(shape)) {
-        throw RuntimeError(
-            fmt::format("{}: slice [{}, {}) is outside the tensor's {} elements", at, begin, end, shape_numel(shape)));
+      if (begin < 0 || end < begin || end > box.numel()) {
+        throw RuntimeError(fmt::format("{}: slice [{}, {}) is outside the {} elements of {}", at, begin, end,
+                                       box.numel(), s.contains("box") ? "its box " + box.str() : "the tensor"));
       }
-      tensor.slices.push_back(TensorSlice{dir + "/" + file, s["key"].get<std::string>(), begin, end});
+      const StridedRuns runs = strided_runs(box, shape);
+      tensor.slices.push_back(
+          TensorSlice{dir + "/" + file, s["key"].get<std::string>(), std::move(box), begin, end, runs});
     }
-    std::sort(tensor.slices.begin(), tensor.slices.end(),
-              [](const TensorSlice& a, const TensorSlice& b) { return a.begin < b.begin; });
-    for (size_t k = 1; k < tensor.slices.size(); ++k) {
-      if (tensor.slices[k].begin < tensor.slices[k - 1].end) {
-        throw RuntimeError(fmt::format("{}: slices [{}, {}) and [{}, {}) overlap", where, tensor.slices[k - 1].begin,
-                                       tensor.slices[k - 1].end, tensor.slices[k].begin, tensor.slices[k].end));
-      }
+    // Every element once: the save checked it, and a damaged index must not load some elements twice or none.
+    std::vector<TensorPiece> pieces;
+    for (const TensorSlice& slice : tensor.slices) {
+      pieces.push_back(TensorPiece{slice.box, slice.begin, slice.end,
+                                   fmt::format("{}:{}", fs::path(slice.file).filename().string(), slice.key)});
+    }
+    if (const std::string flaw = coverage_flaw(tensor.shape, pieces); !flaw.empty()) {
+      throw RuntimeError(fmt::format("{}: {}", where, flaw));
     }
     catalog.tensors_[name] = std::move(tensor);
   }
@@ -268,40 +287,57 @@ const CatalogTensor& TensorCatalog::require(const std::string& name, const Shape
 void TensorCatalog::read_f32(const std::string& name, int64_t begin, int64_t end, float* dst) const {
   const CatalogTensor* tensor = find(name);
   if (tensor == nullptr) throw RuntimeError(fmt::format("{}: no tensor named '{}'", source_, name));
-  const int64_t numel = shape_numel(tensor->shape);
-  PRIMUS_CHECK(begin >= 0 && begin <= end && end <= numel, "[checkpoint] elements [{}, {}) of '{}' ({} elements)",
-               begin, end, name, numel);
-  const std::vector<TensorSlice>& slices = tensor->slices;
-  // The first slice that ends after `begin`; slices are ascending and disjoint.
-  auto it = std::upper_bound(slices.begin(), slices.end(), begin,
-                             [](int64_t at, const TensorSlice& s) { return at < s.end; });
-  int64_t pos = begin;
-  for (; pos < end && it != slices.end(); ++it) {
-    if (it->begin > pos) break;  // a gap
-    const SafetensorsFile& f = file(it->file);
-    const SafetensorsEntry* entry = f.find(it->key);
-    if (entry == nullptr) {
-      throw RuntimeError(fmt::format("{}: no tensor named '{}' ({} lists it)", it->file, it->key, source_));
-    }
-    if (shape_numel(entry->shape) != it->end - it->begin) {
-      throw RuntimeError(fmt::format("{}: tensor '{}' has {} elements but {} gives it slice [{}, {}) of '{}'", it->file,
-                                     it->key, shape_numel(entry->shape), source_, it->begin, it->end, name));
-    }
-    const int64_t take = std::min(end, it->end) - pos;
-    f.read_f32_into(it->key, pos - it->begin, take, dst + (pos - begin));
-    pos += take;
+  read_f32(name, TensorBox::whole(tensor->shape), begin, end, dst);
+}
+
+void TensorCatalog::read_f32(const std::string& name, const TensorBox& box, int64_t begin, int64_t end,
+                             float* dst) const {
+  const CatalogTensor* tensor = find(name);
+  if (tensor == nullptr) throw RuntimeError(fmt::format("{}: no tensor named '{}'", source_, name));
+  if (const std::string flaw = box_flaw(box, tensor->shape); !flaw.empty()) {
+    throw RuntimeError(fmt::format("{}: tensor '{}': {}", source_, name, flaw));
   }
-  if (pos < end) {
-    throw RuntimeError(
-        fmt::format("{}: element {} of tensor '{}' is in no slice (needed [{}, {}))", source_, pos, name, begin, end));
+  PRIMUS_CHECK(begin >= 0 && begin <= end && end <= box.numel(), "[checkpoint] elements [{}, {}) of box {} of '{}'",
+               begin, end, box.str(), name);
+  const std::vector<TensorSlice>& slices = tensor->slices;
+  std::vector<RunSource> sources;
+  for (const TensorSlice& s : slices) sources.push_back(RunSource{s.runs, s.begin, s.end});
+  std::vector<bool> checked(slices.size(), false);
+  const int64_t missing = copy_box_range(
+      strided_runs(box, tensor->shape), begin, end, sources, [&](size_t i, int64_t offset, int64_t count, int64_t at) {
+        const TensorSlice& s = slices[i];
+        const SafetensorsFile& f = file(s.file);
+        if (!checked[i]) {
+          const SafetensorsEntry* entry = f.find(s.key);
+          if (entry == nullptr) {
+            throw RuntimeError(fmt::format("{}: no tensor named '{}' ({} lists it)", s.file, s.key, source_));
+          }
+          if (shape_numel(entry->shape) != s.end - s.begin) {
+            throw RuntimeError(fmt::format("{}: tensor '{}' has {} elements but {} gives it slice [{}, {}) of '{}'",
+                                           s.file, s.key, shape_numel(entry->shape), source_, s.begin, s.end, name));
+          }
+          checked[i] = true;
+        }
+        f.read_f32_into(s.key, offset, count, dst + at);
+      });
+  if (missing >= 0) {
+    throw RuntimeError(fmt::format("{}: element {} of box {} of tensor '{}' is in no slice (needed [{}, {}))", source_,
+                                   begin + missing, box.str(), name, begin, end));
   }
 }
 
 void TensorCatalog::read_into(const std::string& name, int64_t begin, int64_t end, const Tensor& dst) const {
+  const CatalogTensor* tensor = find(name);
+  if (tensor == nullptr) throw RuntimeError(fmt::format("{}: no tensor named '{}'", source_, name));
+  read_into(name, TensorBox::whole(tensor->shape), begin, end, dst);
+}
+
+void TensorCatalog::read_into(const std::string& name, const TensorBox& box, int64_t begin, int64_t end,
+                              const Tensor& dst) const {
   PRIMUS_CHECK(dst.dtype() == DType::kF32 && dst.numel() == end - begin,
                "[checkpoint] reading {} elements of '{}' into {}", end - begin, name, dst.describe());
   if (dst.device().is_cpu()) {
-    read_f32(name, begin, end, dst.f32());
+    read_f32(name, box, begin, end, dst.f32());
     return;
   }
   const Tensor flat = dst.reshape({dst.numel()});
@@ -309,7 +345,7 @@ void TensorCatalog::read_into(const std::string& name, int64_t begin, int64_t en
   for (int64_t at = begin; at < end; at += kStagingElements) {
     const int64_t n = std::min(kStagingElements, end - at);
     if (!staging.defined() || staging.numel() != n) staging = Tensor::empty({n}, DType::kF32);
-    read_f32(name, at, at + n, staging.f32());
+    read_f32(name, box, at, at + n, staging.f32());
     Tensor target = flat.slice_elements(at - begin, {n});
     ops::copy(target, staging);
   }

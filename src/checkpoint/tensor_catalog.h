@@ -1,9 +1,10 @@
 // Where the elements of each logical tensor of a checkpoint live, whatever wrote it: the single-file native
 // format (model.safetensors + optimizer.safetensors), the sharded native format (index.json over shard files,
-// each holding 1-D slices), or a Hugging Face folder (model.safetensors, or shards listed by
-// model.safetensors.index.json). Readers ask for element ranges of a logical tensor by name and get them from
-// whichever slices hold them, so a checkpoint loads into any layout: a model of one process, or the shards of
-// a distributed optimizer, from a checkpoint written by any number of ranks.
+// each holding 1-D slices: flat ranges of a box of the tensor, tensor_box.h), or a Hugging Face folder
+// (model.safetensors, or shards listed by model.safetensors.index.json). Readers ask for element ranges of a box
+// of a logical tensor (the whole of it, or a tensor-parallel rank's part) by name and get them from whichever
+// slices hold them, so a checkpoint loads into any layout: a model of one process, the slices of tensor-parallel
+// ranks, the shards of a distributed optimizer, from a checkpoint written by any number of ranks of any layout.
 //
 // Files are memory-mapped on first use and kept open while the catalog lives; nothing is read up front
 // except the safetensors headers and index.json.
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "checkpoint/safetensors.h"
+#include "checkpoint/tensor_box.h"
 #include "core/tensor.h"
 
 namespace primus {
@@ -33,18 +35,20 @@ bool is_sharded_checkpoint(const std::string& dir);
 // naming index.json and the key when it is malformed.
 int64_t sharded_checkpoint_world_size(const std::string& dir);
 
-// One stored piece of a logical tensor: elements [begin, end) of the tensor flattened row-major, held as the
-// tensor `key` of `file` (end - begin elements, any shape).
+// One stored piece of a logical tensor: elements [begin, end) of `box` (the whole tensor unless a tensor-parallel
+// rank wrote it) numbered row-major, held as the tensor `key` of `file` (end - begin elements, any shape).
 struct TensorSlice {
   std::string file;  // a path
   std::string key;
+  TensorBox box;
   int64_t begin = 0;
   int64_t end = 0;
+  StridedRuns runs;  // the box's
 };
 
 struct CatalogTensor {
   Shape shape;                      // the logical tensor's
-  std::vector<TensorSlice> slices;  // ascending, disjoint
+  std::vector<TensorSlice> slices;  // together every element once (coverage_flaw)
 };
 
 class TensorCatalog {
@@ -69,8 +73,12 @@ class TensorCatalog {
   // Elements [begin, end) of the named tensor (flattened) as f32 into host memory; every element must be in a
   // slice (RuntimeError naming the source and the first missing element otherwise).
   void read_f32(const std::string& name, int64_t begin, int64_t end, float* dst) const;
+  // Same for elements [begin, end) of `box` of the tensor, numbered row-major over the box (a tensor-parallel
+  // rank's part, a data-parallel shard of it); RuntimeError naming the source when the box does not fit the tensor.
+  void read_f32(const std::string& name, const TensorBox& box, int64_t begin, int64_t end, float* dst) const;
   // Same into `dst` ([end - begin] f32 on any device), through the host in pieces of at most 16 MiB.
   void read_into(const std::string& name, int64_t begin, int64_t end, const Tensor& dst) const;
+  void read_into(const std::string& name, const TensorBox& box, int64_t begin, int64_t end, const Tensor& dst) const;
 
  private:
   const SafetensorsFile& file(const std::string& path) const;
