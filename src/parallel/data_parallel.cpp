@@ -63,6 +63,20 @@ std::vector<FlatRange> DataParallel::shard_ranges() const {
   return reducer_->layout().owned(dp_->rank());
 }
 
+std::vector<FlatRange> DataParallel::checkpoint_ranges() const {
+  std::vector<FlatRange> ranges = shard_ranges();
+  if (!options_.tp || options_.tp->rank() == 0 || options_.tp_replicated.empty()) return ranges;
+  const std::vector<FlatRange> sliced = complement(options_.tp_replicated, params_.numel());
+  std::vector<FlatRange> out;
+  for (const FlatRange& r : ranges) {
+    for (const FlatRange& s : sliced) {
+      const int64_t lo = std::max(r.begin, s.begin), hi = std::min(r.end, s.end);
+      if (lo < hi) out.push_back({lo, hi});
+    }
+  }
+  return out;
+}
+
 void DataParallel::zero_grads() {
   if (fsdp_) {
     fsdp_->begin_step();

@@ -55,6 +55,13 @@ class DataParallel final : public ParamUnitHooks {
   // This rank's shards (of the bucket layout, distributed optimizer or not, or of FSDP's units): the part of a
   // checkpoint it writes (together the ranks write every element once, in parallel).
   std::vector<FlatRange> shard_ranges() const;
+  // What this rank writes into a checkpoint: its shards, less the parameters every tensor-parallel rank holds whole
+  // (tp_replicated) unless it is the first rank of its tensor-parallel group, so that every element of every tensor
+  // is written once over the job.
+  std::vector<FlatRange> checkpoint_ranges() const;
+  // The whole job (the world of DataParallelOptions, or the group itself when there is none): a checkpoint is
+  // saved by all of it.
+  Communicator& job() { return options_.world ? *options_.world : *dp_; }
 
   int64_t global_tokens(int64_t local_tokens);
   // Σ over the group of a host value, carried in f32 (NCCL reduces device memory; there is no f64 tensor):

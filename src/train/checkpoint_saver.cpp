@@ -33,7 +33,7 @@ CheckpointSaver::CheckpointSaver(const Model& model, const AdamW& optimizer, Dat
     : model_(model), optimizer_(optimizer), dp_(dp), options_(std::move(options)) {
   if (options_.async_save) {
     const Clock::time_point start = Clock::now();
-    snapshot_.reserve(dp_.shard_ranges(), model_.params().flat_params().device());
+    snapshot_.reserve(dp_.checkpoint_ranges(), model_.params().flat_params().device());
     spdlog::info("async_save: {:.2f} GB of {} host memory for checkpoint snapshots ({:.1f} s)",
                  static_cast<double>(snapshot_.bytes()) / 1e9,
                  model_.params().flat_params().device().is_cpu() ? "" : "pinned", seconds_since(start));
@@ -51,8 +51,8 @@ void CheckpointSaver::save(const TrainerState& state) {
   auto flight = std::make_unique<InFlight>();
   flight->start = Clock::now();
   dp_.wait_for_communication();  // the save's collectives (and the state it copies) come after every queued one
-  flight->save = std::make_unique<CheckpointSave>(options_.save_dir, model_, dp_.shard_ranges(), &dp_.group(), state,
-                                                  options_.config_yaml);
+  flight->save = std::make_unique<CheckpointSave>(options_.save_dir, model_, dp_.checkpoint_ranges(), &dp_.job(),
+                                                  state, options_.config_yaml);
   if (!options_.async_save) {
     flight->save->write(live_state(model_.params(), optimizer_), options_.progress);
     flight->written = true;
@@ -60,7 +60,8 @@ void CheckpointSaver::save(const TrainerState& state) {
     commit();
     return;
   }
-  snapshot_.take(dp_.shard_ranges(), live_state(model_.params(), optimizer_), model_.params().flat_params().device());
+  snapshot_.take(dp_.checkpoint_ranges(), live_state(model_.params(), optimizer_),
+                 model_.params().flat_params().device());
   flight->blocked_s = seconds_since(called);
   InFlight* f = flight.get();
   f->writer = std::thread([this, f] {
@@ -105,7 +106,7 @@ void CheckpointSaver::commit() {
     spdlog::info("saved checkpoint {} ({:.1f} MB in {:.1f} s, {:.0f} MB/s)", flight->save->checkpoint_dir(), mb,
                  total_s, mb / std::max(total_s, 1e-9));
   }
-  if (dp_.rank() == 0) {
+  if (dp_.job().rank() == 0) {
     const TrainerState& state = flight->save->state();
     const std::vector<std::string> removed = apply_retention(options_.save_dir, state.iteration, options_.retention);
     if (!removed.empty()) {

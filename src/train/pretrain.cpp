@@ -326,8 +326,8 @@ int run_training(const ExperimentConfig& config, const RunOptions& options, std:
     }
     state.consumed_train_samples = loader.consumed_samples();
     state.optimizer_steps = optimizer.steps_taken();
-    // Each data-parallel rank writes its shard in parallel; rank 0 commits once all are on disk (a world of one
-    // writes the single-file format Hugging Face reads).
+    // Every rank writes its pieces in parallel (its data-parallel shard of its tensor-parallel part); rank 0
+    // commits once all are on disk (a world of one writes the single-file format Hugging Face reads).
     saver.save(state);
   };
 
@@ -427,9 +427,9 @@ int run_training(const ExperimentConfig& config, const RunOptions& options, std:
   if (step_bar) step_bar->finish();
   save();
   saver.wait();
-  // Rank 0 shows the sample; under FSDP every rank runs the same forwards, whose weight gathers are collectives
-  // (the sampling is seeded, so the ranks draw the same tokens).
-  if (t.sample_length > 0 && (rank0 || dp->fsdp() != nullptr)) {
+  // Rank 0 shows the sample; under FSDP or tensor parallelism every rank runs the same forwards, whose weight
+  // gathers and tensor-parallel sums are collectives (the sampling is seeded, so the ranks draw the same tokens).
+  if (t.sample_length > 0 && (rank0 || dp->fsdp() != nullptr || groups.tp->size() > 1)) {
     const std::string text = generate_sample(model, *tokenizer, t.sample_prompt, t.sample_length, t.seq_length,
                                              static_cast<uint64_t>(t.seed));
     if (rank0) spdlog::info("sample after {} iterations:\n{}{}", state.iteration, t.sample_prompt, text);
