@@ -4,7 +4,7 @@
 // of data-parallel ranks, with or without the distributed optimizer or FSDP, any tensor-parallel size, one process.
 //
 //   <save>/iter_0000100/shard_<r>_of_<n>.safetensors  rank r's pieces, 1-D F32 tensors: `<name>`, `exp_avg.<name>`,
-//                                                     `exp_avg_sq.<name>` (`<name>@<first element>` when the
+//                                                     `exp_avg_sq.<name>` (`<name>@<begin>` when the
 //                                                     rank holds several pieces of one tensor); n is the world
 //                       index.json                    logical tensor -> its pieces: {file, key, shape (the whole
 //                                                     tensor's), box (optional), slice [begin, end), dtype}

@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpoint.h"
@@ -290,6 +291,51 @@ TEST(TensorParallelCheckpoint, TheCommitCheckIsPerTensorOnEveryRank) {
     EXPECT_NE(missing[r].message.find("is in no rank's pieces"), std::string::npos) << missing[r].message;
   }
   EXPECT_FALSE(fs::exists(none + "/latest_checkpointed_iteration.txt"));
+}
+
+// index.json as untrusted input: boxes that do not fit the tensor, are not equally spaced runs, or whose pieces leave
+// out or repeat elements are refused naming index.json and the tensor before any shard is read.
+TEST(TensorParallelCheckpoint, AHostileBoxIsRefusedNamingTheIndex) {
+  const std::string dir = testing::temp_dir("tp-ckpt-hostile");
+  auto error_of = [&](const std::string& pieces) {
+    std::ofstream(dir + "/index.json", std::ios::trunc)
+        << R"({"format": "primus-sharded-checkpoint", "world_size": 2, "tensors": {"w": [)" + pieces + "]}}";
+    try {
+      TensorCatalog::open_checkpoint(dir);
+    } catch (const RuntimeError& e) {
+      return std::string(e.what());
+    }
+    ADD_FAILURE() << "opened " << pieces;
+    return std::string();
+  };
+  auto piece = [](int file, const std::string& box, const std::string& slice) {
+    return fmt::format(R"({{"file": "shard_{}_of_2.safetensors", "key": "w", "shape": [4, 6], {}"slice": {}}})", file,
+                       box.empty() ? "" : R"("box": )" + box + ", ", slice);
+  };
+  const std::string left = R"({"offset": [0, 0], "shape": [4, 3]})", right = R"({"offset": [0, 3], "shape": [4, 3]})";
+  // The good one opens: two column boxes.
+  std::ofstream(dir + "/index.json", std::ios::trunc)
+      << R"({"format": "primus-sharded-checkpoint", "world_size": 2, "tensors": {"w": [)" + piece(0, left, "[0, 12]") +
+             ", " + piece(1, right, "[0, 12]") + "]}}";
+  EXPECT_NO_THROW(TensorCatalog::open_checkpoint(dir));
+
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {piece(0, R"({"offset": [0, 4], "shape": [4, 3]})", "[0, 12]"), "outside the tensor's shape [4, 6]"},
+      {piece(0, R"({"offset": [0], "shape": [4]})", "[0, 4]"), "dimensions"},
+      {piece(0, R"({"offset": [0, 0]})", "[0, 4]"), "optionally \"box\""},
+      {piece(0, left, "[0, 13]"), "outside the 12 elements of its box [0:4, 0:3]"},
+      {piece(0, left, "[0, 12]") + ", " + piece(1, right, "[1, 12]"),
+       "elements [0, 1) of box [0:4, 3:6] are in no piece"},
+      {piece(0, left, "[0, 12]") + ", " + piece(1, left, "[5, 12]"), "overlaps"},
+      {piece(0, left, "[0, 12]") + ", " + piece(1, "", "[12, 24]"), "overlaps"},
+      {piece(0, left, "[0, 12]"), "hold 12 of its 24 elements"},
+  };
+  for (const auto& [pieces, want] : cases) {
+    const std::string message = error_of(pieces);
+    EXPECT_NE(message.find(dir + "/index.json"), std::string::npos) << message;
+    EXPECT_NE(message.find("tensors.w"), std::string::npos) << message;
+    EXPECT_NE(message.find(want), std::string::npos) << want << " in: " << message;
+  }
 }
 
 }  // namespace
