@@ -81,12 +81,27 @@ put("safetensors", "hf_folder", b"\x01" + json.dumps(
     {"metadata": {"total_size": 24}, "weight_map": {"w": "a.safetensors", "b": "a.safetensors", "c": "b.safetensors"}}
 ).encode() + SEP + safetensors([("w", "F32", [2, 2], f32(1, 2, 3, 4)), ("b", "BF16", [2], bf16(1, 2))]) + SEP
     + safetensors([("c", "F16", [2], f16(1, 2))]))
-put("safetensors", "sharded", b"\x02" + json.dumps({"format": "primus-sharded-checkpoint", "tensors": {
-    "w": [{"file": "a.safetensors", "key": "w.0", "shape": [2, 3], "slice": [0, 4], "dtype": "F32"},
-          {"file": "b.safetensors", "key": "w.1", "shape": [2, 3], "slice": [4, 6], "dtype": "F32"}],
-    "m": [{"file": "b.safetensors", "key": "m", "shape": [2], "slice": [0, 2], "dtype": "BF16"}]}}).encode()
+put("safetensors", "sharded", b"\x02" + json.dumps({"format": "primus-sharded-checkpoint", "world_size": 2, "tensors": {
+    "w": [{"file": "shard_0_of_2.safetensors", "key": "w.0", "shape": [2, 3], "slice": [0, 4], "dtype": "F32"},
+          {"file": "shard_1_of_2.safetensors", "key": "w.1", "shape": [2, 3], "slice": [4, 6], "dtype": "F32"}],
+    "m": [{"file": "shard_1_of_2.safetensors", "key": "m", "shape": [2], "slice": [0, 2], "dtype": "BF16"}]}}).encode()
     + SEP + safetensors([("w.0", "F32", [4], f32(1, 2, 3, 4))]) + SEP
     + safetensors([("w.1", "F32", [2], f32(5, 6)), ("m", "BF16", [2], bf16(1, 2))]))
+# Tensor-parallel pieces: column boxes of a [2, 4] tensor, one cut inside a row, and a row box.
+put("safetensors", "sharded_boxes", b"\x02" + json.dumps({"format": "primus-sharded-checkpoint", "world_size": 2,
+                                                          "tensors": {
+    "w": [{"file": "shard_0_of_2.safetensors", "key": "w", "shape": [2, 4],
+           "box": {"offset": [0, 0], "shape": [2, 2]}, "slice": [0, 4], "dtype": "F32"},
+          {"file": "shard_1_of_2.safetensors", "key": "w@0", "shape": [2, 4],
+           "box": {"offset": [0, 2], "shape": [2, 2]}, "slice": [0, 1], "dtype": "F32"},
+          {"file": "shard_1_of_2.safetensors", "key": "w@1", "shape": [2, 4],
+           "box": {"offset": [0, 2], "shape": [2, 2]}, "slice": [1, 4], "dtype": "F32"}],
+    "e": [{"file": "shard_0_of_2.safetensors", "key": "e", "shape": [4, 2],
+           "box": {"offset": [0, 0], "shape": [2, 2]}, "slice": [0, 4], "dtype": "F32"},
+          {"file": "shard_1_of_2.safetensors", "key": "e", "shape": [4, 2],
+           "box": {"offset": [2, 0], "shape": [2, 2]}, "slice": [0, 4], "dtype": "F32"}]}}).encode()
+    + SEP + safetensors([("w", "F32", [4], f32(1, 2, 5, 6)), ("e", "F32", [4], f32(1, 2, 3, 4))]) + SEP
+    + safetensors([("w@0", "F32", [1], f32(3)), ("w@1", "F32", [3], f32(4, 7, 8)), ("e", "F32", [4], f32(5, 6, 7, 8))]))
 
 # --- indexed_dataset: .idx \n@@\n .bin (Megatron's MMIDIDX version 1) ---
 def idx(code, lengths, docs, itemsize, modes=None):

@@ -6,7 +6,8 @@
 // Input: a mode byte, then
 //   mode 0: a safetensors file
 //   mode 1: model.safetensors.index.json \n@@\n a.safetensors \n@@\n b.safetensors
-//   mode 2: index.json \n@@\n a.safetensors \n@@\n b.safetensors
+//   mode 2: index.json \n@@\n shard_0_of_2.safetensors \n@@\n shard_1_of_2.safetensors (the only data files an index
+//           may name: the shards of its world size)
 #include <vector>
 
 #include "checkpoint/safetensors.h"
@@ -50,10 +51,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string dir = primus::fuzz::fresh_scratch_dir("folder");
   std::vector<std::string_view> parts = primus::fuzz::split_parts(input, 3);
   primus::fuzz::write_scratch(mode == 1 ? "folder/model.safetensors.index.json" : "folder/index.json", parts[0]);
-  if (parts.size() > 1) primus::fuzz::write_scratch("folder/a.safetensors", parts[1]);
-  if (parts.size() > 2) primus::fuzz::write_scratch("folder/b.safetensors", parts[2]);
-  primus::fuzz::expect_clean_errors([&] {
-    read_all(mode == 1 ? primus::TensorCatalog::open_hf_folder(dir) : primus::TensorCatalog::open_checkpoint(dir));
-  });
+  const bool hf = mode == 1;
+  if (parts.size() > 1) {
+    primus::fuzz::write_scratch(hf ? "folder/a.safetensors" : "folder/shard_0_of_2.safetensors", parts[1]);
+  }
+  if (parts.size() > 2) {
+    primus::fuzz::write_scratch(hf ? "folder/b.safetensors" : "folder/shard_1_of_2.safetensors", parts[2]);
+  }
+  primus::fuzz::expect_clean_errors(
+      [&] { read_all(hf ? primus::TensorCatalog::open_hf_folder(dir) : primus::TensorCatalog::open_checkpoint(dir)); });
   return 0;
 }
