@@ -5,12 +5,13 @@
 //   - The model: each rank builds the context-parallel model and, beside it, the whole model from the same seed, and
 //     runs the same micro-batches through both (the cp model its chunks of them). Losses and the evaluation loss summed
 //     over the ranks, and every parameter gradient summed over the ranks, must equal the whole model's to fp32
-//     rounding; next-token logits (whole context on one rank, no ring) too.
-//   - Training steps in a layout (cp 2; cp 2 × dp 2, also with the distributed optimizer and overlapped reduction;
-//     cp 2 × tp 2): the trainer's own pieces (process groups, parallel model, data parallelism over dp × cp, the
-//     batch split, train_step, evaluate) against one rank at the same global batch: every step's loss and gradient
-//     norm and the evaluation loss within relative 1e-5, and after the steps every parameter tensor (this rank's
-//     tensor-parallel slice of it) within 1e-5 (relative norm).
+//     rounding; next-token logits (whole context on one rank, no ring) too; also with full recompute (backward runs
+//     each block's forward, the ring's included, again).
+//   - Training steps in a layout (cp 2; cp 2 × dp 2, also with the distributed optimizer and overlapped reduction,
+//     and with FSDP's ZeRO-3; cp 2 × tp 2): the trainer's own pieces (process groups, parallel model, data parallelism
+//     over dp × cp, the batch split, train_step, evaluate) against one rank at the same global batch: every step's loss
+//     and gradient norm and the evaluation loss within relative 1e-5, and after the steps every parameter tensor (this
+//     rank's tensor-parallel slice of it) within 1e-5 (relative norm).
 // Training jobs of the built primus-cli against one rank are in context_parallel_job_test.cpp.
 #include "layers/context_parallel.h"
 
@@ -163,12 +164,14 @@ float group_sum(Communicator& comm, double value) {
 }
 
 // One rank: the context-parallel model against the whole one.
-std::string check_model_rank(const ModelArgs& args, int rank, int cp, int port, uint64_t seed) {
+std::string check_model_rank(const ModelArgs& args, int rank, int cp, int port, uint64_t seed,
+                             const RecomputeConfig& recompute) {
   std::shared_ptr<Communicator> world = connect(rank, cp, port);
   const ContextParallelGroup ring(std::shared_ptr<Communicator>(world->split(0, rank)));
   const int64_t T = 4 * cp;  // chunks of 2 tokens
   const std::unique_ptr<Model> whole = make_model(args, T);
   const std::unique_ptr<Model> part = make_model(args, T, kCpuDevice, DType::kF32, ModelParallel{{}, ring});
+  part->set_recompute(recompute);  // full: backward runs each block's forward, the ring included, again
   whole->params().initialize(seed);
   part->params().initialize(seed);
   std::string errors;
@@ -215,11 +218,11 @@ std::string check_model_rank(const ModelArgs& args, int rank, int cp, int port, 
   return errors;
 }
 
-void check_model(const ModelArgs& args, int cp) {
+void check_model(const ModelArgs& args, int cp, const RecomputeConfig& recompute = {}) {
   const uint64_t seed = std::random_device{}();
   const int port = testing::free_port();
   const auto results = testing::run_ranks(
-      cp, 120s, [&](int rank) { return check_model_rank(args, rank, cp, port, seed); }, 2);
+      cp, 120s, [&](int rank) { return check_model_rank(args, rank, cp, port, seed, recompute); }, 2);
   for (size_t rank = 0; rank < results.size(); ++rank) {
     EXPECT_EQ(results[rank].status, 0) << "rank " << rank << " of " << cp << " (seed " << seed
                                        << "): " << results[rank].message;
@@ -233,11 +236,19 @@ TEST(ContextParallel, Qwen3OnTwoRanksEqualsOneRank) { check_model(testing::tiny_
 
 TEST(ContextParallel, LlamaOnFourRanksEqualsOneRank) { check_model(testing::tiny_llama_args(true), 4); }
 
+TEST(ContextParallel, FullRecomputeOnTwoRanksEqualsOneRank) {
+  RecomputeConfig full;
+  full.granularity = RecomputeConfig::Granularity::kFull;
+  full.num_layers = 1;
+  check_model(testing::tiny_llama_args(), 2, full);
+}
+
 // ---- training steps in a layout -----------------------------------------------------------------------------------
 
 struct Layout {
   int tp = 1, cp = 1, dp = 1;
   bool distributed_optimizer = false;
+  const char* fsdp = "";  // data_parallel_sharding_strategy of use_megatron_fsdp, or none
   int world() const { return tp * cp * dp; }
 };
 
@@ -254,6 +265,8 @@ TrainingArgs layout_args(const Layout& l) {
   t.context_parallel_size = l.cp;
   t.use_distributed_optimizer = l.distributed_optimizer;
   t.overlap_grad_reduce = l.distributed_optimizer;
+  t.use_megatron_fsdp = *l.fsdp != '\0';
+  if (t.use_megatron_fsdp) t.data_parallel_sharding_strategy = l.fsdp;
   t.ddp_bucket_size = 3000;  // several buckets
   t.weight_decay = 0.1;
   t.clip_grad = 0.5;
@@ -270,6 +283,7 @@ struct Trace {
   std::vector<double> losses, grad_norms;
   double eval_loss = 0.0;
   std::unique_ptr<Model> model;
+  std::unique_ptr<DataParallel> dp;  // after the model, which it refers to: destroyed first
 };
 
 // kSteps training steps of `layout` on `world` (every rank of it calls this), on mock tokens from `seed`.
@@ -280,7 +294,8 @@ Trace train(const ModelArgs& args, const Layout& layout, std::shared_ptr<Communi
   trace.model = make_parallel_model(args, t, kCpuDevice, groups);
   Model& model = *trace.model;
   model.params().initialize(seed);
-  const std::unique_ptr<DataParallel> dp = make_data_parallel(groups, model, t);
+  trace.dp = make_data_parallel(groups, model, t);
+  DataParallel* dp = trace.dp.get();
   AdamW optimizer = make_optimizer(model, *dp, t);
   weights_ready(model, *dp);
   const BatchSplit split = batch_split(groups);
@@ -326,20 +341,32 @@ std::string check_layout_rank(const ModelArgs& args, const Layout& layout, int r
   }
   const float we = static_cast<float>(one.eval_loss), pe = static_cast<float>(many.eval_loss);
   errors += compare("evaluation loss", &we, &pe, 1);
+  // Per tensor (per range of the flat buffer under FSDP: its fp32 master weights are this rank's shards only, the
+  // flat buffer freed): AdamW's g / sqrt(v) magnifies last-bit differences of near-zero gradients in single elements.
+  auto compare_weights = [&](const std::string& what, const float* want, const float* got, int64_t n) {
+    double diff = 0.0, norm = 0.0;
+    for (int64_t k = 0; k < n; ++k) {
+      diff += std::pow(static_cast<double>(want[k]) - got[k], 2);
+      norm += std::pow(static_cast<double>(want[k]), 2);
+    }
+    const double relative = std::sqrt(diff / std::max(norm, 1e-30));
+    if (!(relative <= 1e-5))
+      errors += fmt::format("{} after {} steps: relative difference {:.3g}; ", what, kSteps, relative);
+  };
+  if (const FullyShardedDataParallel* fsdp = many.dp->fsdp(); fsdp != nullptr) {
+    const float* whole = one.model->params().flat_params().f32();
+    for (size_t k = 0; k < fsdp->owned().size(); ++k) {
+      const FlatRange& r = fsdp->owned()[k];
+      compare_weights(fmt::format("master weights [{}, {})", r.begin, r.end), whole + r.begin,
+                      fsdp->master_shards().f32() + fsdp->owned_offsets()[k], r.size());
+    }
+    return errors;
+  }
   const ParamStore& params = many.model->params();
   for (size_t i = 0; i < params.specs().size(); ++i) {
     const ParamSpec& spec = params.specs()[i];
     const Tensor want = slice_of(one.model->params().param(spec.name), spec), got = params.param(i);
-    double diff = 0.0, norm = 0.0;
-    for (int64_t k = 0; k < want.numel(); ++k) {
-      diff += std::pow(static_cast<double>(want.f32()[k]) - got.f32()[k], 2);
-      norm += std::pow(static_cast<double>(want.f32()[k]), 2);
-    }
-    // Per tensor: AdamW's g / sqrt(v) magnifies last-bit differences of near-zero gradients in single elements.
-    if (!(std::sqrt(diff / std::max(norm, 1e-30)) <= 1e-5)) {
-      errors += fmt::format("{} after {} steps: relative difference {:.3g}; ", spec.name, kSteps,
-                            std::sqrt(diff / std::max(norm, 1e-30)));
-    }
+    compare_weights(spec.name, want.f32(), got.f32(), want.numel());
   }
   return errors;
 }
@@ -364,6 +391,11 @@ TEST(ContextParallelTraining, WithTwoDataParallelRanksEqualsOneRank) {
 
 TEST(ContextParallelTraining, WithTheDistributedOptimizerEqualsOneRank) {
   check_layout(Layout{.cp = 2, .dp = 2, .distributed_optimizer = true}, "cp 2 x dp 2, distributed optimizer");
+}
+
+// ZeRO-3: the blocks' weights gathered over dp × cp before each use, beside the ring's exchanges.
+TEST(ContextParallelTraining, WithFsdpZero3EqualsOneRank) {
+  check_layout(Layout{.cp = 2, .dp = 2, .fsdp = "optim_grads_params"}, "cp 2 x dp 2, FSDP optim_grads_params");
 }
 
 TEST(ContextParallelTraining, WithTwoTensorParallelRanksEqualsOneRank) {
