@@ -161,9 +161,7 @@ void plan_fully_sharded(MemoryPlan& plan, const ModelArgs& args, const std::stri
 namespace {
 
 // The tokens of each sequence one rank computes: all of them, or under context parallelism its 2 of 2·cp chunks.
-int64_t rank_seq_length(const TrainingArgs& t) {
-  return t.seq_length / std::max<int64_t>(1, t.context_parallel_size);
-}
+int64_t rank_seq_length(const TrainingArgs& t) { return t.seq_length / std::max<int64_t>(1, t.context_parallel_size); }
 
 }  // namespace
 
@@ -253,9 +251,9 @@ void check_memory_plan_fits(const MemoryPlan& plan) {
         "accumulation steps), recompute_granularity or a shorter seq_length",
         format_memory_bytes(plan.total_bytes()), format_memory_bytes(plan.activations.peak_bytes),
         plan.micro_batch_size, plan.train.seq_length,
-        plan.seq_length == plan.train.seq_length ? ""
-                                                 : fmt::format(" / context_parallel_size {}",
-                                                               plan.train.context_parallel_size),
+        plan.seq_length == plan.train.seq_length
+            ? ""
+            : fmt::format(" / context_parallel_size {}", plan.train.context_parallel_size),
         what, format_memory_bytes(capacity)));
   }
 }

@@ -65,7 +65,7 @@ struct MemoryPlan {
   int64_t grad_bytes = 0;
   int64_t optimizer_bytes = 0;       // this rank's: 1/dp of it with the distributed optimizer
   int64_t comm_bytes = 0;            // the distributed optimizer's staging buffer
-  int64_t data_parallel_size = 1;  // the ranks the optimizer state shards over: data × context parallel
+  int64_t data_parallel_size = 1;    // the ranks the optimizer state shards over: data × context parallel
   bool sharded_optimizer = false;
   // use_megatron_fsdp optim_grads / optim_grads_params: "ZeRO-2" / "ZeRO-3", else empty. Then param_bytes are
   // the fp32 master shards, compute_copy_bytes the compute shards (bf16) plus the gathered units' weights held
