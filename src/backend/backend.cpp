@@ -17,6 +17,7 @@ void Backend::rope_forward(const RopeArgs&) { unimplemented("rope_forward"); }
 void Backend::rope_backward(const RopeArgs&) { unimplemented("rope_backward"); }
 void Backend::attention_forward(const AttentionArgs&) { unimplemented("attention_forward"); }
 void Backend::attention_backward(const AttentionArgs&) { unimplemented("attention_backward"); }
+void Backend::attention_merge(const AttentionMergeArgs&) { unimplemented("attention_merge"); }
 void Backend::swiglu_forward(const SwiGluArgs&) { unimplemented("swiglu_forward"); }
 void Backend::swiglu_backward(const SwiGluArgs&) { unimplemented("swiglu_backward"); }
 void Backend::cross_entropy_forward(const CrossEntropyArgs&) { unimplemented("cross_entropy_forward"); }

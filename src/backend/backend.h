@@ -79,9 +79,20 @@ struct RopeArgs {
   const Tensor* positions = nullptr;  // [B, T] i32, optional; every value in [0, P) (a backend reports others)
 };
 
-// Causal grouped-query attention, softmax scale 1/sqrt(D). Query head h reads kv head h / (Hq / Hkv). Query t
-// attends to keys j ≤ t, or with segment_start to keys segment_start[b, t] ≤ j ≤ t only (documents packed into
-// one sequence attend within themselves, Megatron's reset_attention_mask).
+// Which keys of a key/value block a query of the query block (the same length T) attends to: causal, keys j ≤ t
+// (positions counted within the blocks: the blocks are the same part of the sequence), or none, every key (the
+// key/value block lies wholly before the queries: a block of ring attention, layers/context_parallel.h).
+enum class AttentionMask { kCausal, kNone };
+
+// Grouped-query attention of a query block against a key/value block of the same length, softmax scale
+// 1/sqrt(D). Query head h reads kv head h / (Hq / Hkv). With the causal mask query t attends to keys j ≤ t, or with
+// segment_start to keys segment_start[b, t] ≤ j ≤ t only (documents packed into one sequence attend within
+// themselves, Megatron's reset_attention_mask); without a mask to every key (segment_start must then be null).
+//
+// Backward reads out and lse as given: with a block's own forward results it is that block's gradient; with the
+// out and lse of the whole attention that the block is part of (merged over blocks, attention_merge) it gives the
+// block's exact contributions to dq, dk and dv of the whole (p = exp(s − lse) is then the block's part of the
+// whole softmax, and Δ = dout · out the whole's), which sum over the blocks to the whole's gradients.
 struct AttentionArgs {
   const Tensor* q = nullptr;    // [B, T, Hq, D]
   const Tensor* k = nullptr;    // [B, T, Hkv, D]
@@ -93,6 +104,19 @@ struct AttentionArgs {
   Tensor* dk = nullptr;         // [B, T, Hkv, D] (backward)
   Tensor* dv = nullptr;         // [B, T, Hkv, D] (backward)
   const Tensor* segment_start = nullptr;  // [B, T] i32, optional; 0 ≤ segment_start[b, t] ≤ t (a backend reports others)
+  AttentionMask mask = AttentionMask::kCausal;
+};
+
+// Merges the attention of the same queries over a further key/value block into a partial result (flash
+// attention's and ring attention's rescaling), row by row (b, t, h):
+//   lse' = log(exp(lse) + exp(block_lse)),   out' = exp(lse − lse') · out + exp(block_lse − lse') · block_out
+// in place. A row whose lse and block_lse are both −inf (no key seen yet) keeps out and lse; −inf on one side
+// takes the other's row. Math in fp32 (the exponent weights in double on the CPU).
+struct AttentionMergeArgs {
+  Tensor* out = nullptr;              // [B, T, Hq, D] act, updated
+  Tensor* lse = nullptr;              // [B, Hq, T] f32, updated
+  const Tensor* block_out = nullptr;  // [B, T, Hq, D] act
+  const Tensor* block_lse = nullptr;  // [B, Hq, T] f32
 };
 
 // SwiGLU over a packed input: each row of gate_up is the gate (F values) then the up projection (F values),
@@ -181,6 +205,7 @@ class Backend {
   virtual void rope_backward(const RopeArgs& args);
   virtual void attention_forward(const AttentionArgs& args);
   virtual void attention_backward(const AttentionArgs& args);
+  virtual void attention_merge(const AttentionMergeArgs& args);
   virtual void swiglu_forward(const SwiGluArgs& args);
   virtual void swiglu_backward(const SwiGluArgs& args);
   virtual void cross_entropy_forward(const CrossEntropyArgs& args);

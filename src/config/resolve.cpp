@@ -124,6 +124,19 @@ void check_parallel_keys(const ModuleKeys& keys, const Origin& module_origin) {
                                    describe(tp))
                      : "sequence_parallel: sequence parallelism is not implemented yet");
   }
+  // Context parallelism splits every sequence over the ranks; documents packed into a sequence (their own positions
+  // and attention mask) are not split yet.
+  const ModuleKey& cp = get(keys, "context_parallel_size");
+  if (cp.value.i > 1) {
+    for (const char* name : {"reset_position_ids", "reset_attention_mask"}) {
+      const ModuleKey& packing = get(keys, name);
+      if (!packing.value.b) continue;
+      config_error(place(packing, module_origin),
+                   fmt::format("{}: packed documents with context parallelism ({}) are not implemented yet; turn "
+                               "{} off or set context_parallel_size: 1",
+                               name, describe(cp), name));
+    }
+  }
   const ModuleKey& layers_per_virtual_stage = get(keys, "num_layers_per_virtual_pipeline_stage");
   const ModuleKey& virtual_stages = get(keys, "num_virtual_stages_per_pipeline_rank");
   const ModuleKey& first = get(keys, "decoder_first_pipeline_num_layers");

@@ -697,9 +697,10 @@ std::vector<KeySpec> build_specs() {
        .group = kTraining,
        .default_yaml = "1",
        .min = 1,
-       .max = 1,
-       .why = "context parallelism is not implemented yet",
-       .help = "Ranks a sequence is split over (ring attention). Only 1 for now.",
+       .help = "Ranks each sequence is split over (ring attention): each holds 2 of 2 x this many chunks of every "
+               "sequence (chunks i and 2cp-1-i, the load-balanced split for the causal mask), and the keys and values "
+               "go around the ring. seq_length must be a multiple of 2 x context_parallel_size. Gradients reduce over "
+               "data x context parallel ranks. Not with reset_position_ids or reset_attention_mask.",
        .aliases = {"cp", "context_parallel_degree"},
        .apply = train_field<&TrainingArgs::context_parallel_size>},
       {.name = "sequence_parallel",

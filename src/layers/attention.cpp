@@ -5,7 +5,7 @@
 namespace primus {
 
 Tensor Attention::forward(const Tensor& x, int64_t batch, const RopeTable& rope, const PackedSequence& packed,
-                          AttentionSaved& saved) {
+                          AttentionSaved& saved, const ContextParallelGroup* ring) {
   PRIMUS_CHECK(batch >= 1 && x.dim(0) % batch == 0, "[attention] {} rows are not {} sequences", x.dim(0), batch);
   saved.shape = AttentionShape{batch, x.dim(0) / batch, heads, kv_heads, head_dim};
   const auto [B, T, Hq, Hkv, D] = saved.shape;
@@ -24,20 +24,29 @@ Tensor Attention::forward(const Tensor& x, int64_t batch, const RopeTable& rope,
   ops::rope_forward(saved.k, rope.cos, rope.sin, packed.position_ids);
   saved.out = Tensor::empty({B, T, Hq, D}, x.dtype(), x.device());
   saved.lse = Tensor::empty({B, Hq, T}, DType::kF32, x.device());
-  ops::attention_forward(saved.q, saved.k, saved.v, saved.out, saved.lse, packed.segment_start);
+  if (ring != nullptr) {
+    PRIMUS_CHECK(!packed.segment_start.defined(), "[attention] packed documents have no ring attention");
+    ring->attention_forward(saved.q, saved.k, saved.v, saved.out, saved.lse);
+  } else {
+    ops::attention_forward(saved.q, saved.k, saved.v, saved.out, saved.lse, packed.segment_start);
+  }
   return o_proj->forward(saved.out.reshape({B * T, Hq * D}));
 }
 
-Tensor Attention::backward(const Tensor& dy, const RopeTable& rope, const PackedSequence& packed,
-                           AttentionSaved& saved) {
+Tensor Attention::backward(const Tensor& dy, const RopeTable& rope, const PackedSequence& packed, AttentionSaved& saved,
+                           const ContextParallelGroup* ring) {
   const auto [B, T, Hq, Hkv, D] = saved.shape;
   Tensor dout;
   o_proj->backward(saved.out.reshape({B * T, Hq * D}), dy, dout);
   Tensor dq = Tensor::empty({B, T, Hq, D}, dy.dtype(), dy.device());
   Tensor dk = Tensor::empty({B, T, Hkv, D}, dy.dtype(), dy.device());
   Tensor dv = Tensor::empty({B, T, Hkv, D}, dy.dtype(), dy.device());
-  ops::attention_backward(saved.q, saved.k, saved.v, saved.out, saved.lse, dout.reshape({B, T, Hq, D}), dq, dk, dv,
-                          packed.segment_start);
+  if (ring != nullptr) {
+    ring->attention_backward(saved.q, saved.k, saved.v, saved.out, saved.lse, dout.reshape({B, T, Hq, D}), dq, dk, dv);
+  } else {
+    ops::attention_backward(saved.q, saved.k, saved.v, saved.out, saved.lse, dout.reshape({B, T, Hq, D}), dq, dk, dv,
+                            packed.segment_start);
+  }
   ops::rope_backward(dq, rope.cos, rope.sin, packed.position_ids);
   ops::rope_backward(dk, rope.cos, rope.sin, packed.position_ids);
   Tensor dq_flat = dq.reshape({B * T, Hq * D});

@@ -1,11 +1,14 @@
 // Self-attention block of Llama/Qwen3: q/k/v projections, optional per-head q/k RMSNorm (Qwen3),
 // rotary embedding, causal grouped-query attention, output projection. With packed documents (PackedSequence)
-// RoPE uses each token's position within its document and attention stays inside each document.
+// RoPE uses each token's position within its document and attention stays inside each document. With context
+// parallelism (a ContextParallelGroup ring) the rows are this rank's chunks of the sequences and attention runs
+// around the ring.
 #pragma once
 
 #include <memory>
 
 #include "layers/basic_layers.h"
+#include "layers/context_parallel.h"
 #include "layers/linear.h"
 #include "layers/rope_table.h"
 
@@ -53,11 +56,13 @@ struct Attention {
   RmsNorm k_norm;  // weight [D]
 
   // x [B·T, C] (`batch` rows of T tokens) -> [B·T, C]. rope: [T, D/2], or with packed.position_ids any rows that
-  // cover the positions.
+  // cover the positions. ring (optional): the rows are this rank's chunks, chunk-major (`batch` = 2 × the sequences,
+  // T the chunk length; context_parallel.h), packed.position_ids their positions, and attention is the ring's.
   Tensor forward(const Tensor& x, int64_t batch, const RopeTable& rope, const PackedSequence& packed,
-                 AttentionSaved& saved);
-  // -> dx [N, C]; rope and packed as in forward. Releases `saved`.
-  Tensor backward(const Tensor& dy, const RopeTable& rope, const PackedSequence& packed, AttentionSaved& saved);
+                 AttentionSaved& saved, const ContextParallelGroup* ring = nullptr);
+  // -> dx [N, C]; rope, packed and ring as in forward. Releases `saved`.
+  Tensor backward(const Tensor& dy, const RopeTable& rope, const PackedSequence& packed, AttentionSaved& saved,
+                  const ContextParallelGroup* ring = nullptr);
 };
 
 struct MlpSaved {

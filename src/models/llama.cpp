@@ -42,7 +42,8 @@ struct LlamaModel::Context final : MicroBatchContext {
   RecomputeConfig recompute;          // as set when the forward ran
   int64_t batch = 0;                  // B of [B, T]
   Tensor tokens;                      // [N] ids
-  PackedSequence packed;              // undefined tensors when not packed
+  PackedSequence packed;              // undefined tensors when not packed (context parallel: the chunks' positions)
+  const ContextParallelGroup* ring = nullptr;  // context parallel: the tokens are this rank's chunks
   RopeTable rope;                     // the rows of the model's table this micro-batch reads
   std::vector<BlockSaved> blocks;
   RmsNormSaved final_norm;
@@ -118,6 +119,7 @@ LlamaModel::LlamaModel(const ModelArgs& args, int64_t max_seq_length, Device dev
                        const ModelParallel& parallel)
     : args_(args),
       tp_(parallel.tp),
+      cp_(parallel.cp),
       max_seq_length_(max_seq_length),
       device_(device),
       compute_dtype_(compute_dtype),
@@ -240,7 +242,7 @@ RopeTable LlamaModel::rope_for(int64_t seq, const PackedSequence& packed) const 
   return RopeTable{rope_.cos.slice_elements(0, {seq, half}), rope_.sin.slice_elements(0, {seq, half})};
 }
 
-Tensor LlamaModel::forward_hidden(Context& ctx, const Tensor& tokens, const PackedSequence& packed) {
+Tensor LlamaModel::forward_hidden(Context& ctx, const Tensor& tokens, const PackedSequence& packed, bool chunks) {
   PRIMUS_CHECK(tokens.ndim() == 2, "[model] tokens {} must be [B, T]", tokens.describe());
   const int64_t B = tokens.dim(0), T = tokens.dim(1);
   PRIMUS_CHECK(T <= max_seq_length_, "[model] sequence of {} tokens exceeds the model's {}", T, max_seq_length_);
@@ -252,7 +254,21 @@ Tensor LlamaModel::forward_hidden(Context& ctx, const Tensor& tokens, const Pack
   ctx.recompute = recompute_;
   ctx.batch = B;
   ctx.packed = packed;
-  ctx.rope = rope_for(T, packed);
+  if (chunks && cp_.size() > 1) {
+    PRIMUS_CHECK(!packed.packed(),
+                 "[model] packed documents (reset_position_ids, reset_attention_mask) are not implemented with context "
+                 "parallelism");
+    PRIMUS_CHECK(B % 2 == 0 && 2 * cp_.size() * T <= max_seq_length_,
+                 "[model] context parallel over {} ranks: tokens {} must be this rank's two chunks of each sequence "
+                 "(ContextParallelGroup::local_chunks) of at most {} tokens",
+                 cp_.size(), tokens.describe(), max_seq_length_);
+    if (!cp_positions_.defined() || cp_positions_.shape() != tokens.shape()) {
+      cp_positions_ = ops::to_device(cp_.positions(B / 2, T), device_);
+    }
+    ctx.packed.position_ids = cp_positions_;
+    ctx.ring = &cp_;
+  }
+  ctx.rope = rope_for(T, ctx.packed);
   ctx.blocks.resize(args_.num_layers);
   if (compute_dtype_ != DType::kF32 && compute_weights_stale_) {
     ops::cast(compute_weights_, params_.flat_params());
@@ -295,7 +311,7 @@ Tensor LlamaModel::block_forward(Block& b, BlockSaved& saved, const Tensor& x, c
   {
     const ops::ProfileScope scope(b.name + ".self_attn");
     Tensor h = b.input_norm.forward(x, saved.input_norm);
-    a = b.attention.forward(h, ctx.batch, ctx.rope, ctx.packed, saved.attention);
+    a = b.attention.forward(h, ctx.batch, ctx.rope, ctx.packed, saved.attention, ctx.ring);
     tp_.sum(a);  // o_proj is row-parallel: each rank's heads give part of it
     ops::add_inplace(a, x);  // a = x + attention(x): the block's mid residual
   }
@@ -319,7 +335,7 @@ Tensor LlamaModel::block_backward(Block& b, BlockSaved& saved, const Tensor& dx,
     ops::add_inplace(dmid, dx);
   }
   const ops::ProfileScope scope(b.name + ".self_attn (backward)");
-  Tensor dh = b.attention.backward(dmid, ctx.rope, ctx.packed, saved.attention);
+  Tensor dh = b.attention.backward(dmid, ctx.rope, ctx.packed, saved.attention, ctx.ring);
   tp_.sum(dh);  // likewise q/k/v
   Tensor dx_in = b.input_norm.backward(dh, saved.input_norm);
   ops::add_inplace(dx_in, dmid);
@@ -338,7 +354,7 @@ std::unique_ptr<MicroBatchContext> LlamaModel::forward(const Tensor& tokens, con
   PRIMUS_CHECK(labels.shape() == tokens.shape(), "[model] labels {} must match tokens {}", labels.describe(),
                tokens.describe());
   auto ctx = std::make_unique<Context>();
-  const Tensor hidden = forward_hidden(*ctx, tokens, packed);
+  const Tensor hidden = forward_hidden(*ctx, tokens, packed, true);
   const ops::ProfileScope scope("lm_head (loss and its gradient)");
   const Tensor losses =
       lm_loss_.forward_with_grad(hidden, labels.reshape({labels.numel()}), grad_scale, ctx->lm_loss);
@@ -354,7 +370,7 @@ LossSum LlamaModel::evaluate(const Tensor& tokens, const Tensor& labels, const P
   Tensor losses;
   {
     Context ctx;  // freed before the sum, as soon as the losses are queued
-    const Tensor hidden = forward_hidden(ctx, tokens, packed);
+    const Tensor hidden = forward_hidden(ctx, tokens, packed, true);
     losses = lm_loss_.forward(hidden, labels.reshape({labels.numel()}));
     end_head_forward();
   }
@@ -422,7 +438,7 @@ std::vector<float> LlamaModel::next_token_logits(const std::vector<int32_t>& con
   Tensor hidden;
   {
     Context ctx;  // nothing is kept: freed before the logits
-    hidden = forward_hidden(ctx, ops::to_device(tokens, device_), PackedSequence());
+    hidden = forward_hidden(ctx, ops::to_device(tokens, device_), PackedSequence(), false);
   }
   // Each rank's vocabulary columns, gathered.
   Tensor last_row =

@@ -78,9 +78,10 @@ class LlamaModel final : public Model {
   void hook_before_backward(size_t unit) { if (hooks_ != nullptr) hooks_->before_backward(unit); }
   void hook_after_backward(size_t unit) { if (hooks_ != nullptr) hooks_->after_backward(unit); }
   size_t last_unit() const { return static_cast<size_t>(args_.num_layers) + 1; }
-  // Embedding, blocks, final norm into ctx (its tokens, packing and activations): [B·T, C].
+  // Embedding, blocks, final norm into ctx (its tokens, packing and activations): [B·T, C]. chunks: the tokens are
+  // this rank's chunks of the sequences (context parallelism, when cp_ has several ranks), attention the ring's.
   // The final norm's and the output layer's units stay in use (hooks) until end_head_forward().
-  Tensor forward_hidden(Context& ctx, const Tensor& tokens, const PackedSequence& packed);
+  Tensor forward_hidden(Context& ctx, const Tensor& tokens, const PackedSequence& packed, bool chunks);
   void end_head_forward();
   Tensor block_forward(Block& b, BlockSaved& saved, const Tensor& x, const Context& ctx);
   Tensor block_backward(Block& b, BlockSaved& saved, const Tensor& dx, const Context& ctx);
@@ -90,6 +91,8 @@ class LlamaModel final : public Model {
 
   ModelArgs args_;
   TensorParallelGroup tp_;
+  ContextParallelGroup cp_;
+  Tensor cp_positions_;  // [2B, C] i32 on the device: the positions of the last chunk layout seen (context parallel)
   RecomputeConfig recompute_;  // for the forwards to come
   int64_t max_seq_length_;
   Device device_;

@@ -17,6 +17,7 @@
 
 #include "config/experiment.h"
 #include "layers/attention.h"
+#include "layers/context_parallel.h"
 #include "layers/linear.h"
 #include "layers/tensor_parallel.h"
 #include "ops/param_store.h"
@@ -54,9 +55,12 @@ class MicroBatchContext {
 
 // How a model is split over ranks, handed in by the parallel code. Tensor parallelism: the model holds its rank's
 // slice of the sliced parameters (heads of q/k/v/o, columns of the MLP, rows of the vocabulary; ParamSpec::slice)
-// and calls the group's collectives where the slices meet (layers/tensor_parallel.h). Default: one rank.
+// and calls the group's collectives where the slices meet (layers/tensor_parallel.h). Context parallelism: the
+// model holds all of its (tensor-parallel) parameters, forward and evaluate take this rank's chunks of the sequences
+// and attention runs around the ring (layers/context_parallel.h). Default: one rank.
 struct ModelParallel {
   TensorParallelGroup tp;
+  ContextParallelGroup cp;
 };
 
 class Model {
@@ -95,6 +99,9 @@ class Model {
   // model's device) gives documents packed into a row their own positions (< max_seq_length) and attention;
   // labels < 0 (e.g. an EOD input under eod_mask_loss) count for nothing. Returns the activations kept for
   // backward; any number of contexts may be alive, and their backwards may run in any order.
+  // With context parallelism (ModelParallel::cp of more than one rank) tokens and labels are this rank's chunks of B
+  // sequences, [2B, T / (2·cp)] (ContextParallelGroup::local_chunks), every cp rank calls forward (and backward)
+  // together, and the losses are those of its chunks; packed documents are not taken then.
   virtual std::unique_ptr<MicroBatchContext> forward(const Tensor& tokens, const Tensor& labels, float grad_scale,
                                                      Tensor& loss_sum, const PackedSequence& packed = {}) = 0;
   // Accumulates the parameter gradients of ctx's grad_scale × Σ token losses and frees ctx's activations (once
@@ -104,9 +111,11 @@ class Model {
   // disjoint and together cover the buffer (data parallelism starts reducing a bucket as soon as its range is
   // final).
   virtual void backward(MicroBatchContext& ctx, const GradsReadyFn& grads_ready = {}) = 0;
-  // Σ token losses and counted tokens of one micro-batch, keeping nothing (evaluation); waits for the device.
+  // Σ token losses and counted tokens of one micro-batch, keeping nothing (evaluation); waits for the device. With
+  // context parallelism, of this rank's chunks as forward's.
   virtual LossSum evaluate(const Tensor& tokens, const Tensor& labels, const PackedSequence& packed = {}) = 0;
-  // Logits of the last position of `context` ([T] ids, T <= max_seq_length) without keeping activations.
+  // Logits of the last position of `context` ([T] ids, T <= max_seq_length) without keeping activations. The whole
+  // context on this rank, also under context parallelism (no ring: the other cp ranks need not call it).
   virtual std::vector<float> next_token_logits(const std::vector<int32_t>& context) = 0;
 
   // Parameter units in forward order: ranges of the flat buffers that are used together and tile [0, numel)

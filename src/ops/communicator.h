@@ -60,6 +60,21 @@ class Communicator {
   // arrive in the order they were sent.
   virtual void send(const Tensor& buf, int peer, Stream stream = {}) = 0;
   virtual void recv(Tensor& buf, int peer, Stream stream = {}) = 0;
+  // A send to send_peer and a receive from recv_peer at once: one step of a ring, every rank of which calls it
+  // together (ring attention passes key/value blocks so). Matched by the peers' send_recv, or their recv and send.
+  // send_buf and recv_buf must not overlap; a peer may be this rank only if both are. The implementations post
+  // both sides together (an NCCL group; two Gloo buffers waited for together); this default, for other
+  // communicators, orders them for a ring of plain send/recv that cannot wait on itself: even ranks send first,
+  // odd ranks receive first.
+  virtual void send_recv(const Tensor& send_buf, int send_peer, Tensor& recv_buf, int recv_peer, Stream stream = {}) {
+    if (rank() % 2 == 0) {
+      send(send_buf, send_peer, stream);
+      recv(recv_buf, recv_peer, stream);
+    } else {
+      recv(recv_buf, recv_peer, stream);
+      send(send_buf, send_peer, stream);
+    }
+  }
   // Returns once every rank has called it (a host wait, whatever the device).
   virtual void barrier() = 0;
 

@@ -349,9 +349,10 @@ const Tensor* check_segment_start(const char* op, const Tensor& q, const Tensor&
 
 }  // namespace
 
-void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
-                       const Tensor& segment_start) {
-  const char* op = "attention_forward";
+namespace {
+
+void run_attention_forward(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
+                           const Tensor& segment_start, AttentionMask mask) {
   const ProfileScope profile_scope(op);
   const DType act = act_dtype(q);
   const Device device =
@@ -364,12 +365,13 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
   args.out = &out;
   args.lse = &lse;
   args.segment_start = check_segment_start(op, q, segment_start);
+  args.mask = mask;
   backend(device).attention_forward(args);
 }
 
-void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                        const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& segment_start) {
-  const char* op = "attention_backward";
+void run_attention_backward(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                            const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
+                            const Tensor& segment_start, AttentionMask mask) {
   const ProfileScope profile_scope(op);
   const DType act = act_dtype(q);
   const Device device = check_args(op, {{"q", &q, act},
@@ -398,7 +400,46 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
   args.dk = &dk;
   args.dv = &dv;
   args.segment_start = check_segment_start(op, q, segment_start);
+  args.mask = mask;
   backend(device).attention_backward(args);
+}
+
+}  // namespace
+
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
+                       const Tensor& segment_start) {
+  run_attention_forward("attention_forward", q, k, v, out, lse, segment_start, AttentionMask::kCausal);
+}
+
+void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                        const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& segment_start) {
+  run_attention_backward("attention_backward", q, k, v, out, lse, dout, dq, dk, dv, segment_start,
+                         AttentionMask::kCausal);
+}
+
+void attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v, AttentionMask mask, Tensor& out,
+                             Tensor& lse) {
+  run_attention_forward("attention_block_forward", q, k, v, out, lse, Tensor(), mask);
+}
+
+void attention_block_backward(const Tensor& q, const Tensor& k, const Tensor& v, AttentionMask mask, const Tensor& out,
+                              const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv) {
+  run_attention_backward("attention_block_backward", q, k, v, out, lse, dout, dq, dk, dv, Tensor(), mask);
+}
+
+void attention_merge(Tensor& out, Tensor& lse, const Tensor& block_out, const Tensor& block_lse) {
+  const char* op = "attention_merge";
+  const ProfileScope profile_scope(op);
+  const DType act = act_dtype(out);
+  const Device device =
+      check_args(op, {{"out", &out, act}, {"lse", &lse}, {"block_out", &block_out, act}, {"block_lse", &block_lse}});
+  check_rank(op, "out", out, 4, "[B, T, Hq, D]");
+  OP_CHECK_PAIR(block_out.shape() == out.shape(), out, block_out);
+  OP_CHECK_PAIR((lse.shape() == Shape{out.dim(0), out.dim(2), out.dim(1)}), out, lse);
+  OP_CHECK_PAIR(block_lse.shape() == lse.shape(), lse, block_lse);
+  OP_CHECK(!out.shares_storage(block_out) && !lse.shares_storage(block_lse),
+           "block_out and block_lse must not share memory with out and lse");
+  backend(device).attention_merge(AttentionMergeArgs{&out, &lse, &block_out, &block_lse});
 }
 
 namespace {

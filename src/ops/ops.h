@@ -42,6 +42,20 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
 void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                         const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& segment_start = Tensor());
 
+// Ring attention's pieces (backend.h: AttentionMask, AttentionArgs, AttentionMergeArgs). A query block against a
+// key/value block of the same length T, causal within the blocks or unmasked: out and the log-sum-exp lse per
+// (row, head), shapes as attention_forward's.
+void attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v, AttentionMask mask, Tensor& out,
+                             Tensor& lse);
+// dq, dk, dv (overwritten) of the block from dout and the out and lse of the whole attention the block is part of
+// (merged over all its blocks): the block's exact contributions, which sum over the blocks to the whole's gradients.
+// With the block's own out and lse it is the block's gradient.
+void attention_block_backward(const Tensor& q, const Tensor& k, const Tensor& v, AttentionMask mask, const Tensor& out,
+                              const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv);
+// out [B, T, Hq, D] (act) and lse [B, Hq, T] (f32) ← their merge with a further block's attention of the same queries:
+// lse' = log(exp lse + exp block_lse), out' = exp(lse − lse') out + exp(block_lse − lse') block_out.
+void attention_merge(Tensor& out, Tensor& lse, const Tensor& block_out, const Tensor& block_lse);
+
 // gate_up [..., 2F]: per row the gate then the up projection; out, dout [..., F]; dgate_up may be gate_up.
 void swiglu_forward(const Tensor& gate_up, Tensor& out);
 void swiglu_backward(const Tensor& gate_up, const Tensor& dout, Tensor& dgate_up);

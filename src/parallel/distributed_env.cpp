@@ -175,6 +175,9 @@ class StoreKeeper final : public Communicator {
   void broadcast(Tensor& buf, int root, Stream stream) override { inner_->broadcast(buf, root, stream); }
   void send(const Tensor& buf, int peer, Stream stream) override { inner_->send(buf, peer, stream); }
   void recv(Tensor& buf, int peer, Stream stream) override { inner_->recv(buf, peer, stream); }
+  void send_recv(const Tensor& send_buf, int send_peer, Tensor& recv_buf, int recv_peer, Stream stream) override {
+    inner_->send_recv(send_buf, send_peer, recv_buf, recv_peer, stream);
+  }
   void barrier() override { inner_->barrier(); }
   std::unique_ptr<Communicator> split(int color, int key) override {
     std::unique_ptr<Communicator> child = inner_->split(color, key);

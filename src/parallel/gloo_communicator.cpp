@@ -522,6 +522,38 @@ void GlooCommunicator::recv(Tensor& buf, int peer, Stream) {
   });
 }
 
+void GlooCommunicator::send_recv(const Tensor& send_buf, int send_peer, Tensor& recv_buf, int recv_peer, Stream) {
+  check_usable("send_recv");
+  check_cpu("send_recv", send_buf, "send_buf");
+  check_cpu("send_recv", recv_buf, "recv_buf");
+  check_peer("send_recv", send_peer);
+  check_peer("send_recv", recv_peer);
+  uint8_t* send_bytes = bytes(send_buf);
+  uint8_t* recv_bytes = bytes(recv_buf);
+  PRIMUS_CHECK(send_bytes + send_buf.nbytes() <= recv_bytes || recv_bytes + recv_buf.nbytes() <= send_bytes,
+               "[gloo send_recv] {}: send_buf {} and recv_buf {} overlap", where(), send_buf.describe(),
+               recv_buf.describe());
+  if (send_peer == rank_ || recv_peer == rank_) {
+    PRIMUS_CHECK(send_peer == rank_ && recv_peer == rank_,
+                 "[gloo send_recv] {}: sends to rank {} and receives from rank {}; this rank may be the peer of both "
+                 "or of neither",
+                 where(), send_peer, recv_peer);
+    send(send_buf, send_peer);
+    recv(recv_buf, recv_peer);
+    return;
+  }
+  // The receive is posted first, so the peers' sends (which go out only into a posted receive) never wait on this
+  // rank's send.
+  run("send_recv", send_buf.numel(), send_buf.dtype(), [&] {
+    auto in = context_->createUnboundBuffer(recv_bytes, recv_buf.nbytes());
+    auto out = context_->createUnboundBuffer(send_bytes, send_buf.nbytes());
+    in->recv(recv_peer, kP2pSlot);
+    out->send(send_peer, kP2pSlot);
+    in->waitRecv(timeout_);
+    out->waitSend(timeout_);
+  });
+}
+
 void GlooCommunicator::barrier() {
   check_usable("barrier");
   if (size_ == 1) return;

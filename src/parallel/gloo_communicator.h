@@ -18,7 +18,7 @@
 //
 // send returns once the peer has posted the matching recv and the bytes went out (Gloo's TCP transport only
 // sends into a posted receive), so two ranks that both send first wait for each other: order an exchange
-// (the lower rank sends first), as with MPI_Ssend.
+// (the lower rank sends first), as with MPI_Ssend, or use send_recv, which posts its receive before its send.
 //
 // Failures: a Gloo error (a peer closed its connections, a wait passed the timeout) becomes a RuntimeError
 // naming the collective, the element count, the dtype and this rank. Gloo has then closed the pairs, so the
@@ -74,6 +74,7 @@ class GlooCommunicator final : public Communicator {
   void broadcast(Tensor& buf, int root, Stream stream = {}) override;
   void send(const Tensor& buf, int peer, Stream stream = {}) override;
   void recv(Tensor& buf, int peer, Stream stream = {}) override;
+  void send_recv(const Tensor& send_buf, int send_peer, Tensor& recv_buf, int recv_peer, Stream stream = {}) override;
   void barrier() override;
   // color >= 0 (a rank outside every group has no NCCL_SPLIT_NOCOLOR here: give it a color of its own).
   std::unique_ptr<Communicator> split(int color, int key) override;

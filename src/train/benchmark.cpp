@@ -37,10 +37,10 @@ double seconds_since_process_start() {
 }
 
 // Warm-up and timed steps of a built model; each phase has its own progress bar.
-BenchmarkResult time_steps(Model& model, AdamW& optimizer, DataParallel& dp, const TrainingArgs& t, Device device,
-                           const BenchmarkOptions& options) {
+BenchmarkResult time_steps(Model& model, AdamW& optimizer, DataParallel& dp, const BatchSplit& split,
+                           const TrainingArgs& t, Device device, const BenchmarkOptions& options) {
   MockTokens tokens(model.args().vocab_size, t.seq_length, static_cast<uint64_t>(t.seed));
-  BatchLoader loader(tokens, t.micro_batch_size, t.seq_length, 0, {}, DataShard{dp.rank(), dp.size()});
+  BatchLoader loader(tokens, t.micro_batch_size, t.seq_length, 0, {}, split.shard);
   BenchmarkResult result;
   std::vector<double> step_ms;
   int64_t step = 0;
@@ -50,7 +50,7 @@ BenchmarkResult time_steps(Model& model, AdamW& optimizer, DataParallel& dp, con
       ++step;
       const Clock::time_point t0 = Clock::now();
       std::vector<Batch> batches;
-      for (int64_t i = 0; i < micro_batches_per_step(t); ++i) batches.push_back(loader.next());
+      for (int64_t i = 0; i < micro_batches_per_step(t); ++i) batches.push_back(split.local(loader.next()));
       const StepResult r = train_step(model, optimizer, dp, batches, t, t.lr);
       ops::synchronize(device);
       const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
@@ -113,7 +113,7 @@ BenchmarkResult run_benchmark_train(const ExperimentConfig& config, const Benchm
     const std::unique_ptr<DataParallel> dp = make_data_parallel(groups, *model, t);
     AdamW optimizer = make_optimizer(*model, *dp, t);
     weights_ready(*model, *dp);
-    result = time_steps(*model, optimizer, *dp, t, device, options);
+    result = time_steps(*model, optimizer, *dp, batch_split(groups), t, device, options);
     result.world_size = world->size();
     result.parameters = model->params().numel();
   } catch (const OutOfMemoryError& error) {

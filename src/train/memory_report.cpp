@@ -158,6 +158,13 @@ void plan_fully_sharded(MemoryPlan& plan, const ModelArgs& args, const std::stri
 
 }  // namespace
 
+namespace {
+
+// The tokens of each sequence one rank computes: all of them, or under context parallelism its 2 of 2·cp chunks.
+int64_t rank_seq_length(const TrainingArgs& t) { return t.seq_length / std::max<int64_t>(1, t.context_parallel_size); }
+
+}  // namespace
+
 MemoryPlan plan_memory(const ModelArgs& whole, const TrainingArgs& t, Device device, DType compute_dtype) {
   // One rank's share of a tensor-parallel model: its slices of the weights, its heads' and columns' activations.
   const ModelArgs args = tensor_parallel_shapes(whole, static_cast<int>(t.tensor_model_parallel_size));
@@ -167,7 +174,7 @@ MemoryPlan plan_memory(const ModelArgs& whole, const TrainingArgs& t, Device dev
   plan.device = device.str();
   plan.parameters = parameter_count(args);
   plan.micro_batch_size = t.micro_batch_size;
-  plan.seq_length = t.seq_length;
+  plan.seq_length = rank_seq_length(t);
   plan.activation_dtype = compute_dtype;
   const RecomputeConfig recompute = RecomputeConfig::from(t);
   plan.recompute = describe_recompute(recompute);
@@ -176,12 +183,13 @@ MemoryPlan plan_memory(const ModelArgs& whole, const TrainingArgs& t, Device dev
       compute_dtype == DType::kF32 ? 0 : static_cast<int64_t>(dtype_size(compute_dtype)) * plan.parameters;
   plan.grad_bytes = 4 * plan.parameters;
   // The distributed optimizer keeps the moments of this rank's shards only (parallel/grad_reducer.h), plus a
-  // staging buffer for the one bucket the data-parallel size does not divide.
-  plan.data_parallel_size = t.data_parallel_size;
+  // staging buffer for the one bucket the data-parallel size does not divide. It shards over the ranks gradients
+  // reduce over: data × context parallel.
+  plan.data_parallel_size = t.data_parallel_size * std::max<int64_t>(1, t.context_parallel_size);
   plan.sharded_optimizer =
       t.use_distributed_optimizer || (t.use_megatron_fsdp && t.data_parallel_sharding_strategy == "optim");
   if (plan.sharded_optimizer) {
-    const BucketLayout layout(plan.parameters, ddp_bucket_size(t), static_cast<int>(t.data_parallel_size));
+    const BucketLayout layout(plan.parameters, ddp_bucket_size(t), static_cast<int>(plan.data_parallel_size));
     int64_t owned = 0;
     for (const FlatRange& r : layout.owned(0)) owned += r.size();  // rank 0 owns the largest shards
     plan.optimizer_bytes = 2 * 4 * owned;
@@ -195,7 +203,7 @@ MemoryPlan plan_memory(const ModelArgs& whole, const TrainingArgs& t, Device dev
   if (t.use_megatron_fsdp && (strategy == "optim_grads" || strategy == "optim_grads_params")) {
     plan_fully_sharded(plan, args, strategy == "optim_grads" ? "ZeRO-2" : "ZeRO-3", recompute);
   }
-  plan.activations = estimate_activations(args, t.micro_batch_size, t.seq_length, compute_dtype, recompute);
+  plan.activations = estimate_activations(args, t.micro_batch_size, plan.seq_length, compute_dtype, recompute);
   return plan;
 }
 
@@ -239,10 +247,14 @@ void check_memory_plan_fits(const MemoryPlan& plan) {
   if (plan.total_bytes() / 2 > capacity) {
     throw UsageError(fmt::format(
         "[config] the run cannot fit: the estimate is {} ({} of activations for micro_batch_size {} x seq_length "
-        "{}), more than twice {} ({}); use a smaller micro_batch_size (global_batch_size stays, with more "
+        "{}{}), more than twice {} ({}); use a smaller micro_batch_size (global_batch_size stays, with more "
         "accumulation steps), recompute_granularity or a shorter seq_length",
         format_memory_bytes(plan.total_bytes()), format_memory_bytes(plan.activations.peak_bytes),
-        plan.micro_batch_size, plan.seq_length, what, format_memory_bytes(capacity)));
+        plan.micro_batch_size, plan.train.seq_length,
+        plan.seq_length == plan.train.seq_length
+            ? ""
+            : fmt::format(" / context_parallel_size {}", plan.train.context_parallel_size),
+        what, format_memory_bytes(capacity)));
   }
 }
 
@@ -321,7 +333,7 @@ std::string out_of_memory_message(const OutOfMemoryError& error, const MemoryPla
       changed.recompute_method = "uniform";
       changed.recompute_num_layers = 1;
     }
-    return format_memory_bytes(estimate_activations(args, micro_batch_size, t.seq_length, plan.activation_dtype,
+    return format_memory_bytes(estimate_activations(args, micro_batch_size, plan.seq_length, plan.activation_dtype,
                                                     RecomputeConfig::from(changed))
                                    .peak_bytes);
   };
@@ -345,7 +357,7 @@ std::string out_of_memory_message(const OutOfMemoryError& error, const MemoryPla
     every.recompute_num_layers = 1;
     text += fmt::format(
         "  - recompute_method: uniform with recompute_num_layers: 1 (every layer, about {} of activations)\n",
-        format_memory_bytes(estimate_activations(args, t.micro_batch_size, t.seq_length, plan.activation_dtype,
+        format_memory_bytes(estimate_activations(args, t.micro_batch_size, plan.seq_length, plan.activation_dtype,
                                                  RecomputeConfig::from(every))
                                 .peak_bytes));
   }

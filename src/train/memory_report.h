@@ -1,7 +1,8 @@
 // The memory table logged at the start of `train pretrain` and `benchmark train`, and the out-of-memory
 // message that repeats it with what to try.
 //
-// Bytes per device, P parameters, N = micro_batch_size × seq_length tokens of one micro-batch, a = bytes of an
+// Bytes per device, P parameters, N = micro_batch_size × seq_length tokens of one micro-batch (seq_length /
+// context_parallel_size on each rank under context parallelism), a = bytes of an
 // activation element (2 in bf16 mixed precision, else 4); rstd and lse are always fp32:
 //   parameters          4·P    fp32 master weights
 //   compute copy        2·P    bf16 copy of the weights (mixed precision only)
@@ -56,7 +57,7 @@ struct MemoryPlan {
   std::string device;  // "cuda:0", "cpu"
   int64_t parameters = 0;
   int64_t micro_batch_size = 0;
-  int64_t seq_length = 0;
+  int64_t seq_length = 0;  // the tokens of each sequence this rank computes: seq_length / context_parallel_size
   DType activation_dtype = DType::kF32;
   std::string recompute;  // "none", "selective", "full (uniform, 1 layer a chunk)", ...
   int64_t param_bytes = 0;
@@ -64,7 +65,7 @@ struct MemoryPlan {
   int64_t grad_bytes = 0;
   int64_t optimizer_bytes = 0;       // this rank's: 1/dp of it with the distributed optimizer
   int64_t comm_bytes = 0;            // the distributed optimizer's staging buffer
-  int64_t data_parallel_size = 1;
+  int64_t data_parallel_size = 1;    // the ranks the optimizer state shards over: data × context parallel
   bool sharded_optimizer = false;
   // use_megatron_fsdp optim_grads / optim_grads_params: "ZeRO-2" / "ZeRO-3", else empty. Then param_bytes are
   // the fp32 master shards, compute_copy_bytes the compute shards (bf16) plus the gathered units' weights held

@@ -131,27 +131,33 @@ DataSources make_data(const TrainingArgs& t, const Tokenizer& tokenizer, const P
   return d;
 }
 
-// Training micro-batches in sample order, prefetched on a thread when the source allows it.
+// Training micro-batches in sample order, prefetched on a thread when the source allows it; this rank's part of
+// each (BatchSplit).
 class MicroBatchStream {
  public:
   MicroBatchStream(const DataSources& data, const TrainingArgs& t, int64_t consumed, const PackingOptions& packing,
-                   DataShard shard) {
+                   BatchSplit split)
+      : split_(std::move(split)) {
     if (data.thread_safe) {
       prefetch_ = std::make_unique<PrefetchLoader>(*data.train, t.micro_batch_size, t.seq_length, consumed,
-                                                   kPrefetchDepth, packing, shard);
+                                                   kPrefetchDepth, packing, split_.shard);
     } else {
-      direct_ = std::make_unique<BatchLoader>(*data.train, t.micro_batch_size, t.seq_length, consumed, packing, shard);
+      direct_ =
+          std::make_unique<BatchLoader>(*data.train, t.micro_batch_size, t.seq_length, consumed, packing, split_.shard);
     }
   }
   std::vector<Batch> next_global_batch(int64_t micro_batches) {
     std::vector<Batch> batches;
-    for (int64_t i = 0; i < micro_batches; ++i) batches.push_back(prefetch_ ? prefetch_->next() : direct_->next());
+    for (int64_t i = 0; i < micro_batches; ++i) {
+      batches.push_back(split_.local(prefetch_ ? prefetch_->next() : direct_->next()));
+    }
     return batches;
   }
   int64_t consumed_samples() const { return prefetch_ ? prefetch_->consumed_samples() : direct_->consumed_samples(); }
 
  private:
   static constexpr int64_t kPrefetchDepth = 4;  // micro-batches read ahead
+  BatchSplit split_;
   std::unique_ptr<PrefetchLoader> prefetch_;
   std::unique_ptr<BatchLoader> direct_;
 };
@@ -270,7 +276,8 @@ int run_training(const ExperimentConfig& config, const RunOptions& options, std:
                model_args.num_query_groups, model_args.kv_channels, model_args.ffn_hidden_size, model_args.vocab_size,
                model.params().numel());
 
-  MicroBatchStream loader(data, t, state.consumed_train_samples, packing, DataShard{dp->rank(), dp->size()});
+  const BatchSplit split = batch_split(groups);
+  MicroBatchStream loader(data, t, state.consumed_train_samples, packing, split);
   // Metric sinks on rank 0 only: every rank computes the same global loss and norm.
   MetricSinks sinks;
   if (rank0) {
@@ -386,7 +393,7 @@ int run_training(const ExperimentConfig& config, const RunOptions& options, std:
 
     std::optional<double> eval_loss;
     if (when.eval_at(step)) {
-      eval_loss = evaluate(model, *dp, *data.valid, t, packing);
+      eval_loss = evaluate(model, *dp, *data.valid, t, split, packing);
     }
     if (log_step || eval_loss) {
       StepMetrics m;

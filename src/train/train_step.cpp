@@ -18,6 +18,22 @@ int64_t micro_batches_per_step(const TrainingArgs& t) {
   return t.global_batch_size / (t.micro_batch_size * t.data_parallel_size);
 }
 
+Batch BatchSplit::local(const Batch& full) const {
+  if (cp.size() == 1) return full;
+  PRIMUS_CHECK(
+      !full.position_ids.defined() && !full.segment_start.defined(),
+      "[config] reset_position_ids and reset_attention_mask are not implemented with context_parallel_size > 1");
+  Batch part;
+  part.tokens = cp.local_chunks(full.tokens);
+  part.labels = cp.local_chunks(full.labels);
+  return part;
+}
+
+BatchSplit batch_split(const ProcessGroups& groups) {
+  return BatchSplit{DataShard{groups.dp->rank(), groups.dp->size()},
+                    groups.cp->size() > 1 ? ContextParallelGroup(groups.cp) : ContextParallelGroup()};
+}
+
 StepResult train_step(Model& model, AdamW& optimizer, DataParallel& dp, const std::vector<Batch>& batches,
                       const TrainingArgs& t, double lr, StepTimes* times) {
   PRIMUS_CHECK(!batches.empty(), "a training step without micro-batches");
@@ -89,13 +105,13 @@ StepResult train_step(Model& model, AdamW& optimizer, DataParallel& dp, const st
 }
 
 double evaluate(Model& model, DataParallel& dp, const SampleSource& source, const TrainingArgs& t,
-                const PackingOptions& packing) {
-  BatchLoader loader(source, t.micro_batch_size, t.seq_length, 0, packing, DataShard{dp.rank(), dp.size()});
+                const BatchSplit& split, const PackingOptions& packing) {
+  BatchLoader loader(source, t.micro_batch_size, t.seq_length, 0, packing, split.shard);
   const int64_t micro_batches = t.eval_iters * micro_batches_per_step(t);
   double loss_sum = 0.0;
   int64_t tokens = 0;
   for (int64_t i = 0; i < micro_batches; ++i) {
-    Batch batch = loader.next();
+    const Batch batch = split.local(loader.next());
     LossSum s = model.evaluate(ops::to_device(batch.tokens, model.device()), ops::to_device(batch.labels, model.device()),
                                packed_on(batch, model.device()));
     loss_sum += s.loss_sum;
@@ -147,8 +163,13 @@ ProcessGroups make_process_groups(std::shared_ptr<Communicator> world, const Mod
 
 std::unique_ptr<Model> make_parallel_model(const ModelArgs& args, const TrainingArgs& t, Device device,
                                            const ProcessGroups& groups) {
+  // The ring runs beside data parallelism's collectives (on another thread or stream), and at dp 1 the cp group may
+  // be the very communicator data parallelism reduces on: it gets a communicator of its own.
+  ContextParallelGroup cp;
+  if (groups.cp->size() > 1)
+    cp = ContextParallelGroup(std::shared_ptr<Communicator>(groups.cp->split(0, groups.cp->rank())));
   return make_model(args, t.seq_length, device, compute_dtype(t, device),
-                    ModelParallel{TensorParallelGroup(groups.tp)});
+                    ModelParallel{TensorParallelGroup(groups.tp), std::move(cp)});
 }
 
 std::unique_ptr<DataParallel> make_data_parallel(const ProcessGroups& groups, Model& model,
@@ -182,7 +203,7 @@ std::unique_ptr<DataParallel> make_data_parallel(const ProcessGroups& groups, Mo
     throw UsageError("[config] overlap_param_gather: true needs sharded weights to gather: set "
                      "use_distributed_optimizer: true, or use_megatron_fsdp: true with a sharding strategy");
   }
-  return std::make_unique<DataParallel>(groups.dp, model.params(), options);
+  return std::make_unique<DataParallel>(groups.dp_cp, model.params(), options);
 }
 
 std::string data_parallel_description(const TrainingArgs& t) {

@@ -35,9 +35,24 @@ struct StepTimes {
 // Micro-batches per optimizer step on one data-parallel rank: global_batch_size / (micro_batch_size × dp size).
 int64_t micro_batches_per_step(const TrainingArgs& t);
 
-// One optimizer step over this rank's share of a global batch (host micro-batches): each is moved to the
-// model's device, fp32 gradients of the global batch's mean token loss accumulate (the token count is global),
-// the last backward reduces them across the data-parallel group bucket by bucket, then the global-norm clip
+// Which part of the global batch a rank computes: the samples of its data-parallel rank (the loader's DataShard, as
+// Megatron's sampler deals them over the dp group) and, of each sample, the chunks of its context-parallel rank
+// (layers/context_parallel.h: every rank of a cp group reads the same samples and keeps its two chunks of each).
+struct BatchSplit {
+  DataShard shard;
+  ContextParallelGroup cp;  // only its rank and size are read here (the model's own group runs the ring)
+  // The part of `full` (host [B, T] tensors, as the loader reads them for `shard`) that this rank computes: `full`
+  // itself at cp 1, else each tensor's local_chunks, [2B, T / (2·cp)]. Packed documents are refused at cp > 1.
+  Batch local(const Batch& full) const;
+};
+// The split of this rank in `groups`.
+BatchSplit batch_split(const ProcessGroups& groups);
+
+// One optimizer step over this rank's share of a global batch (host micro-batches, BatchSplit::local): each is moved
+// to the
+// model's device, fp32 gradients of the global batch's mean token loss accumulate (the token count is global: the
+// labels counted here, summed over dp's group, which is dp × cp), the last backward reduces them across that group
+// bucket by bucket, then the global-norm clip
 // and one AdamW step with `lr` over this rank's optimizer ranges, then the weights are gathered (distributed
 // optimizer). The result (loss, norm, tokens) is the global batch's, the same on every rank. With `times`,
 // also measures the phases (one wait for the device at the end of the step).
@@ -45,10 +60,10 @@ StepResult train_step(Model& model, AdamW& optimizer, DataParallel& dp, const st
                       const TrainingArgs& t, double lr, StepTimes* times = nullptr);
 
 // Mean token loss over eval_iters global batches read from the start of `source` (the same samples each time),
-// with the same packed-document masks as training; each data-parallel rank evaluates its share and the sums
-// are combined, so every rank returns the loss one rank alone would.
+// with the same packed-document masks as training; each rank evaluates its share (`split`) and the sums are
+// combined over dp's group, so every rank returns the loss one rank alone would.
 double evaluate(Model& model, DataParallel& dp, const SampleSource& source, const TrainingArgs& t,
-                const PackingOptions& packing = {});
+                const BatchSplit& split, const PackingOptions& packing = {});
 
 // The data-parallel side of a run for `model`: the options of `t` (use_distributed_optimizer, use_megatron_fsdp
 // with data_parallel_sharding_strategy, overlap_grad_reduce, overlap_param_gather, ddp_bucket_size) over the group
@@ -64,9 +79,12 @@ std::shared_ptr<Communicator> connect_world(const DistributedEnv& env, Device de
 // The job's layout (tensor_model_parallel_size, ...) checked against the world and the model, and the rank's
 // groups: UsageError naming the key when they do not fit.
 ProcessGroups make_process_groups(std::shared_ptr<Communicator> world, const ModelArgs& model, const TrainingArgs& t);
-// The model of the config, split as `groups` say.
+// The model of the config, split as `groups` say. Its ring attention (cp > 1) runs on a split of the cp group of its
+// own. Collective over the world.
 std::unique_ptr<Model> make_parallel_model(const ModelArgs& args, const TrainingArgs& t, Device device,
                                            const ProcessGroups& groups);
+// Data parallelism over the dp × cp group (Megatron's: the ranks of a cp group hold the same weights and each
+// computes the gradients of its chunks, so they reduce as data-parallel ranks do).
 std::unique_ptr<DataParallel> make_data_parallel(const ProcessGroups& groups, Model& model,
                                                  const TrainingArgs& t);
 // "distributed optimizer", "FSDP optim_grads (ZeRO-2)", ... for the log.

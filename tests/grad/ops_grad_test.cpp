@@ -231,6 +231,53 @@ TEST(OpsGrad, AttentionConfinedToSegments) {
   expect_grad(dv, numeric_grad(v, loss), "dv");
 }
 
+TEST(OpsGrad, UnmaskedAttentionBlock) {
+  Rng rng(411);
+  const int64_t batch = 2, seq = 3, hq = 4, hkv = 2, d = 4;
+  Tensor q = random_tensor({batch, seq, hq, d}, rng), k = random_tensor({batch, seq, hkv, d}, rng);
+  Tensor v = random_tensor({batch, seq, hkv, d}, rng), r = random_tensor(q.shape(), rng);
+  Tensor out = empty_like(q), lse = Tensor::empty({batch, hq, seq}, DType::kF32);
+  auto loss = [&] {
+    ops::attention_block_forward(q, k, v, AttentionMask::kNone, out, lse);
+    return dot(out, r);
+  };
+  loss();
+  Tensor dq = empty_like(q), dk = empty_like(k), dv = empty_like(v);
+  ops::attention_block_backward(q, k, v, AttentionMask::kNone, out, lse, r, dq, dk, dv);
+  expect_grad(dq, numeric_grad(q, loss), "dq");
+  expect_grad(dk, numeric_grad(k, loss), "dk");
+  expect_grad(dv, numeric_grad(v, loss), "dv");
+}
+
+// Ring attention's backward: the queries against two key/value blocks (one unmasked, one causal) merged into one
+// result; each block's backward from the merged out and lse gives that block's part of the gradient, dq summed.
+TEST(OpsGrad, AttentionBlocksThroughTheirMerge) {
+  Rng rng(412);
+  const int64_t batch = 1, seq = 3, hq = 2, hkv = 1, d = 4;
+  Tensor q = random_tensor({batch, seq, hq, d}, rng), r = random_tensor(q.shape(), rng);
+  Tensor ka = random_tensor({batch, seq, hkv, d}, rng), va = random_tensor(ka.shape(), rng);
+  Tensor kb = random_tensor(ka.shape(), rng), vb = random_tensor(ka.shape(), rng);
+  Tensor out = empty_like(q), lse = Tensor::empty({batch, hq, seq}, DType::kF32);
+  Tensor block = empty_like(q), block_lse = Tensor::empty(lse.shape(), DType::kF32);
+  auto loss = [&] {
+    ops::attention_block_forward(q, ka, va, AttentionMask::kNone, out, lse);
+    ops::attention_block_forward(q, kb, vb, AttentionMask::kCausal, block, block_lse);
+    ops::attention_merge(out, lse, block, block_lse);
+    return dot(out, r);
+  };
+  loss();
+  Tensor dq = empty_like(q), dqb = empty_like(q);
+  Tensor dka = empty_like(ka), dva = empty_like(ka), dkb = empty_like(ka), dvb = empty_like(ka);
+  ops::attention_block_backward(q, ka, va, AttentionMask::kNone, out, lse, r, dq, dka, dva);
+  ops::attention_block_backward(q, kb, vb, AttentionMask::kCausal, out, lse, r, dqb, dkb, dvb);
+  ops::add_inplace(dq, dqb);
+  expect_grad(dq, numeric_grad(q, loss), "dq");
+  expect_grad(dka, numeric_grad(ka, loss), "dk of the unmasked block");
+  expect_grad(dva, numeric_grad(va, loss), "dv of the unmasked block");
+  expect_grad(dkb, numeric_grad(kb, loss), "dk of the causal block");
+  expect_grad(dvb, numeric_grad(vb, loss), "dv of the causal block");
+}
+
 TEST(OpsGrad, SwiGlu) {
   Rng rng(407);
   Tensor gate_up = random_tensor({3, 10}, rng, 2.0f), r = random_tensor({3, 5}, rng);

@@ -430,6 +430,64 @@ TEST_F(Bf16Ops, AttentionMatchesCpu) {
   check_attention({2, 17, 4, 4, 12}, seed++);      // D not a multiple of 8: the simple kernels in bf16
 }
 
+// Ring attention's ops in bf16 (cuDNN's unmasked and causal graphs, the native kernels for D = 12 and the T = 1
+// backward, the merge kernel): an unmasked block and a causal one against the same queries, merged on each device
+// from its own block results; then each block's backward from the merged out and lse (the CPU's, rounded to bf16,
+// on both devices), i.e. the block's contributions to the whole's gradients.
+void check_attention_blocks(const AttentionCase& c, uint64_t seed) {
+  Rng rng(seed);
+  const Shape q_shape{c.batch, c.seq, c.q_heads, c.head_dim}, kv_shape{c.batch, c.seq, c.kv_heads, c.head_dim};
+  const Shape lse_shape{c.batch, c.q_heads, c.seq};
+  const std::string shape =
+      fmt::format("B={} T={} Hq={} Hkv={} D={}", c.batch, c.seq, c.q_heads, c.kv_heads, c.head_dim);
+  const Tensor q = random_bf16_values(q_shape, rng), dout = random_bf16_values(q_shape, rng);
+  const Tensor ka = random_bf16_values(kv_shape, rng), va = random_bf16_values(kv_shape, rng);
+  const Tensor kb = random_bf16_values(kv_shape, rng), vb = random_bf16_values(kv_shape, rng);
+  Tensor out = Tensor::empty(q_shape, DType::kF32), lse = Tensor::empty(lse_shape, DType::kF32);
+  Tensor block = Tensor::empty(q_shape, DType::kF32), block_lse = Tensor::empty(lse_shape, DType::kF32);
+  Tensor gout = poisoned(q_shape, DType::kBF16), glse = poisoned(lse_shape, DType::kF32);
+  Tensor gblock = poisoned(q_shape, DType::kBF16), gblock_lse = poisoned(lse_shape, DType::kF32);
+  ops::attention_block_forward(q, ka, va, AttentionMask::kNone, out, lse);
+  ops::attention_block_forward(bf16_gpu(q), bf16_gpu(ka), bf16_gpu(va), AttentionMask::kNone, gout, glse);
+  expect_close("unmasked block out " + shape, gout, out, kAttention);
+  expect_close("unmasked block lse " + shape, glse, lse, kFp32);
+  ops::attention_block_forward(q, kb, vb, AttentionMask::kCausal, block, block_lse);
+  ops::attention_block_forward(bf16_gpu(q), bf16_gpu(kb), bf16_gpu(vb), AttentionMask::kCausal, gblock, gblock_lse);
+  ops::attention_merge(out, lse, block, block_lse);
+  ops::attention_merge(gout, glse, gblock, gblock_lse);
+  expect_close("merged out " + shape, gout, out, kAttention);
+  expect_close("merged lse " + shape, glse, lse, kFp32);
+  const Tensor merged = rounded(out);  // the backward's inputs: the same bf16 values on both devices
+  const Tensor gmerged = bf16_gpu(merged), gmerged_lse = ops::to_device(lse, kGpu), gdout = bf16_gpu(dout);
+  const double floor = c.seq == 1 ? 1.0 : 1e-30;  // dq, dk of one key: zero in exact arithmetic
+  for (const bool causal : {false, true}) {
+    const AttentionMask mask = causal ? AttentionMask::kCausal : AttentionMask::kNone;
+    const Tensor& k = causal ? kb : ka;
+    const Tensor& v = causal ? vb : va;
+    const std::string what = fmt::format("{} block {}", causal ? "causal" : "unmasked", shape);
+    Tensor dq = Tensor::empty(q_shape, DType::kF32), dk = Tensor::empty(kv_shape, DType::kF32);
+    Tensor dv = Tensor::empty(kv_shape, DType::kF32);
+    Tensor gdq = poisoned(q_shape, DType::kBF16), gdk = poisoned(kv_shape, DType::kBF16);
+    Tensor gdv = poisoned(kv_shape, DType::kBF16);
+    ops::attention_block_backward(q, k, v, mask, merged, lse, dout, dq, dk, dv);
+    ops::attention_block_backward(bf16_gpu(q), bf16_gpu(k), bf16_gpu(v), mask, gmerged, gmerged_lse, gdout, gdq, gdk,
+                                  gdv);
+    expect_close("dq of the " + what, gdq, dq, kAttention, floor);
+    expect_close("dk of the " + what, gdk, dk, kAttention, floor);
+    expect_close("dv of the " + what, gdv, dv, kAttention);
+  }
+}
+
+TEST_F(Bf16Ops, AttentionBlocksMergeAndBlockBackwardMatchCpu) {
+  uint64_t seed = 431;
+  for (int64_t seq : {1, 17, 128, 130}) {
+    for (int64_t d : {64, 128}) check_attention_blocks({2, seq, 8, 2, d}, seed++);
+  }
+  check_attention_blocks({1, 1024, 32, 8, 128}, seed++);  // a chunk of an 8k sequence at cp 4, 1B head layout
+  check_attention_blocks({1, 704, 8, 8, 64}, seed++);     // S ≡ 64 (mod 128), unmasked: the padded backward
+  check_attention_blocks({2, 17, 4, 4, 12}, seed++);      // D not a multiple of 8: the simple kernels in bf16
+}
+
 // ---- determinism ----------------------------------------------------------------------------------------------
 
 TEST_F(Bf16Ops, TwoRunsGiveIdenticalBits) {

@@ -16,9 +16,11 @@
 // Without a usable CUDA device (or in a build without the CUDA backend) every test is skipped with the reason.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <string>
 
@@ -255,6 +257,74 @@ TEST_F(CudaOps, AttentionMatchesCpu) {
       }
     }
   }
+}
+
+// Ring attention's ops (fp32: the native kernels): an unmasked block and a causal one against the same queries,
+// merged; each block's backward from the merged out and lse (its contributions to the whole's gradients). The GPU's
+// merge starts from the GPU's own block results; each backward reads the CPU's merged out and lse on both devices.
+TEST_F(CudaOps, AttentionBlocksMergeAndBlockBackwardMatchCpu) {
+  Rng rng(308);
+  const int64_t heads[][2] = {{8, 2}, {4, 4}};
+  for (const auto& hh : heads) {
+    for (int64_t seq : {1, 17, 130}) {
+      const int64_t batch = 2, hq = hh[0], hkv = hh[1], d = 64;
+      const std::string shape = fmt::format("Hq={} Hkv={} T={} D={}", hq, hkv, seq, d);
+      const Shape q_shape{batch, seq, hq, d}, kv_shape{batch, seq, hkv, d}, lse_shape{batch, hq, seq};
+      const Tensor q = random_tensor(q_shape, rng), dout = random_tensor(q_shape, rng);
+      const Tensor ka = random_tensor(kv_shape, rng), va = random_tensor(kv_shape, rng);
+      const Tensor kb = random_tensor(kv_shape, rng), vb = random_tensor(kv_shape, rng);
+      Tensor out = poisoned(q_shape, kCpuDevice), lse = poisoned(lse_shape, kCpuDevice);
+      Tensor block = poisoned(q_shape, kCpuDevice), block_lse = poisoned(lse_shape, kCpuDevice);
+      Tensor gout = poisoned(q_shape, kGpu), glse = poisoned(lse_shape, kGpu);
+      Tensor gblock = poisoned(q_shape, kGpu), gblock_lse = poisoned(lse_shape, kGpu);
+      ops::attention_block_forward(q, ka, va, AttentionMask::kNone, out, lse);
+      ops::attention_block_forward(gpu(q), gpu(ka), gpu(va), AttentionMask::kNone, gout, glse);
+      expect_close("unmasked block out " + shape, gout, out, 1e-4);
+      expect_close("unmasked block lse " + shape, glse, lse, 1e-4);
+      ops::attention_block_forward(q, kb, vb, AttentionMask::kCausal, block, block_lse);
+      ops::attention_block_forward(gpu(q), gpu(kb), gpu(vb), AttentionMask::kCausal, gblock, gblock_lse);
+      ops::attention_merge(out, lse, block, block_lse);
+      ops::attention_merge(gout, glse, gblock, gblock_lse);
+      expect_close("merged out " + shape, gout, out, 1e-4);
+      expect_close("merged lse " + shape, glse, lse, 1e-4);
+      const Tensor merged = gpu(out), merged_lse = gpu(lse), gdout = gpu(dout);
+      for (const bool causal : {false, true}) {
+        const AttentionMask mask = causal ? AttentionMask::kCausal : AttentionMask::kNone;
+        const Tensor& k = causal ? kb : ka;
+        const Tensor& v = causal ? vb : va;
+        const std::string what = fmt::format("{} block {}", causal ? "causal" : "unmasked", shape);
+        Tensor dq = poisoned(q_shape, kCpuDevice), gdq = poisoned(q_shape, kGpu);
+        Tensor dk = poisoned(kv_shape, kCpuDevice), gdk = poisoned(kv_shape, kGpu);
+        Tensor dv = poisoned(kv_shape, kCpuDevice), gdv = poisoned(kv_shape, kGpu);
+        ops::attention_block_backward(q, k, v, mask, out, lse, dout, dq, dk, dv);
+        ops::attention_block_backward(gpu(q), gpu(k), gpu(v), mask, merged, merged_lse, gdout, gdq, gdk, gdv);
+        expect_close("dq of the " + what, gdq, dq, 1e-4, 1.0);
+        expect_close("dk of the " + what, gdk, dk, 1e-4, 1.0);
+        expect_close("dv of the " + what, gdv, dv, 1e-4);
+      }
+    }
+  }
+}
+
+// Rows that have seen no key (lse −inf, out NaN) take the block's; a block that saw none changes nothing.
+TEST_F(CudaOps, AttentionMergeOfAnEmptySideTakesTheOther) {
+  const float inf = std::numeric_limits<float>::infinity();
+  Tensor out = Tensor::empty({1, 3, 1, 2}, DType::kF32), block = Tensor::empty(out.shape(), DType::kF32);
+  Tensor lse = Tensor::empty({1, 1, 3}, DType::kF32), block_lse = Tensor::empty(lse.shape(), DType::kF32);
+  const float out_rows[] = {kNaN, kNaN, 1, 2, 7, 7}, block_rows[] = {4, 5, kNaN, kNaN, 8, 8};
+  const float lses[] = {-inf, 0.5f, -inf}, block_lses[] = {-1.5f, -inf, -inf};
+  std::copy(std::begin(out_rows), std::end(out_rows), out.f32());
+  std::copy(std::begin(block_rows), std::end(block_rows), block.f32());
+  std::copy(std::begin(lses), std::end(lses), lse.f32());
+  std::copy(std::begin(block_lses), std::end(block_lses), block_lse.f32());
+  Tensor gout = gpu(out), glse = gpu(lse);
+  ops::attention_merge(gout, glse, gpu(block), gpu(block_lse));
+  const Tensor got = host(gout), got_lse = host(glse);
+  const float want[] = {4, 5, 1, 2, 7, 7};
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(got.f32()[i], want[i]) << "element " << i;
+  EXPECT_EQ(got_lse.f32()[0], -1.5f);
+  EXPECT_EQ(got_lse.f32()[1], 0.5f);
+  EXPECT_EQ(got_lse.f32()[2], -inf);
 }
 
 // ---- cross-entropy, adamw, element-wise -----------------------------------------------------------------------

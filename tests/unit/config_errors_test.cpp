@@ -318,7 +318,7 @@ TEST_F(ConfigErrorsTest, CrossKeyChecksNameBothKeysAndSources) {
 
 // Megatron's parallel keys load, and each one the engine cannot run yet is refused naming it: first by Megatron's
 // rule among the keys (sequence parallel needs tp > 1, virtual stages and uneven stages need pp > 1), always saying
-// what is not implemented. tp, pp and cp themselves are pinned to 1 by the schema.
+// what is not implemented. pp itself is pinned to 1 by the schema.
 TEST_F(ConfigErrorsTest, ParallelKeysNotImplementedYetAreRefusedNamingTheKey) {
   const TrainingArgs defaults = load_experiment_config(write("plain.yaml", kBase), {}).config.train;
   EXPECT_FALSE(defaults.sequence_parallel);
@@ -369,6 +369,26 @@ TEST_F(ConfigErrorsTest, ParallelKeysNotImplementedYetAreRefusedNamingTheKey) {
   // Megatron's name for the derived size suggests the key.
   EXPECT_CONTAINS(error_with("      virtual_pipeline_model_parallel_size: 2\n"),
                   "did you mean 'num_virtual_stages_per_pipeline_rank'?");
+}
+
+// Context parallelism splits every sequence; documents packed into one (their positions and attention) are not split
+// yet: refused naming the packing key and where context_parallel_size came from. Without them cp 2 loads (WORLD_SIZE
+// 2: data-parallel size 1).
+TEST_F(ConfigErrorsTest, PackedDocumentsWithContextParallelismAreRefusedNamingTheKey) {
+  for (const char* key : {"reset_position_ids", "reset_attention_mask"}) {
+    const std::string message = error_with(fmt::format("      context_parallel_size: 2\n      {}: true\n", key));
+    EXPECT_CONTAINS(message, fmt::format("exp.yaml:12: modules.pre_trainer.overrides.{}: {}: packed documents with "
+                                         "context parallelism (context_parallel_size = 2 from ",
+                                         key, key));
+    EXPECT_CONTAINS(message, fmt::format("exp.yaml:11) are not implemented yet; turn {} off", key));
+  }
+  setenv("WORLD_SIZE", "2", 1);  // cp 2 needs two ranks
+  const TrainingArgs t =
+      load_experiment_config(write("cp.yaml", std::string(kBase) + "      context_parallel_size: 2\n"), {})
+          .config.train;
+  unsetenv("WORLD_SIZE");
+  EXPECT_EQ(t.context_parallel_size, 2);
+  EXPECT_EQ(t.data_parallel_size, 1);
 }
 
 TEST_F(ConfigErrorsTest, NoSilentFallbackToMockData) {

@@ -269,6 +269,36 @@ TEST(MemoryPlan, DistributedOptimizerShardsTheOptimizerStatePerRank) {
   EXPECT_NE(table.find("communication buffers"), std::string::npos) << table;
 }
 
+// Context parallelism: a rank's activations are those of its chunks (seq_length / cp tokens of each sequence), and
+// the distributed optimizer shards over data × context parallel ranks (where the gradients reduce).
+TEST(MemoryPlan, ContextParallelRanksHoldTheirChunksAndShardOverDataTimesContext) {
+  ModelArgs args;
+  args.num_layers = 2;
+  args.hidden_size = 64;
+  args.ffn_hidden_size = 176;
+  args.num_attention_heads = 4;
+  args.num_query_groups = 2;
+  args.kv_channels = 16;
+  args.vocab_size = 384;
+  TrainingArgs t;
+  t.micro_batch_size = 2;
+  t.seq_length = 64;
+  t.data_parallel_size = 2;
+  t.use_distributed_optimizer = true;
+  const MemoryPlan whole = plan_memory(args, t, kCpuDevice, DType::kF32);
+  t.context_parallel_size = 2;
+  const MemoryPlan cp = plan_memory(args, t, kCpuDevice, DType::kF32);
+  EXPECT_EQ(cp.seq_length, 32);
+  EXPECT_EQ(cp.activations.peak_bytes,
+            estimate_activations(args, 2, 32, DType::kF32, RecomputeConfig::from(t)).peak_bytes);
+  EXPECT_LT(cp.activations.peak_bytes, whole.activations.peak_bytes);
+  EXPECT_EQ(cp.data_parallel_size, 4);
+  EXPECT_LT(cp.optimizer_bytes, whole.optimizer_bytes);
+  std::string table;
+  for (const std::string& line : format_memory_table(cp)) table += line + "\n";
+  EXPECT_NE(table.find("optimizer state (AdamW, fp32, 1/4 shard)"), std::string::npos) << table;
+}
+
 // A Llama 3.2 1B shape at 4 x 4096 tokens in bf16, on a device of 80 GiB.
 MemoryPlan one_b_plan(int64_t micro_batch_size, const std::string& granularity) {
   ModelArgs args;

@@ -1,17 +1,20 @@
-// Causal grouped-query attention on the CPU. For batch b, query head h (reading kv head h / (Hq/Hkv)) and
-// query position t, over the keys j in [s0, t] with s0 = 0, or s0 = segment_start[b, t] for packed documents:
-//   s[j] = (q[t] · k[j]) / sqrt(D)  for s0 ≤ j ≤ t     p = softmax(s)       out[t] = Σ_j p[j] v[j]
+// Grouped-query attention on the CPU, and the merge of partial results. For batch b, query head h (reading kv head
+// h / (Hq/Hkv)) and query position t, over the keys j in [s0, e] with s0 = 0, or s0 = segment_start[b, t] for
+// packed documents, and e = t under the causal mask or the block's last key T − 1 without one:
+//   s[j] = (q[t] · k[j]) / sqrt(D)  for s0 ≤ j ≤ e     p = softmax(s)       out[t] = Σ_j p[j] v[j]
 //   lse[t] = log Σ_j exp(s[j])
 // Backward recomputes p[j] = exp(s[j] − lse[t]) row by row (no [T, T] matrix is kept) and uses
 //   dp[j] = dout[t] · v[j],  Δ = dout[t] · out[t],  ds[j] = p[j] (dp[j] − Δ)
 //   dq[t] = Σ_j ds[j] k[j] / sqrt(D),  dk[j] += ds[j] q[t] / sqrt(D),  dv[j] += p[j] dout[t]
 // Keys and values of one head are first copied transposed to [D, T] scratch so the score loops run over key
-// positions (vectorisable). Every fp32 contraction sums over its index in order (0..D−1 or s0..t), so register
+// positions (vectorisable). Every fp32 contraction sums over its index in order (0..D−1 or s0..e), so register
 // blocking changes no bits; softmax sums and Δ accumulate in double. Forward splits (b, h) among threads;
 // backward splits (b, kv head) and walks that head's query group in order, so dk and dv (overwritten) are
-// summed without races in a fixed order.
+// summed without races in a fixed order. Backward reads out and lse as given (backend.h: with a whole attention's
+// merged results it yields a block's contributions).
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
@@ -22,14 +25,18 @@ namespace {
 
 struct Dims {
   int64_t batch, seq, q_heads, kv_heads, head_dim;
+  bool causal;
   int64_t group() const { return q_heads / kv_heads; }
+  // One past the last key query t attends to.
+  int64_t key_end(int64_t t) const { return causal ? t + 1 : seq; }
   // Offsets of row (b, t, head) in [B, T, H, D] tensors.
   int64_t q_row(int64_t b, int64_t t, int64_t h) const { return ((b * seq + t) * q_heads + h) * head_dim; }
   int64_t kv_row(int64_t b, int64_t t, int64_t h) const { return ((b * seq + t) * kv_heads + h) * head_dim; }
 };
 
 Dims dims_of(const AttentionArgs& args) {
-  return Dims{args.q->dim(0), args.q->dim(1), args.q->dim(2), args.k->dim(2), args.q->dim(3)};
+  return Dims{args.q->dim(0), args.q->dim(1), args.q->dim(2),
+              args.k->dim(2), args.q->dim(3), args.mask == AttentionMask::kCausal};
 }
 
 // The first key of each query row: segment_start[b, t] (checked to lie in [0, t]) or 0 for every row. [B·T]
@@ -123,7 +130,7 @@ void CpuBackend::attention_forward(const AttentionArgs& args) {
       }
       for (int64_t t = 0; t < d.seq; ++t) {
         const int64_t s0 = first[b * d.seq + t];  // p[r] belongs to key s0 + r
-        const int64_t count = t + 1 - s0;
+        const int64_t count = d.key_end(t) - s0;
         row_scores(q + d.q_row(b, t, h), kt.data() + s0, d.head_dim, d.seq, count, scale, p.data());
         const float max = *std::max_element(p.begin(), p.begin() + count);
         double sum = 0.0;
@@ -175,7 +182,7 @@ void CpuBackend::attention_backward(const AttentionArgs& args) {
       for (int64_t h = kvh * d.group(); h < (kvh + 1) * d.group(); ++h) {
         for (int64_t t = 0; t < d.seq; ++t) {
           const int64_t s0 = first[b * d.seq + t];  // p[r] and ds[r] belong to key s0 + r
-          const int64_t count = t + 1 - s0;
+          const int64_t count = d.key_end(t) - s0;
           const float* qt = q + d.q_row(b, t, h);
           const float* dot = dout + d.q_row(b, t, h);
           const float* ot = out + d.q_row(b, t, h);
@@ -207,6 +214,34 @@ void CpuBackend::attention_backward(const AttentionArgs& args) {
         std::copy_n(dv_acc.data() + t * d.head_dim, d.head_dim, dv + d.kv_row(b, t, kvh));
       }
     }
+  }
+}
+
+void CpuBackend::attention_merge(const AttentionMergeArgs& args) {
+  const int64_t B = args.out->dim(0), T = args.out->dim(1), H = args.out->dim(2), D = args.out->dim(3);
+  float* out = args.out->f32();                // [B, T, H, D]
+  float* lse = args.lse->f32();                // [B, H, T]
+  const float* block = args.block_out->f32();  // [B, T, H, D]
+  const float* block_lse = args.block_lse->f32();
+#pragma omp parallel for schedule(static)
+  for (int64_t row = 0; row < B * T * H; ++row) {  // row (b, t, h) of out
+    const int64_t b = row / (T * H), t = row / H % T, h = row % H;
+    const int64_t stat = (b * H + h) * T + t;
+    const double a = lse[stat], c = block_lse[stat];
+    constexpr double kNone = -std::numeric_limits<double>::infinity();
+    if (c == kNone) continue;  // nothing new (also when both are −inf)
+    float* o = out + row * D;
+    const float* ob = block + row * D;
+    if (a == kNone) {  // nothing so far: the block's row as it is (out may hold anything)
+      std::copy_n(ob, D, o);
+      lse[stat] = block_lse[stat];
+      continue;
+    }
+    const double m = std::max(a, c);
+    const double merged = m + std::log(std::exp(a - m) + std::exp(c - m));
+    const float wa = static_cast<float>(std::exp(a - merged)), wc = static_cast<float>(std::exp(c - merged));
+    for (int64_t i = 0; i < D; ++i) o[i] = wa * o[i] + wc * ob[i];
+    lse[stat] = static_cast<float>(merged);
   }
 }
 

@@ -473,14 +473,15 @@ CudnnAttention& CudaBackend::cudnn_attention() {
 void CudaBackend::attention_forward(const AttentionArgs& args) {
   if (cudnn_takes(args, false)) {
     cudnn_attention().forward(cudnn_shape(args), args.q->data(), args.k->data(), args.v->data(), args.out->data(),
-                              ptr<float>(*args.lse), attention_scale(args));
+                              ptr<float>(*args.lse), attention_scale(args), args.mask == AttentionMask::kCausal);
     return;
   }
   dispatch(args.q->dtype(), "attention_forward", [&](auto tag) {
     using T = decltype(tag);
     const cuda::AttentionShape shape = attention_shape(args, state_->ctx.max_shared_bytes, "attention_forward");
     cuda::attention_forward<T>(state_->ctx, shape, ptr<T>(*args.q), ptr<T>(*args.k), ptr<T>(*args.v), ptr<T>(*args.out),
-                               ptr<float>(*args.lse), ptr_or_null<int32_t>(args.segment_start));
+                               ptr<float>(*args.lse), ptr_or_null<int32_t>(args.segment_start),
+                               args.mask == AttentionMask::kCausal);
   });
 }
 
@@ -488,7 +489,7 @@ void CudaBackend::attention_backward(const AttentionArgs& args) {
   if (cudnn_takes(args, true)) {
     cudnn_attention().backward(cudnn_shape(args), args.q->data(), args.k->data(), args.v->data(), args.out->data(),
                                args.dout->data(), ptr<float>(*args.lse), args.dq->data(), args.dk->data(),
-                               args.dv->data(), attention_scale(args));
+                               args.dv->data(), attention_scale(args), args.mask == AttentionMask::kCausal);
     return;
   }
   dispatch(args.q->dtype(), "attention_backward", [&](auto tag) {
@@ -496,7 +497,18 @@ void CudaBackend::attention_backward(const AttentionArgs& args) {
     const cuda::AttentionShape shape = attention_shape(args, state_->ctx.max_shared_bytes, "attention_backward");
     cuda::attention_backward<T>(state_->ctx, shape, ptr<T>(*args.q), ptr<T>(*args.k), ptr<T>(*args.v),
                                 ptr<T>(*args.out), ptr<float>(*args.lse), ptr<T>(*args.dout), ptr<T>(*args.dq),
-                                ptr<T>(*args.dk), ptr<T>(*args.dv), ptr_or_null<int32_t>(args.segment_start));
+                                ptr<T>(*args.dk), ptr<T>(*args.dv), ptr_or_null<int32_t>(args.segment_start),
+                                args.mask == AttentionMask::kCausal);
+  });
+}
+
+void CudaBackend::attention_merge(const AttentionMergeArgs& args) {
+  const Tensor& out = *args.out;  // [B, T, Hq, D]
+  dispatch(out.dtype(), "attention_merge", [&](auto tag) {
+    using T = decltype(tag);
+    const cuda::AttentionShape shape{out.dim(0), out.dim(1), out.dim(2), out.dim(2), out.dim(3)};
+    cuda::attention_merge<T>(state_->ctx, shape, ptr<T>(*args.out), ptr<float>(*args.lse), ptr<T>(*args.block_out),
+                             ptr<float>(*args.block_lse));
   });
 }
 

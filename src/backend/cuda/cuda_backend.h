@@ -45,6 +45,7 @@ class CudaBackend : public Backend {
   void rope_backward(const RopeArgs& args) override;
   void attention_forward(const AttentionArgs& args) override;
   void attention_backward(const AttentionArgs& args) override;
+  void attention_merge(const AttentionMergeArgs& args) override;
   void swiglu_forward(const SwiGluArgs& args) override;
   void swiglu_backward(const SwiGluArgs& args) override;
   void cross_entropy_forward(const CrossEntropyArgs& args) override;

@@ -255,22 +255,22 @@ cudnnBackendDescriptor_t padding_mask(GraphBuilder& g, const Layout& l, cudnnBac
   return masked;
 }
 
-// Forward: S = scale·Q·Kᵀ, causal mask, softmax with Stats = max + log Σ exp, O = P·V (P in bf16).
-void build_forward(GraphBuilder& g, const Layout& l) {
+// Forward: S = scale·Q·Kᵀ, the causal mask (or none: a block of ring attention), softmax with Stats = max + log Σ
+// exp, O = P·V (P in bf16). The −inf scalar is declared only where a mask uses it.
+void build_forward(GraphBuilder& g, const Layout& l, bool causal) {
   auto q = g.tensor(kUidQ, CUDNN_DATA_BFLOAT16, l.q_dims(), l.q_strides(), false, "Q");
   auto kt = g.tensor(kUidKt, CUDNN_DATA_BFLOAT16, l.kvt_dims(), l.kvt_strides(), false, "K^T");
   auto v = g.tensor(kUidV, CUDNN_DATA_BFLOAT16, l.kv_dims(), l.kv_strides(), false, "V");
   auto o = g.tensor(kUidO, CUDNN_DATA_BFLOAT16, l.q_dims(), l.q_strides(), false, "O");
   auto stats = g.tensor(kUidStats, CUDNN_DATA_FLOAT, l.row_dims(), l.row_strides(), false, "Stats");
   auto scale = g.scalar(kUidScale, "scale");
-  auto neg_inf = g.scalar(kUidNegInf, "-inf");
 
   const Dims4 sd = l.scores_dims(), ss = l.scores_strides(), rd = l.row_dims(), rs = l.row_strides();
   auto s = g.virt(CUDNN_DATA_FLOAT, sd, ss, "Q·K^T");
   g.matmul(q, kt, s, "Q·K^T");
   auto scaled = g.virt(CUDNN_DATA_FLOAT, sd, ss, "scaled scores");
   g.pointwise(CUDNN_POINTWISE_MUL, s, scale, nullptr, scaled, "scale");
-  auto masked = causal_mask(g, l, scaled, neg_inf);
+  auto masked = causal ? causal_mask(g, l, scaled, g.scalar(kUidNegInf, "-inf")) : scaled;
 
   auto row_max = g.virt(CUDNN_DATA_FLOAT, rd, rs, "row max");
   g.reduction(CUDNN_REDUCE_TENSOR_MAX, masked, row_max, "row max");
@@ -288,11 +288,11 @@ void build_forward(GraphBuilder& g, const Layout& l) {
   g.matmul(p, v, o, "P·V");
 }
 
-// Backward: softmax_sum = rowsum(dO∘O); P = exp(scale·Q·Kᵀ − Stats) (masked); dV = Pᵀ·dO;
+// Backward: softmax_sum = rowsum(dO∘O); P = exp(scale·Q·Kᵀ − Stats) (masked when causal); dV = Pᵀ·dO;
 // dS = P∘(dO·Vᵀ − softmax_sum)·scale; dK = dSᵀ·Q; dQ = dS·K through an fp32 accumulator, or written directly when
 // deterministic (the accumulator is summed into with atomics, in an order that varies from run to run). With GQA,
 // dK and dV are formed per query head and summed over each group.
-void build_backward(GraphBuilder& g, const Layout& l, bool padded, bool deterministic) {
+void build_backward(GraphBuilder& g, const Layout& l, bool padded, bool deterministic, bool causal) {
   auto q = g.tensor(kUidQ, CUDNN_DATA_BFLOAT16, l.q_dims(), l.q_strides(), false, "Q");
   auto kt = g.tensor(kUidKt, CUDNN_DATA_BFLOAT16, l.kvt_dims(), l.kvt_strides(), false, "K^T");
   auto vt = g.tensor(kUidVt, CUDNN_DATA_BFLOAT16, l.kvt_dims(), l.kvt_strides(), false, "V^T");
@@ -304,7 +304,7 @@ void build_backward(GraphBuilder& g, const Layout& l, bool padded, bool determin
   auto dk = g.tensor(kUidDk, CUDNN_DATA_BFLOAT16, l.kv_dims(), l.kv_strides(), false, "dK");
   auto dv = g.tensor(kUidDv, CUDNN_DATA_BFLOAT16, l.kv_dims(), l.kv_strides(), false, "dV");
   auto scale = g.scalar(kUidScale, "scale");
-  auto neg_inf = g.scalar(kUidNegInf, "-inf");
+  auto neg_inf = padded || causal ? g.scalar(kUidNegInf, "-inf") : nullptr;
   auto one = g.scalar(kUidOne, "one");
   cudnnBackendDescriptor_t seq_q = nullptr, seq_kv = nullptr;
   if (padded) {
@@ -328,7 +328,7 @@ void build_backward(GraphBuilder& g, const Layout& l, bool padded, bool determin
   if (padded) scaled = padding_mask(g, l, scaled, neg_inf, seq_q, seq_kv);
   auto shifted = g.virt(CUDNN_DATA_FLOAT, sd, ss, "scores - Stats");
   g.pointwise(CUDNN_POINTWISE_SUB, scaled, stats, nullptr, shifted, "scores - Stats");
-  auto masked = causal_mask(g, l, shifted, neg_inf);
+  auto masked = causal ? causal_mask(g, l, shifted, neg_inf) : shifted;
   auto p = g.virt(CUDNN_DATA_FLOAT, sd, ss, "P");
   g.pointwise(CUDNN_POINTWISE_EXP, masked, nullptr, nullptr, p, "P = exp");
 
@@ -378,6 +378,7 @@ struct CudnnAttention::Plan {
   std::unique_ptr<Descriptor> plan;
   int64_t workspace_bytes = 0;
   bool padded = false;
+  bool uses_neg_inf = false;    // the graph declares the −inf scalar (a mask uses it)
   int32_t* seq_lens = nullptr;  // device [B] = T, the full-length padding mask's lengths (padded plans only)
   size_t seq_lens_bytes = 0;
 };
@@ -486,24 +487,26 @@ bool has_nondeterministic_note(cudnnBackendDescriptor_t config) {
 
 }  // namespace
 
-CudnnAttention::Plan& CudnnAttention::plan_for(const AttentionShape& shape, bool backward) {
-  const PlanKey key{backward, shape.batch, shape.seq, shape.heads, shape.kv_heads, shape.head_dim};
+CudnnAttention::Plan& CudnnAttention::plan_for(const AttentionShape& shape, bool backward, bool causal) {
+  const PlanKey key{backward, causal, shape.batch, shape.seq, shape.heads, shape.kv_heads, shape.head_dim};
   auto found = plans_.find(key);
   if (found != plans_.end()) return *found->second;
 
-  const std::string where = fmt::format("{} B={} T={} Hq={} Hkv={} D={}", direction_name(backward), shape.batch,
-                                        shape.seq, shape.heads, shape.kv_heads, shape.head_dim);
+  const std::string where =
+      fmt::format("{} B={} T={} Hq={} Hkv={} D={}{}", direction_name(backward), shape.batch, shape.seq, shape.heads,
+                  shape.kv_heads, shape.head_dim, causal ? "" : " unmasked");
   const Layout layout{shape.batch, shape.heads, shape.kv_heads, shape.seq, shape.head_dim};
   auto plan = std::make_unique<Plan>();
   // cuDNN 9.14–9.15 backward may read invalid memory when T is not a multiple of 128 unless a padding mask is
   // present (cudnn-frontend adds one silently); a full-length mask changes no result.
   plan->padded = backward && shape.seq % 128 != 0;
+  plan->uses_neg_inf = causal || plan->padded;
 
   GraphBuilder g;
   if (backward) {
-    build_backward(g, layout, plan->padded, deterministic_);
+    build_backward(g, layout, plan->padded, deterministic_, causal);
   } else {
-    build_forward(g, layout);
+    build_forward(g, layout, causal);
   }
   plan->keep = g.release();
   auto& keep = plan->keep;
@@ -605,27 +608,28 @@ void execute(cudnnHandle_t handle, const Descriptor& plan, const Bindings& bindi
 }  // namespace
 
 void CudnnAttention::forward(const AttentionShape& shape, const void* q, const void* k, const void* v, void* out,
-                             float* lse, float scale) {
+                             float* lse, float scale, bool causal) {
   validate(shape, false, {{"q", q}, {"k", k}, {"v", v}, {"out", out}, {"lse", lse}});
-  Plan& plan = plan_for(shape, false);
+  Plan& plan = plan_for(shape, false, causal);
   void* workspace = plan.workspace_bytes > 0 ? scratch(static_cast<size_t>(plan.workspace_bytes)) : nullptr;
   float neg_inf = -std::numeric_limits<float>::infinity();
-  const Bindings bindings{{kUidQ, const_cast<void*>(q)},
-                          {kUidKt, const_cast<void*>(k)},
-                          {kUidV, const_cast<void*>(v)},
-                          {kUidO, out},
-                          {kUidStats, lse},
-                          {kUidScale, &scale},
-                          {kUidNegInf, &neg_inf}};
+  Bindings bindings{{kUidQ, const_cast<void*>(q)},
+                    {kUidKt, const_cast<void*>(k)},
+                    {kUidV, const_cast<void*>(v)},
+                    {kUidO, out},
+                    {kUidStats, lse},
+                    {kUidScale, &scale}};
+  if (plan.uses_neg_inf) bindings.push_back({kUidNegInf, &neg_inf});
   execute(static_cast<cudnnHandle_t>(handle_), *plan.plan, bindings, workspace, "forward");
 }
 
 void CudnnAttention::backward(const AttentionShape& shape, const void* q, const void* k, const void* v, const void* out,
-                              const void* dout, const float* lse, void* dq, void* dk, void* dv, float scale) {
+                              const void* dout, const float* lse, void* dq, void* dk, void* dv, float scale,
+                              bool causal) {
   validate(
       shape, true,
       {{"q", q}, {"k", k}, {"v", v}, {"out", out}, {"dout", dout}, {"lse", lse}, {"dq", dq}, {"dk", dk}, {"dv", dv}});
-  Plan& plan = plan_for(shape, true);
+  Plan& plan = plan_for(shape, true, causal);
   // Scratch: [cuDNN workspace | softmax_sum fp32 [B, Hq, T] | dQ_accum fp32 [B, Hq, T, D] unless deterministic].
   const size_t rows = static_cast<size_t>(shape.batch * shape.heads * shape.seq);
   const size_t workspace_bytes = align_up(static_cast<size_t>(plan.workspace_bytes));
@@ -648,9 +652,9 @@ void CudnnAttention::backward(const AttentionShape& shape, const void* q, const 
                     {kUidDk, dk},
                     {kUidDv, dv},
                     {kUidScale, &scale},
-                    {kUidNegInf, &neg_inf},
                     {kUidOne, &one},
                     {kUidSoftmaxSum, softmax_sum}};
+  if (plan.uses_neg_inf) bindings.push_back({kUidNegInf, &neg_inf});
   if (!deterministic_) bindings.push_back({kUidDqAccum, dq_accum});
   if (plan.padded) {
     bindings.push_back({kUidSeqLenQ, plan.seq_lens});

@@ -1,4 +1,5 @@
-// bf16 causal grouped-query flash attention, forward and backward, through cuDNN's fused attention.
+// bf16 grouped-query flash attention, causal or unmasked (a block of ring attention), forward and backward, through
+// cuDNN's fused attention.
 //
 // cuDNN 9.14 (the GPU machine) has no causal mask in its single SDPA operation, so each direction is built as
 // a multi-operation graph through the backend C API (no cudnn-frontend here); cuDNN's runtime-fusion engine
@@ -45,22 +46,25 @@ class CudnnAttention {
   CudnnAttention(const CudnnAttention&) = delete;
   CudnnAttention& operator=(const CudnnAttention&) = delete;
 
-  // out = softmax(scale · q kᵀ, causal) v and its lse. Enqueued on the stream; returns without waiting.
+  // out = softmax(scale · q kᵀ, causal or unmasked) v and its lse. Enqueued on the stream; returns without waiting.
   void forward(const AttentionShape& shape, const void* q, const void* k, const void* v, void* out, float* lse,
-               float scale);
-  // dq, dk, dv (overwritten) from dout and the forward's out and lse. dq is non-deterministic in the last bits
-  // (fp32 atomics into the accumulator) unless the object was made deterministic. T = 1 is rejected: cuDNN has no backward for one-token sequences.
+               float scale, bool causal = true);
+  // dq, dk, dv (overwritten) from dout and the forward's out and lse (or those of a whole attention the block is part
+  // of: the block's contributions, backend.h). dq is non-deterministic in the last bits
+  // (fp32 atomics into the accumulator) unless the object was made deterministic. T = 1 is rejected: cuDNN has no
+  // backward for one-token sequences.
   void backward(const AttentionShape& shape, const void* q, const void* k, const void* v, const void* out,
-                const void* dout, const float* lse, void* dq, void* dk, void* dv, float scale);
+                const void* dout, const float* lse, void* dq, void* dk, void* dv, float scale, bool causal = true);
 
   // Execution plans built so far (one per shape and direction).
   int64_t plan_count() const { return static_cast<int64_t>(plans_.size()); }
 
  private:
   struct Plan;
-  using PlanKey = std::tuple<bool, int64_t, int64_t, int64_t, int64_t, int64_t>;  // backward?, B, T, Hq, Hkv, D
+  // backward?, causal?, B, T, Hq, Hkv, D
+  using PlanKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t>;
 
-  Plan& plan_for(const AttentionShape& shape, bool backward);
+  Plan& plan_for(const AttentionShape& shape, bool backward, bool causal);
   void* device_alloc(size_t bytes);
   void device_free(void* ptr, size_t bytes);
   // At least `bytes` of scratch, reallocated only to grow.

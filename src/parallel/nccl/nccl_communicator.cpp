@@ -204,6 +204,27 @@ class NcclCommunicator final : public Communicator {
     PRIMUS_NCCL_CHECK(ncclRecv(buf.data(), count(buf), type, peer, comm_, s));
   }
 
+  // One group of the send and the receive, so that every rank of a ring posts both at once.
+  void send_recv(const Tensor& send_buf, int send_peer, Tensor& recv_buf, int recv_peer, Stream stream) override {
+    check_usable("send_recv");
+    check_buffer(send_buf, "send_recv", "send_buf");
+    check_buffer(recv_buf, "send_recv", "recv_buf");
+    check_point_to_point_peer(send_peer, "send_recv");
+    check_point_to_point_peer(recv_peer, "send_recv");
+    PRIMUS_CHECK(!overlaps(send_buf, recv_buf) || send_buf.numel() == 0 || recv_buf.numel() == 0,
+                 "[nccl send_recv] send_buf {} and recv_buf {} overlap", send_buf.describe(), recv_buf.describe());
+    const ncclDataType_t send_type = nccl_dtype(send_buf.dtype(), "send_recv");
+    const ncclDataType_t recv_type = nccl_dtype(recv_buf.dtype(), "send_recv");
+    if (send_buf.numel() == 0 && recv_buf.numel() == 0) return;
+    const gpuStream_t s = stream_for(stream, {&send_buf, &recv_buf});
+    PRIMUS_NCCL_CHECK(ncclGroupStart());
+    if (send_buf.numel() > 0)
+      PRIMUS_NCCL_CHECK(ncclSend(send_buf.data(), count(send_buf), send_type, send_peer, comm_, s));
+    if (recv_buf.numel() > 0)
+      PRIMUS_NCCL_CHECK(ncclRecv(recv_buf.data(), count(recv_buf), recv_type, recv_peer, comm_, s));
+    PRIMUS_NCCL_CHECK(ncclGroupEnd());
+  }
+
   // A one-element all-reduce on the compute stream, then a host wait on its event with the deadline: the
   // host waits for the compute work queued before it too.
   void barrier() override {

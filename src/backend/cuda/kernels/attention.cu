@@ -1,11 +1,12 @@
-// Causal grouped-query attention on the GPU: the simple, exact O(T²) formulation, one block per query row
-// (forward, dq) or per key row (dk, dv), with that row's scores in shared memory. Same formulas and, per
-// output element, the same summation order as the CPU backend (src/backend/cpu/attention.cpp), over the keys
-// j in [s0(t), t] of query t, s0(t) = 0 or segment_start[b, t] (packed documents):
+// Grouped-query attention on the GPU: the simple, exact O(T²) formulation, one block per query row (forward, dq) or
+// per key row (dk, dv), with that row's scores in shared memory; and the merge of partial results (ring attention).
+// Same formulas and, per output element, the same summation order as the CPU backend
+// (src/backend/cpu/attention.cpp), over the keys j in [s0(t), e(t)] of query t, s0(t) = 0 or segment_start[b, t]
+// (packed documents), e(t) = t (causal) or T − 1 (no mask: a key/value block wholly before the queries):
 //   s[j] = (q[t] · k[j]) / sqrt(D);  p = softmax(s);  out[t] = Σ_j p[j] v[j];  lse[t] = log Σ_j exp(s[j])
 //   Δ[t] = dout[t] · out[t] (double);  ds[t, j] = p[t, j] (dout[t] · v[j] − Δ[t])
-//   dq[t] = Σ_j ds[t, j] k[j] / sqrt(D);  dk[j] = Σ_{h in group} Σ_{t ≥ j, s0(t) ≤ j} ds[t, j] q[t] / sqrt(D);
-//   dv[j] = Σ_{h in group} Σ_{t ≥ j, s0(t) ≤ j} p[t, j] dout[t]
+//   dq[t] = Σ_j ds[t, j] k[j] / sqrt(D);  dk[j] = Σ_{h in group} Σ_{t: j ≤ e(t), s0(t) ≤ j} ds[t, j] q[t] / sqrt(D);
+//   dv[j] = Σ_{h in group} Σ_{t: j ≤ e(t), s0(t) ≤ j} p[t, j] dout[t]
 // With segments the dk/dv kernel still walks every t ≥ j and adds exact zeros for queries of other segments,
 // which keeps the CPU's order of the non-zero terms; the work stays O(T²) whatever the documents' lengths.
 // Backward runs two kernels: per query row it recomputes p from lse, writes dq and Δ; then per key row and
@@ -31,13 +32,18 @@ constexpr int64_t kDefaultSharedBytes = 48 * 1024;
 struct Strides {
   int64_t seq, q_heads, kv_heads, head_dim, group;
   int64_t score_slots;  // floats per row of scores in shared memory (T padded, see kernels.h)
+  bool causal;          // else every key of the block
+  // One past the last key query t attends to, and the first query that attends to key j.
+  __device__ int64_t key_end(int64_t t) const { return causal ? t + 1 : seq; }
+  __device__ int64_t first_query(int64_t j) const { return causal ? j : 0; }
   __device__ int64_t q_row(int64_t b, int64_t t, int64_t h) const { return ((b * seq + t) * q_heads + h) * head_dim; }
   __device__ int64_t kv_row(int64_t b, int64_t t, int64_t h) const { return ((b * seq + t) * kv_heads + h) * head_dim; }
   __device__ int64_t stat(int64_t b, int64_t h, int64_t t) const { return (b * q_heads + h) * seq + t; }
 };
 
-Strides strides_of(const AttentionShape& s) {
-  return Strides{s.seq, s.q_heads, s.kv_heads, s.head_dim, s.q_heads / s.kv_heads, attention_score_slots(s.seq)};
+Strides strides_of(const AttentionShape& s, bool causal) {
+  return Strides{s.seq, s.q_heads, s.kv_heads, s.head_dim, s.q_heads / s.kv_heads, attention_score_slots(s.seq),
+                 causal};
 }
 
 // The first key query (b, t) attends to: 0, or its segment start, which must lie in [0, t]. An invalid start is
@@ -63,7 +69,7 @@ __device__ __forceinline__ float dot_row(const float* a, const T* b, int64_t hea
   return acc;
 }
 
-// Block (t, h, b): out[b, t, h, :] and lse[b, h, t]. Shared: q row [D], then p [t + 1 − s0] (of score_slots),
+// Block (t, h, b): out[b, t, h, :] and lse[b, h, t]. Shared: q row [D], then p [e + 1 − s0] (of score_slots),
 // p[r] belonging to key s0 + r.
 template <typename T>
 __global__ void attention_forward_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
@@ -77,9 +83,9 @@ __global__ void attention_forward_kernel(const T* __restrict__ q, const T* __res
   const int64_t kvh = h / d.group;
   check_first_key(segment_start, b, t, d.seq, error);
   const int64_t s0 = first_key(segment_start, b, t, d.seq);
-  const int64_t count = t + 1 - s0;
+  const int64_t count = d.key_end(t) - s0;
   float* q_row = smem;           // [D]
-  float* p = smem + d.head_dim;  // [t + 1 − s0]
+  float* p = smem + d.head_dim;  // [e + 1 − s0]
   const int64_t q_off = d.q_row(b, t, h);
   for (int64_t i = threadIdx.x; i < d.head_dim; i += blockDim.x) q_row[i] = load(q + q_off + i);
   __syncthreads();
@@ -110,7 +116,7 @@ __global__ void attention_forward_kernel(const T* __restrict__ q, const T* __res
   if (threadIdx.x == 0) lse[d.stat(b, h, t)] = static_cast<float>(static_cast<double>(max) + log(sum));
 }
 
-// Block (t, h, b): dq[b, t, h, :] and Δ[b, h, t]. Shared: q row [D], dout row [D], ds [t + 1 − s0] (of
+// Block (t, h, b): dq[b, t, h, :] and Δ[b, h, t]. Shared: q row [D], dout row [D], ds [e + 1 − s0] (of
 // score_slots), ds[r] belonging to key s0 + r.
 template <typename T>
 __global__ void attention_dq_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
@@ -124,10 +130,10 @@ __global__ void attention_dq_kernel(const T* __restrict__ q, const T* __restrict
   const int64_t kvh = h / d.group;
   check_first_key(segment_start, b, t, d.seq, error);
   const int64_t s0 = first_key(segment_start, b, t, d.seq);
-  const int64_t count = t + 1 - s0;
+  const int64_t count = d.key_end(t) - s0;
   float* q_row = smem;                // [D]
   float* do_row = smem + d.head_dim;  // [D]
-  float* ds = smem + 2 * d.head_dim;  // [t + 1 − s0]
+  float* ds = smem + 2 * d.head_dim;  // [e + 1 − s0]
   const int64_t off = d.q_row(b, t, h);
   double dot = 0.0;  // Δ = dout[t] · out[t]
   for (int64_t i = threadIdx.x; i < d.head_dim; i += blockDim.x) {
@@ -155,8 +161,9 @@ __global__ void attention_dq_kernel(const T* __restrict__ q, const T* __restrict
   if (threadIdx.x == 0) delta[d.stat(b, h, t)] = delta_t;
 }
 
-// Block (j, kv head, b): dk and dv of key row j. Shared: k row [D], v row [D], p [T − j], ds [T − j] (each of
-// score_slots); p[r] and ds[r] belong to query j + r, and are 0 when that query's segment starts after j.
+// Block (j, kv head, b): dk and dv of key row j. Shared: k row [D], v row [D], p [T − t0], ds [T − t0] (each of
+// score_slots) for the queries t0.. that see key j (t0 = j causal, 0 without a mask); p[r] and ds[r] belong to
+// query t0 + r, and are 0 when that query's segment starts after j.
 template <typename T>
 __global__ void attention_dkv_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                                      const float* __restrict__ lse, const float* __restrict__ delta,
@@ -164,11 +171,12 @@ __global__ void attention_dkv_kernel(const T* __restrict__ q, const T* __restric
                                      const int32_t* __restrict__ segment_start, Strides d, float scale) {
   extern __shared__ float smem[];
   const int64_t j = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
-  const int64_t count = d.seq - j;   // queries t = j .. T−1 see key j
+  const int64_t t0 = d.first_query(j);
+  const int64_t count = d.seq - t0;  // queries t = t0 .. T−1 see key j
   float* k_row = smem;               // [D]
   float* v_row = smem + d.head_dim;  // [D]
-  float* p = smem + 2 * d.head_dim;  // [T − j]
-  float* ds = p + d.score_slots;     // [T − j], already scaled by 1/sqrt(D)
+  float* p = smem + 2 * d.head_dim;  // [T − t0]
+  float* ds = p + d.score_slots;     // [T − t0], already scaled by 1/sqrt(D)
   const int64_t kv_off = d.kv_row(b, j, kvh);
   for (int64_t i = threadIdx.x; i < d.head_dim; i += blockDim.x) {
     k_row[i] = load(k + kv_off + i);
@@ -180,7 +188,7 @@ __global__ void attention_dkv_kernel(const T* __restrict__ q, const T* __restric
   for (int64_t h = kvh * d.group; h < (kvh + 1) * d.group; ++h) {
     __syncthreads();  // k_row/v_row written, or the previous head's p and ds consumed
     for (int64_t r = threadIdx.x; r < count; r += blockDim.x) {
-      const int64_t t = j + r;
+      const int64_t t = t0 + r;
       if (first_key(segment_start, b, t, d.seq) > j) {  // another document: no attention, no gradient
         p[r] = 0.0f;
         ds[r] = 0.0f;
@@ -193,8 +201,8 @@ __global__ void attention_dkv_kernel(const T* __restrict__ q, const T* __restric
       ds[r] = pt * (dp - delta[d.stat(b, h, t)]) * scale;
     }
     __syncthreads();
-    const T* q_head = q + d.q_row(b, j, h);
-    const T* do_head = dout + d.q_row(b, j, h);
+    const T* q_head = q + d.q_row(b, t0, h);
+    const T* do_head = dout + d.q_row(b, t0, h);
 #pragma unroll
     for (int slot = 0; slot < kSlots; ++slot) {
       const int64_t i = threadIdx.x + slot * static_cast<int64_t>(blockDim.x);
@@ -214,6 +222,34 @@ __global__ void attention_dkv_kernel(const T* __restrict__ q, const T* __restric
   }
 }
 
+// One warp per row (b, t, h) of out [B, T, H, D]: the row's merge weights from lse [B, H, T] (in double, as the CPU
+// reference), then its D elements, lane by lane. Every lane reads the row's old lse before lane 0 replaces it.
+template <typename T>
+__global__ void attention_merge_kernel(T* __restrict__ out, float* __restrict__ lse, const T* __restrict__ block_out,
+                                       const float* __restrict__ block_lse, int64_t rows, int64_t seq, int64_t heads,
+                                       int64_t head_dim) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarpSize) + threadIdx.x / kWarpSize;
+  const int lane = static_cast<int>(threadIdx.x % kWarpSize);
+  if (row >= rows) return;
+  const int64_t b = row / (seq * heads), t = row / heads % seq, h = row % heads;
+  const int64_t stat = (b * heads + h) * seq + t;
+  const float a = lse[stat], c = block_lse[stat];
+  if (c == -INFINITY) return;  // nothing new (also when both are −inf)
+  T* o = out + row * head_dim;
+  const T* ob = block_out + row * head_dim;
+  if (a == -INFINITY) {  // nothing so far: the block's row as it is
+    for (int64_t i = lane; i < head_dim; i += kWarpSize) o[i] = ob[i];
+    if (lane == 0) lse[stat] = c;
+    return;
+  }
+  const double m = fmax(static_cast<double>(a), static_cast<double>(c));
+  const double merged = m + log(exp(a - m) + exp(c - m));
+  const float wa = static_cast<float>(exp(a - merged)), wc = static_cast<float>(exp(c - merged));
+  for (int64_t i = lane; i < head_dim; i += kWarpSize) store(o + i, wa * load(o + i) + wc * load(ob + i));
+  __syncwarp();
+  if (lane == 0) lse[stat] = static_cast<float>(merged);
+}
+
 // Raises a kernel's dynamic shared memory limit above the 48 KiB default when a launch needs more (the
 // backend has checked the device's opt-in limit).
 template <typename Kernel>
@@ -227,7 +263,7 @@ void prepare_shared(Kernel kernel, int64_t bytes) {
 
 template <typename T>
 void attention_forward(const KernelContext& ctx, const AttentionShape& shape, const T* q, const T* k, const T* v,
-                       T* out, float* lse, const int32_t* segment_start) {
+                       T* out, float* lse, const int32_t* segment_start, bool causal) {
   if (shape.batch == 0 || shape.seq == 0 || shape.q_heads == 0) return;
   const int64_t shared = (shape.head_dim + attention_score_slots(shape.seq)) * static_cast<int64_t>(sizeof(float));
   prepare_shared(attention_forward_kernel<T>, shared);
@@ -235,16 +271,16 @@ void attention_forward(const KernelContext& ctx, const AttentionShape& shape, co
                   static_cast<unsigned>(shape.batch));
   const float scale = 1.0f / sqrtf(static_cast<float>(shape.head_dim));
   attention_forward_kernel<T><<<grid, kThreads, shared, ctx.stream>>>(q, k, v, out, lse, segment_start, ctx.error,
-                                                                       strides_of(shape), scale);
+                                                                      strides_of(shape, causal), scale);
   PRIMUS_CUDA_CHECK_LAUNCH();
 }
 
 template <typename T>
 void attention_backward(const KernelContext& ctx, const AttentionShape& shape, const T* q, const T* k, const T* v,
                         const T* out, const float* lse, const T* dout, T* dq, T* dk, T* dv,
-                        const int32_t* segment_start) {
+                        const int32_t* segment_start, bool causal) {
   if (shape.batch == 0 || shape.seq == 0 || shape.q_heads == 0) return;
-  const Strides d = strides_of(shape);
+  const Strides d = strides_of(shape, causal);
   const float scale = 1.0f / sqrtf(static_cast<float>(shape.head_dim));
   DeviceBuffer delta(*ctx.allocator, static_cast<size_t>(shape.batch * shape.q_heads * shape.seq) * sizeof(float));
 
@@ -266,15 +302,31 @@ void attention_backward(const KernelContext& ctx, const AttentionShape& shape, c
   PRIMUS_CUDA_CHECK_LAUNCH();
 }
 
+template <typename T>
+void attention_merge(const KernelContext& ctx, const AttentionShape& shape, T* out, float* lse, const T* block_out,
+                     const float* block_lse) {
+  const int64_t rows = shape.batch * shape.seq * shape.q_heads;
+  if (rows == 0) return;
+  constexpr int kRowsPerBlock = kThreads / kWarpSize;
+  const int64_t blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
+  attention_merge_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, ctx.stream>>>(
+      out, lse, block_out, block_lse, rows, shape.seq, shape.q_heads, shape.head_dim);
+  PRIMUS_CUDA_CHECK_LAUNCH();
+}
+
 template void attention_forward<float>(const KernelContext&, const AttentionShape&, const float*, const float*,
-                                       const float*, float*, float*, const int32_t*);
+                                       const float*, float*, float*, const int32_t*, bool);
 template void attention_backward<float>(const KernelContext&, const AttentionShape&, const float*, const float*,
                                         const float*, const float*, const float*, const float*, float*, float*, float*,
-                                        const int32_t*);
+                                        const int32_t*, bool);
 template void attention_forward<bf16>(const KernelContext&, const AttentionShape&, const bf16*, const bf16*,
-                                      const bf16*, bf16*, float*, const int32_t*);
+                                      const bf16*, bf16*, float*, const int32_t*, bool);
 template void attention_backward<bf16>(const KernelContext&, const AttentionShape&, const bf16*, const bf16*,
                                        const bf16*, const bf16*, const float*, const bf16*, bf16*, bf16*, bf16*,
-                                       const int32_t*);
+                                       const int32_t*, bool);
+template void attention_merge<float>(const KernelContext&, const AttentionShape&, float*, float*, const float*,
+                                     const float*);
+template void attention_merge<bf16>(const KernelContext&, const AttentionShape&, bf16*, float*, const bf16*,
+                                    const float*);
 
 }  // namespace primus::cuda

@@ -103,16 +103,22 @@ inline int64_t attention_score_slots(int64_t seq) { return (seq + 3) / 4 * 4; }
 inline int64_t attention_shared_bytes(const AttentionShape& s) {
   return (2 * s.head_dim + 2 * attention_score_slots(s.seq)) * static_cast<int64_t>(sizeof(float));
 }
-// q, out, dout, dq [B, T, Hq, D]; k, v, dk, dv [B, T, Hkv, D]; lse [B, Hq, T]. segment_start ([B, T], may be
-// null): query t attends to keys [segment_start[b·T + t], t] only; a start outside [0, t] is recorded in ctx.error
-// (forward and dq then use [t, t] for that row so nothing is read out of bounds).
+// q, out, dout, dq [B, T, Hq, D]; k, v, dk, dv [B, T, Hkv, D]; lse [B, Hq, T]. causal: query t attends to keys
+// j ≤ t, else to every key of the block. segment_start ([B, T], may be null; causal only): query t attends to keys
+// [segment_start[b·T + t], t] only; a start outside [0, t] is recorded in ctx.error (forward and dq then use [t, t]
+// for that row so nothing is read out of bounds).
 template <typename T>
 void attention_forward(const KernelContext& ctx, const AttentionShape& shape, const T* q, const T* k, const T* v,
-                       T* out, float* lse, const int32_t* segment_start = nullptr);
+                       T* out, float* lse, const int32_t* segment_start = nullptr, bool causal = true);
 template <typename T>
 void attention_backward(const KernelContext& ctx, const AttentionShape& shape, const T* q, const T* k, const T* v,
                         const T* out, const float* lse, const T* dout, T* dq, T* dk, T* dv,
-                        const int32_t* segment_start = nullptr);
+                        const int32_t* segment_start = nullptr, bool causal = true);
+// out [B, T, Hq, D] and lse [B, Hq, T] merged in place with block_out and block_lse (backend.h, AttentionMergeArgs);
+// shape.kv_heads is not read.
+template <typename T>
+void attention_merge(const KernelContext& ctx, const AttentionShape& shape, T* out, float* lse, const T* block_out,
+                     const float* block_lse);
 
 // gate_up, dgate_up [rows, 2F] (per row: gate then up; dgate_up may be gate_up); out, dout [rows, F].
 template <typename T>
