@@ -292,7 +292,9 @@ ProcessGroups ProcessGroups::build(std::shared_ptr<Communicator> world, const Pa
     if (groups.*kinds[k].field) continue;
     // The groups of a kind partition the world: the lowest rank names a group (the color) and a member's place
     // in the ascending list orders it (the key).
-    const std::vector<int> members = (dims.*kinds[k].members)(rank);
+    // Through a local: GCC's UBSan misreads an array index inside a pointer-to-member call as out of bounds.
+    const Members members_of = kinds[k].members;
+    const std::vector<int> members = (dims.*members_of)(rank);
     const auto place = std::find(members.begin(), members.end(), rank) - members.begin();
     groups.*kinds[k].field = world->split(members.front(), static_cast<int>(place));
   }
