@@ -29,6 +29,7 @@
 #include "models/model.h"
 #include "ops/ops.h"
 #include "parallel/distributed_env.h"
+#include "support/cpu_ranks.h"
 #include "support/multiprocess.h"
 #include "support/test_support.h"
 #include "support/tiny_models.h"
@@ -39,14 +40,10 @@ namespace {
 
 using namespace std::chrono_literals;
 
+using testing::slice_of;
+
 std::shared_ptr<Communicator> connect(int rank, int size, int port) {
-  DistributedEnv env;
-  env.rank = rank;
-  env.world_size = size;
-  env.local_rank = rank;
-  env.local_world_size = size;
-  env.master_port = port;
-  return make_world_communicator(env, kCpuDevice, 20s);
+  return testing::join_cpu_world(rank, size, port, 20s);
 }
 
 // "" when a and b agree within fp32 rounding of sums in another order, else what differs.
@@ -310,21 +307,6 @@ Trace train(const ModelArgs& args, const Layout& layout, std::shared_ptr<Communi
   }
   trace.eval_loss = evaluate(model, *dp, source, t, split);
   return trace;
-}
-
-// The part of `whole` ([rows, cols] or [n]) that `spec` describes (its tensor-parallel slice).
-Tensor slice_of(const Tensor& whole, const ParamSpec& spec) {
-  if (!spec.slice.sliced()) return whole;
-  Tensor part = Tensor::empty(spec.shape, DType::kF32);
-  const int64_t rows = spec.shape[0], cols = spec.shape[1], whole_cols = whole.dim(1);
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t c = 0; c < cols; ++c) {
-      const int64_t wr = spec.slice.dim == 0 ? spec.slice.offset + r : r;
-      const int64_t wc = spec.slice.dim == 1 ? spec.slice.offset + c : c;
-      part.f32()[r * cols + c] = whole.f32()[wr * whole_cols + wc];
-    }
-  }
-  return part;
 }
 
 std::string check_layout_rank(const ModelArgs& args, const Layout& layout, int rank, int port, uint64_t seed) {

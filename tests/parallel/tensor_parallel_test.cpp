@@ -15,6 +15,7 @@
 #include "models/model.h"
 #include "ops/ops.h"
 #include "parallel/distributed_env.h"
+#include "support/cpu_ranks.h"
 #include "support/multiprocess.h"
 #include "support/test_support.h"
 #include "support/tiny_models.h"
@@ -24,20 +25,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// The part of `whole` ([rows, cols] or [n]) that `spec` describes.
-Tensor slice_of(const Tensor& whole, const ParamSpec& spec) {
-  if (!spec.slice.sliced()) return whole;
-  Tensor part = Tensor::empty(spec.shape, DType::kF32);
-  const int64_t rows = spec.shape[0], cols = spec.shape[1], whole_cols = whole.dim(1);
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t c = 0; c < cols; ++c) {
-      const int64_t wr = spec.slice.dim == 0 ? spec.slice.offset + r : r;
-      const int64_t wc = spec.slice.dim == 1 ? spec.slice.offset + c : c;
-      part.f32()[r * cols + c] = whole.f32()[wr * whole_cols + wc];
-    }
-  }
-  return part;
-}
+using testing::slice_of;
 
 // "" when a and b agree within fp32 rounding of sums in another order, else what differs.
 std::string compare(const std::string& what, const float* a, const float* b, int64_t n) {
@@ -52,13 +40,7 @@ std::string compare(const std::string& what, const float* a, const float* b, int
 
 // One rank: the tensor-parallel model against the whole one. Returns "" or the mismatches.
 std::string check_rank(const ModelArgs& args, int rank, int tp, int port, uint64_t seed) {
-  DistributedEnv env;
-  env.rank = rank;
-  env.world_size = tp;
-  env.local_rank = rank;
-  env.local_world_size = tp;
-  env.master_port = port;
-  std::shared_ptr<Communicator> group = make_world_communicator(env, kCpuDevice, 20s);
+  std::shared_ptr<Communicator> group = testing::join_cpu_world(rank, tp, port, 20s);
   constexpr int64_t kSeq = 12;
   const std::unique_ptr<Model> whole = make_model(args, kSeq);
   const std::unique_ptr<Model> part =

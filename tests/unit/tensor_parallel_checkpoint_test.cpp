@@ -20,6 +20,7 @@
 #include "core/file_io.h"
 #include "parallel/distributed_env.h"
 #include "parallel/grad_reducer.h"
+#include "support/cpu_ranks.h"
 #include "support/multiprocess.h"
 #include "support/test_support.h"
 #include "support/tiny_models.h"
@@ -59,14 +60,7 @@ int64_t whole_index(const ParamSpec& spec, int64_t k) {
 }
 
 std::shared_ptr<Communicator> join_world(int rank, int size, int port) {
-  DistributedEnv env;
-  env.rank = rank;
-  env.world_size = size;
-  env.local_rank = rank;
-  env.local_world_size = size;
-  env.master_addr = "127.0.0.1";
-  env.master_port = port;
-  return make_world_communicator(env, kCpuDevice, DistributedTimeout(30s));
+  return testing::join_cpu_world(rank, size, port, 30s);
 }
 
 // One rank of tp × dp (rank = tp_rank + tp · dp_rank): its tensor-parallel model and an optimizer owning its
