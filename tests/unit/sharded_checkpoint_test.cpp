@@ -28,6 +28,7 @@
 #include "parallel/distributed_env.h"
 #include "parallel/grad_reducer.h"
 #include "support/cli_process.h"
+#include "support/cpu_ranks.h"
 #include "support/multiprocess.h"
 #include "support/test_support.h"
 #include "support/tiny_models.h"
@@ -61,15 +62,8 @@ void expect_all_ok(const std::vector<RankResult>& results, const std::string& wh
   }
 }
 
-std::unique_ptr<Communicator> join_world(int rank, int size, int port) {
-  DistributedEnv env;
-  env.rank = rank;
-  env.world_size = size;
-  env.local_rank = rank;
-  env.local_world_size = size;
-  env.master_addr = "127.0.0.1";
-  env.master_port = port;
-  return make_world_communicator(env, kCpuDevice, DistributedTimeout(30s));
+std::shared_ptr<Communicator> join_world(int rank, int size, int port) {
+  return testing::join_cpu_world(rank, size, port, 30s);
 }
 
 // --- a state every process can check ------------------------------------------------------------------------------
@@ -155,7 +149,7 @@ TrainerState state_of(int64_t iteration, int tag) {
 std::vector<RankResult> save_by(int size, const std::string& dir, int64_t iteration, int tag,
                                 const std::function<void(int rank, const CheckpointProgress&)>& hook = {}) {
   return run_ranks(size, [&](int rank, int port) {
-    const std::unique_ptr<Communicator> world = join_world(rank, size, port);
+    const std::shared_ptr<Communicator> world = join_world(rank, size, port);
     const std::vector<FlatRange> ranges = shards(kSaveBucket, size, rank);
     Rank r(ranges);
     fill_state(r, tag);
@@ -401,7 +395,7 @@ TEST(ShardedCheckpoint, RangesThatOverlapAreRefusedByEveryRank) {
   const std::string dir = testing::temp_dir("sharded-overlap");
   // Both ranks pass rank 0's shards: rank 1's optimizer owns everything, so only the tiling check stops it.
   const std::vector<RankResult> results = run_ranks(2, [&](int rank, int port) {
-    const std::unique_ptr<Communicator> world = join_world(rank, 2, port);
+    const std::shared_ptr<Communicator> world = join_world(rank, 2, port);
     const std::vector<FlatRange> ranges = shards(kSaveBucket, 2, 0);
     Rank r(rank == 0 ? ranges : std::vector<FlatRange>{});
     fill_state(r, 1);
