@@ -1,6 +1,8 @@
 #include "support/test_support.h"
 
+#include <execinfo.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -21,6 +23,29 @@
 #endif
 
 namespace primus::testing {
+
+namespace {
+
+// A test binary that dies of a signal prints the stack before dying, so a crash on the GPU machine (which has no
+// debugger) names its function: resolve the addresses with `addr2line -Cfe TEST_BINARY ADDRESS` here. The
+// sanitizers' own handlers report more, so they are left alone there.
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_UNDEFINED__)
+void print_stack_and_die(int signal_number) {
+  const char header[] = "\n*** test process killed by a signal; stack:\n";
+  (void)!write(STDERR_FILENO, header, sizeof header - 1);
+  void* frames[64];
+  backtrace_symbols_fd(frames, backtrace(frames, 64), STDERR_FILENO);
+  ::signal(signal_number, SIG_DFL);
+  ::raise(signal_number);
+}
+
+const bool stack_printer_installed = [] {
+  for (int s : {SIGSEGV, SIGBUS, SIGFPE, SIGILL}) ::signal(s, print_stack_and_die);
+  return true;
+}();
+#endif
+
+}  // namespace
 
 Tensor random_tensor(const Shape& shape, Rng& rng, float scale) {
   Tensor t = Tensor::empty(shape, DType::kF32);
@@ -64,8 +89,8 @@ Tensor host_f32(const Tensor& t) {
   return f;
 }
 
-void expect_close(const std::string& what, const Tensor& got_any, const Tensor& want, double tol, double floor) {
-  const Tensor got = host_f32(got_any);
+void expect_close(const std::string& what, const Tensor& got_any, const Tensor& want_any, double tol, double floor) {
+  const Tensor got = host_f32(got_any), want = host_f32(want_any);
   ASSERT_EQ(got.numel(), want.numel()) << what;
   double diff = 0.0, ref = 0.0;
   for (int64_t i = 0; i < got.numel(); ++i) {

@@ -21,7 +21,7 @@ double relative_error(const Tensor& a, const Tensor& b);
 double max_abs_diff(const Tensor& a, const Tensor& b);
 // A copy on the host in f32, from any device (bf16 widened).
 Tensor host_f32(const Tensor& t);
-// ||got − want|| / max(||want||, floor) ≤ tol (gtest expectation), got on any device and in any float dtype, every
+// ||got − want|| / max(||want||, floor) ≤ tol (gtest expectation), both on any device and in any float dtype, every
 // element finite; prints the error. A floor makes the check absolute for values that are zero in exact arithmetic.
 void expect_close(const std::string& what, const Tensor& got, const Tensor& want, double tol, double floor = 1e-30);
 // Same bytes, wherever the tensors live.
