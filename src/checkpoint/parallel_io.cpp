@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <system_error>
 
@@ -58,18 +57,6 @@ class ReadOnlyFile {
   int fd_;
 };
 
-// Hands the bytes counted since the last call to `on_bytes` (on the calling thread).
-struct ByteReporter {
-  const std::function<void(uint64_t)>& on_bytes;
-  std::atomic<uint64_t> done{0};
-  uint64_t reported = 0;
-  void operator()() {
-    const uint64_t now = done.load();
-    if (on_bytes && now > reported) on_bytes(now - reported);
-    reported = now;
-  }
-};
-
 }  // namespace
 
 std::vector<uint32_t> checksum_files(const std::vector<FileSpan>& files, int threads,
@@ -86,7 +73,7 @@ std::vector<uint32_t> checksum_files(const std::vector<FileSpan>& files, int thr
     }
   }
   std::vector<uint32_t> range_crcs(ranges.size(), 0);
-  ByteReporter report{on_bytes};
+  PieceReporter report(on_bytes);
   run_parallel_jobs(
       ranges.size(), threads,
       [&](size_t k) {
@@ -99,7 +86,7 @@ std::vector<uint32_t> checksum_files(const std::vector<FileSpan>& files, int thr
           const uint64_t n = std::min(kReadPieceBytes, r.bytes - at);
           file.read_exactly(buffer.data(), n, r.begin + at);
           crc = crc32c(buffer.data(), n, crc);
-          report.done.fetch_add(n);
+          report.finished(n);
         }
         range_crcs[k] = crc;
       },
@@ -136,7 +123,7 @@ class PinnedStaging {
   Tensor host_;
 };
 
-void read_to_device(const std::vector<const TensorRead*>& pieces, Device device, int threads, ByteReporter& report) {
+void read_to_device(const std::vector<const TensorRead*>& pieces, Device device, int threads, PieceReporter& report) {
   if (pieces.empty()) return;
   const size_t workers = static_cast<size_t>(threads > 0 ? threads : default_io_threads());
   const size_t slots = std::min(pieces.size(), 2 * workers);  // per half
@@ -150,7 +137,7 @@ void read_to_device(const std::vector<const TensorRead*>& pieces, Device device,
           const TensorRead& piece = *pieces[first + j];
           const Tensor slot = staging.slot(half + static_cast<int64_t>(j));
           ReadOnlyFile(piece.path).read_exactly(slot.data(), static_cast<uint64_t>(piece.count) * 4, piece.offset);
-          report.done.fetch_add(static_cast<uint64_t>(piece.count) * 4);
+          report.finished(static_cast<uint64_t>(piece.count) * 4);
         },
         std::ref(report));
     // The previous round's copies read the other half: done, it is free for the next round.
@@ -181,13 +168,13 @@ void read_tensors(const std::vector<TensorRead>& reads, int threads, const std::
   std::vector<const TensorRead*> host;
   std::vector<const TensorRead*> device;
   for (const TensorRead& p : pieces) (p.dst.device().is_cpu() ? host : device).push_back(&p);
-  ByteReporter report{on_bytes};
+  PieceReporter report(on_bytes);
   run_parallel_jobs(
       host.size(), threads,
       [&](size_t k) {
         const TensorRead& piece = *host[k];
         ReadOnlyFile(piece.path).read_exactly(piece.dst.data(), static_cast<uint64_t>(piece.count) * 4, piece.offset);
-        report.done.fetch_add(static_cast<uint64_t>(piece.count) * 4);
+        report.finished(static_cast<uint64_t>(piece.count) * 4);
       },
       std::ref(report));
   // Device pieces, one device at a time (a process loads into one).

@@ -23,8 +23,8 @@ struct FileSpan {
 
 // The CRC32C of every file (whole, `bytes` long: the caller checked the sizes), in the order given. The files are
 // cut into 64 MiB ranges that `threads` threads (<= 0: default_io_threads()) checksum in parallel, whatever file
-// they belong to; the ranges' CRCs are then joined per file (crc32c_combine). `on_bytes` hears, on the calling
-// thread, of the bytes read since it last heard. RuntimeError naming the file and offset for a failed or short
+// they belong to; the ranges' CRCs are then joined per file (crc32c_combine). `on_bytes` hears of each piece read
+// (one call a piece), on the calling thread, a few times a second. RuntimeError naming the file and offset for a failed or short
 // read.
 std::vector<uint32_t> checksum_files(const std::vector<FileSpan>& files, int threads,
                                      const std::function<void(uint64_t)>& on_bytes = {});

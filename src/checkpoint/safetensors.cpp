@@ -7,7 +7,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -249,8 +248,7 @@ SafetensorsWriter::Written SafetensorsWriter::write(const std::string& path,
   AtomicFileWriter out(path);
   std::vector<uint32_t> crcs(pieces.size(), 0);
   std::mutex producing;  // producers copy from a device or gather views: one at a time (see the header)
-  std::atomic<uint64_t> done{0};
-  uint64_t reported = 0;
+  PieceReporter report(on_bytes);
   run_parallel_jobs(
       pieces.size(), threads,
       [&](size_t k) {
@@ -270,13 +268,9 @@ SafetensorsWriter::Written SafetensorsWriter::write(const std::string& path,
         out.write_at(p.at, bytes, p.bytes);
         out.start_writeback(p.at, p.bytes);
         crcs[k] = crc32c(bytes, p.bytes);
-        done.fetch_add(p.bytes);
+        report.finished(p.bytes);
       },
-      [&] {
-        const uint64_t now = done.load();
-        if (on_bytes && now > reported) on_bytes(now - reported);
-        reported = now;
-      });
+      std::ref(report));
   Written written;
   for (size_t k = 0; k < pieces.size(); ++k) written.crc32c = crc32c_combine(written.crc32c, crcs[k], pieces[k].bytes);
   written.bytes = at;

@@ -57,7 +57,7 @@ class SafetensorsWriter {
   // Writes the file atomically (temporary + fsync + rename), tensor data straight from the registered buffers in
   // pieces of at most 16 MiB, each written at its offset (pwrite) by one of `threads` threads (<= 0: the default,
   // parallel_jobs.h) and its writeback started at once, so that the fsync before the rename has little left.
-  // `on_bytes` (optional) hears, on the calling thread, of the bytes written since it last heard.
+  // `on_bytes` (optional) hears of each piece written, on the calling thread (a few times a second).
   // Returns the file's size and CRC32C, computed from the bytes as they are written (per piece, then joined).
   struct Written {
     uint64_t bytes = 0;

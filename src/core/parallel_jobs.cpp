@@ -90,4 +90,19 @@ void run_parallel_jobs(size_t count, int threads, const std::function<void(size_
   if (tick) tick();
 }
 
+void PieceReporter::finished(uint64_t bytes) {
+  if (!on_bytes_) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  pending_.push_back(bytes);
+}
+
+void PieceReporter::operator()() {
+  std::vector<uint64_t> done;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    done.swap(pending_);
+  }
+  for (uint64_t bytes : done) on_bytes_(bytes);
+}
+
 }  // namespace primus

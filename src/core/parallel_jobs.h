@@ -10,6 +10,8 @@
 #include <chrono>
 #include <cstddef>
 #include <functional>
+#include <mutex>
+#include <vector>
 
 namespace primus {
 
@@ -24,5 +26,20 @@ int default_io_threads();
 void run_parallel_jobs(size_t count, int threads, const std::function<void(size_t)>& job,
                        const std::function<void()>& tick = {},
                        std::chrono::milliseconds tick_interval = std::chrono::milliseconds(100));
+
+// Progress of jobs that move bytes: workers say when a piece is done (finished, any thread); as run_parallel_jobs'
+// tick (the calling thread) it hands each piece done since the last tick to `on_bytes`, one call a piece, in the
+// order they finished. One call a piece keeps progress reports as fine as a loop over the pieces would make them.
+class PieceReporter {
+ public:
+  explicit PieceReporter(std::function<void(uint64_t bytes)> on_bytes) : on_bytes_(std::move(on_bytes)) {}
+  void finished(uint64_t bytes);
+  void operator()();
+
+ private:
+  std::function<void(uint64_t)> on_bytes_;
+  std::mutex mutex_;
+  std::vector<uint64_t> pending_;
+};
 
 }  // namespace primus
