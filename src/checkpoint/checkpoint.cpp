@@ -6,6 +6,7 @@
 
 #include "checkpoint/checkpoint_dir.h"
 #include "checkpoint/hf_config.h"
+#include "checkpoint/parallel_io.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/sharded_checkpoint.h"
 #include "checkpoint/tensor_catalog.h"
@@ -46,9 +47,9 @@ int64_t checkpoint_dir_iteration(const std::string& name) {
 
 int64_t save_checkpoint(const std::string& save_dir, const Model& model, const AdamW& optimizer,
                         const TrainerState& state, const std::string& config_yaml,
-                        const CheckpointProgressFn& progress) {
+                        const CheckpointProgressFn& progress, const CheckpointIo& io) {
   CheckpointSave save(save_dir, model, {{0, model.params().numel()}}, nullptr, state, config_yaml);
-  save.write(live_state(model.params(), optimizer), progress);
+  save.write(live_state(model.params(), optimizer), progress, io);
   return save.finish();
 }
 
@@ -92,8 +93,8 @@ std::optional<std::string> find_latest_checkpoint(const std::string& dir) {
 }
 
 TrainerState load_checkpoint(const std::string& checkpoint_dir, Model& model, AdamW& optimizer,
-                             const CheckpointProgressFn& progress) {
-  verify_checkpoint(checkpoint_dir, progress);
+                             const CheckpointProgressFn& progress, const CheckpointIo& io) {
+  verify_checkpoint(checkpoint_dir, progress, io);
   // Before any tensor: a model of other shapes fails here naming the key, and one of the same shapes but another
   // rope_theta, norm epsilon or tying would otherwise load silently.
   const std::string config_path = checkpoint_dir + "/config.json";
@@ -101,19 +102,18 @@ TrainerState load_checkpoint(const std::string& checkpoint_dir, Model& model, Ad
   const TensorCatalog catalog = TensorCatalog::open_checkpoint(checkpoint_dir);
   ParamStore& params = model.params();
   const std::vector<ParamSpec>& specs = params.specs();
-  // Every weight, and the moments of the owned ranges only; 4 bytes an element.
-  int64_t owned = 0;
-  for (const FlatRange& r : optimizer.owned()) owned += r.size();
-  const int64_t total = 4 * (params.numel() + 2 * owned);
-  int64_t done = 0;
-  if (progress) progress({"load", 0, total});
+  // Where every destination element is stored, planned here; the bytes are then read on io.threads threads.
+  std::vector<TensorRead> reads;
+  auto plan = [&](const std::string& name, const TensorBox& box, int64_t begin, int64_t end, const Tensor& dst) {
+    for (const TensorCatalog::StoredRun& run : catalog.locate(name, box, begin, end)) {
+      reads.push_back(TensorRead{run.file, run.offset, run.count, dst.slice_elements(run.at, {run.count})});
+    }
+  };
   // Each tensor's part of this rank (the whole tensor, or its tensor-parallel box) from whichever pieces hold it.
   for (size_t i = 0; i < specs.size(); ++i) {
     const int64_t n = shape_numel(specs[i].shape);
     catalog.require(specs[i].name, specs[i].whole_shape());
-    catalog.read_into(specs[i].name, param_box(specs[i]), 0, n, params.param(i).reshape({n}));
-    done += 4 * n;
-    if (progress) progress({"load", done, total});
+    plan(specs[i].name, param_box(specs[i]), 0, n, params.param(i).reshape({n}));
   }
   // Each owned range crosses some tensors; the part of each, a range of the tensor's box, comes the same way.
   for (size_t r = 0; r < optimizer.owned().size(); ++r) {
@@ -127,13 +127,20 @@ TrainerState load_checkpoint(const std::string& checkpoint_dir, Model& model, Ad
         const std::string name = (second ? "exp_avg_sq." : "exp_avg.") + specs[i].name;
         catalog.require(name, specs[i].whole_shape());
         const Tensor moments = second ? optimizer.exp_avg_sq(r) : optimizer.exp_avg(r);
-        catalog.read_into(name, param_box(specs[i]), lo - offset, hi - offset,
-                          moments.slice_elements(lo - range.begin, {hi - lo}));
+        plan(name, param_box(specs[i]), lo - offset, hi - offset,
+             moments.slice_elements(lo - range.begin, {hi - lo}));
       }
-      done += 2 * 4 * (hi - lo);
-      if (progress) progress({"load", done, total});
     }
   }
+  // Every weight, and the moments of the owned ranges only; 4 bytes an element.
+  int64_t total = 0;
+  for (const TensorRead& read : reads) total += 4 * read.count;
+  int64_t done = 0;
+  if (progress) progress({"load", 0, total});
+  read_tensors(reads, io.threads, [&](uint64_t bytes) {
+    done += static_cast<int64_t>(bytes);
+    if (progress) progress({"load", done, total});
+  });
   const TrainerState state = read_trainer_state(checkpoint_dir);
   optimizer.set_steps_taken(state.optimizer_steps);
   model.weights_changed();

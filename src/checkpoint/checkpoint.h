@@ -49,12 +49,19 @@ struct CheckpointProgress {
 };
 using CheckpointProgressFn = std::function<void(const CheckpointProgress&)>;
 
+// How checkpoint files are read and written: on `threads` threads (0: min(8, CPUs), parallel_jobs.h). A save
+// writes 16 MiB pieces at their offsets in parallel and starts their writeback at once; a load checksums 64 MiB
+// ranges of every file in parallel, then reads 16 MiB pieces straight into the tensors (docs/perf/checkpoint.md).
+struct CheckpointIo {
+  int threads = 0;
+};
+
 // Writes a complete checkpoint for `state.iteration` under `save_dir` in the single-file format and points the
 // tracker at it. The optimizer must own every element (in one range or several). The manifest's sizes and
 // CRC32Cs are computed from the bytes as they are written. Returns the bytes written.
 int64_t save_checkpoint(const std::string& save_dir, const Model& model, const AdamW& optimizer,
                         const TrainerState& state, const std::string& config_yaml,
-                        const CheckpointProgressFn& progress = {});
+                        const CheckpointProgressFn& progress = {}, const CheckpointIo& io = {});
 
 // The directory named by `<dir>/latest_checkpointed_iteration.txt`, or nullopt when there is no tracker.
 // Throws RuntimeError when the tracker is unreadable or names a missing directory.
@@ -64,7 +71,8 @@ std::optional<std::string> find_latest_checkpoint(const std::string& dir);
 // bad file; nothing is loaded from a checkpoint that fails. Files are read in pieces, never whole. The manifest
 // does not decide what is verified: every file of the format must be listed (checkpoint_verify.cpp), its entries
 // and trainer_state.json are range-checked, and the iteration must agree with the directory's name iter_N.
-void verify_checkpoint(const std::string& checkpoint_dir, const CheckpointProgressFn& progress = {});
+void verify_checkpoint(const std::string& checkpoint_dir, const CheckpointProgressFn& progress = {},
+                       const CheckpointIo& io = {});
 
 // Verifies, then loads weights, optimizer moments and trainer state from a checkpoint of either format into a
 // model and an optimizer of any layout: every weight of this rank's part of each tensor (its tensor-parallel box,
@@ -73,7 +81,7 @@ void verify_checkpoint(const std::string& checkpoint_dir, const CheckpointProgre
 // 2 into tp 4 or one process). The checkpoint's config.json must describe the model (UsageError naming the key and both values: the run is
 // configured for another model); a missing tensor or slice throws RuntimeError naming the file.
 TrainerState load_checkpoint(const std::string& checkpoint_dir, Model& model, AdamW& optimizer,
-                             const CheckpointProgressFn& progress = {});
+                             const CheckpointProgressFn& progress = {}, const CheckpointIo& io = {});
 
 // Hugging Face model folder: model.safetensors (fp32) + config.json, from a model of one process (a tensor-parallel
 // rank's slices are refused: convert a checkpoint instead).

@@ -13,13 +13,13 @@
 #include <charconv>
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/checkpoint_dir.h"
 #include "checkpoint/checkpoint_json.h"
+#include "checkpoint/parallel_io.h"
 #include "checkpoint/sharded_checkpoint.h"
 #include "checkpoint/tensor_catalog.h"
 #include "core/error.h"
@@ -134,31 +134,9 @@ void check_size(const std::string& dir, const std::string& name, const ManifestE
   }
 }
 
-// CRC32C of a file read in pieces (a checkpoint file can be larger than the host memory); `on_bytes` hears of
-// each piece.
-uint32_t checksum_file(const std::string& path, const std::function<void(uint64_t)>& on_bytes) {
-  constexpr size_t kPieceBytes = size_t{16} << 20;
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw RuntimeError(fmt::format("{}: cannot open for reading", path));
-  std::vector<char> piece(kPieceBytes);
-  uint32_t crc = 0;
-  uint64_t done = 0;
-  while (in) {
-    in.read(piece.data(), static_cast<std::streamsize>(piece.size()));
-    const auto got = static_cast<uint64_t>(in.gcount());
-    if (got == 0) break;
-    crc = crc32c(piece.data(), got, crc);
-    done += got;
-    if (on_bytes) on_bytes(got);
-  }
-  if (in.bad()) throw RuntimeError(fmt::format("{}: read error after {} bytes", path, done));
-  return crc;
-}
-
-void check_crc(const std::string& dir, const std::string& name, const ManifestEntry& entry,
-               const std::function<void(uint64_t)>& on_bytes = {}) {
+void check_crc(const std::string& dir, const std::string& name, const ManifestEntry& entry) {
   const std::string path = dir + "/" + name;
-  const uint32_t crc = checksum_file(path, on_bytes);
+  const uint32_t crc = checksum_files({{path, entry.bytes}}, 1).front();
   if (crc != entry.crc32c) {
     throw RuntimeError(
         fmt::format("{}: CRC32C {:#010x}, the manifest says {:#010x} — corrupt; not loading", path, crc, entry.crc32c));
@@ -188,23 +166,33 @@ void require_fixed_files(const std::string& dir, const Manifest& manifest) {
 
 }  // namespace
 
-void verify_checkpoint(const std::string& checkpoint_dir, const CheckpointProgressFn& progress) {
+void verify_checkpoint(const std::string& checkpoint_dir, const CheckpointProgressFn& progress,
+                       const CheckpointIo& io) {
   const Manifest manifest = read_manifest(checkpoint_dir);
   require_name_matches(checkpoint_dir, manifest.iteration, manifest.path);
   require_fixed_files(checkpoint_dir, manifest);
-  // Every file listed, which includes the required ones: sizes first (cheap), then the CRCs, which read every byte.
+  // Every file listed, which includes the required ones: sizes first (cheap), then the CRCs, which read every byte
+  // (64 MiB ranges of all the files on io.threads threads, parallel_io.h).
   int64_t total = 0;
+  std::vector<FileSpan> files;
   for (const auto& [name, entry] : manifest.files) {
     check_size(checkpoint_dir, name, entry);
     total += static_cast<int64_t>(entry.bytes);
+    files.push_back({checkpoint_dir + "/" + name, entry.bytes});
   }
   int64_t done = 0;
   if (progress) progress({"verify", 0, total});
+  const std::vector<uint32_t> crcs = checksum_files(files, io.threads, [&](uint64_t bytes) {
+    done += static_cast<int64_t>(bytes);
+    if (progress) progress({"verify", done, total});
+  });
+  size_t k = 0;
   for (const auto& [name, entry] : manifest.files) {
-    check_crc(checkpoint_dir, name, entry, [&](uint64_t bytes) {
-      done += static_cast<int64_t>(bytes);
-      if (progress) progress({"verify", done, total});
-    });
+    if (crcs[k] != entry.crc32c) {
+      throw RuntimeError(fmt::format("{}: CRC32C {:#010x}, the manifest says {:#010x} — corrupt; not loading",
+                                     files[k].path, crcs[k], entry.crc32c));
+    }
+    ++k;
   }
   // Verified now, trainer_state.json must hold the manifest's iteration.
   const std::string state_file = checkpoint_dir + "/trainer_state.json";

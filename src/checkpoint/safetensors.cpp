@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <mutex>
 #include <set>
 #include <string_view>
 #include <system_error>
@@ -17,6 +18,7 @@
 #include "core/bf16.h"
 #include "core/error.h"
 #include "core/file_io.h"
+#include "core/parallel_jobs.h"
 #include "ops/ops.h"
 
 namespace primus {
@@ -217,36 +219,61 @@ uint64_t SafetensorsWriter::file_bytes() const {
 }
 
 SafetensorsWriter::Written SafetensorsWriter::write(const std::string& path,
-                                                    const std::function<void(uint64_t)>& on_bytes) const {
-  constexpr uint64_t kPieceBytes = uint64_t{16} << 20;  // progress granularity of large tensors
-  std::string head = header();
-  uint64_t n = head.size();
-  unsigned char prefix[8];
-  for (int i = 0; i < 8; ++i) prefix[i] = static_cast<unsigned char>(n >> (8 * i));
-  AtomicFileWriter out(path);
-  Written written;
-  auto put = [&](const void* data, uint64_t bytes) {
-    out.append(data, bytes);
-    written.crc32c = crc32c(data, bytes, written.crc32c);
-    written.bytes += bytes;
-    if (on_bytes) on_bytes(bytes);
+                                                    const std::function<void(uint64_t)>& on_bytes,
+                                                    int threads) const {
+  constexpr uint64_t kPieceBytes = uint64_t{16} << 20;
+  // The 8-byte length and the header, then every tensor in pieces; each piece's place in the file is known up
+  // front, so the pieces are written at their offsets by several threads.
+  std::string start = header();
+  const uint64_t n = start.size();
+  std::string prefix(8, '\0');
+  for (int i = 0; i < 8; ++i) prefix[static_cast<size_t>(i)] = static_cast<char>(n >> (8 * i));
+  start.insert(0, prefix);
+  struct Piece {
+    const Item* item;  // null: `start`
+    uint64_t begin;    // within the tensor's bytes
+    uint64_t bytes;
+    uint64_t at;       // in the file
   };
-  put(prefix, sizeof(prefix));
-  put(head.data(), head.size());
-  std::vector<unsigned char> staging;  // the pieces of produced tensors, allocated on the first
+  std::vector<Piece> pieces = {{nullptr, 0, start.size(), 0}};
+  uint64_t at = start.size();
   for (const Item* item : ordered()) {
-    const auto* data = static_cast<const unsigned char*>(item->data);
     for (uint64_t begin = 0; begin < item->nbytes; begin += kPieceBytes) {
       const uint64_t bytes = std::min(kPieceBytes, item->nbytes - begin);
-      if (data != nullptr) {
-        put(data + begin, bytes);
-      } else {
-        staging.resize(std::max<size_t>(staging.size(), static_cast<size_t>(bytes)));
-        item->produce(begin, bytes, staging.data());
-        put(staging.data(), bytes);
-      }
+      pieces.push_back({item, begin, bytes, at});
+      at += bytes;
     }
   }
+
+  AtomicFileWriter out(path);
+  std::vector<uint32_t> crcs(pieces.size(), 0);
+  std::mutex producing;  // producers copy from a device or gather views: one at a time (see the header)
+  PieceReporter report(on_bytes);
+  run_parallel_jobs(
+      pieces.size(), threads,
+      [&](size_t k) {
+        const Piece& p = pieces[k];
+        thread_local std::vector<unsigned char> staging;  // this thread's produced pieces
+        const unsigned char* bytes = nullptr;
+        if (p.item == nullptr) {
+          bytes = reinterpret_cast<const unsigned char*>(start.data());
+        } else if (p.item->data != nullptr) {
+          bytes = static_cast<const unsigned char*>(p.item->data) + p.begin;
+        } else {
+          std::lock_guard<std::mutex> lock(producing);
+          staging.resize(std::max<size_t>(staging.size(), static_cast<size_t>(p.bytes)));
+          p.item->produce(p.begin, p.bytes, staging.data());
+          bytes = staging.data();
+        }
+        out.write_at(p.at, bytes, p.bytes);
+        out.start_writeback(p.at, p.bytes);
+        crcs[k] = crc32c(bytes, p.bytes);
+        report.finished(p.bytes);
+      },
+      std::ref(report));
+  Written written;
+  for (size_t k = 0; k < pieces.size(); ++k) written.crc32c = crc32c_combine(written.crc32c, crcs[k], pieces[k].bytes);
+  written.bytes = at;
   out.commit();
   return written;
 }

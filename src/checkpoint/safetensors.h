@@ -41,9 +41,9 @@ class SafetensorsWriter {
   // Same, from a contiguous tensor on any device; the writer keeps a reference so the data stays alive. A
   // device tensor is copied to the host in pieces of at most 16 MiB during write().
   void add(const std::string& name, const Tensor& tensor);
-  // Fills bytes [offset, offset + bytes) of the tensor's data into `dst` (host memory). write() calls it in
-  // ascending order of offset, with pieces of at most 16 MiB whose offset and size are whole elements, and
-  // propagates what it throws.
+  // Fills bytes [offset, offset + bytes) of the tensor's data into `dst` (host memory). write() calls it with
+  // pieces of at most 16 MiB whose offset and size are whole elements, in any order and from any of its threads,
+  // but never two calls at once (of any producer of the writer), and propagates what it throws.
   using Producer = std::function<void(uint64_t offset, uint64_t bytes, void* dst)>;
   // A tensor whose bytes come from `produce` while the file is written.
   void add(const std::string& name, DType dtype, const Shape& shape, Producer produce);
@@ -54,14 +54,17 @@ class SafetensorsWriter {
   std::string header() const;
   // Bytes write() produces: the 8-byte length, the header and every tensor.
   uint64_t file_bytes() const;
-  // Writes the file atomically (temporary + fsync + rename), streaming tensor data straight from the
-  // registered buffers in pieces of at most 16 MiB; `on_bytes` (optional) hears of each piece written.
-  // Returns the file's size and CRC32C, computed from the bytes as they are written.
+  // Writes the file atomically (temporary + fsync + rename), tensor data straight from the registered buffers in
+  // pieces of at most 16 MiB, each written at its offset (pwrite) by one of `threads` threads (<= 0: the default,
+  // parallel_jobs.h) and its writeback started at once, so that the fsync before the rename has little left.
+  // `on_bytes` (optional) hears of each piece written, on the calling thread (a few times a second).
+  // Returns the file's size and CRC32C, computed from the bytes as they are written (per piece, then joined).
   struct Written {
     uint64_t bytes = 0;
     uint32_t crc32c = 0;
   };
-  Written write(const std::string& path, const std::function<void(uint64_t bytes)>& on_bytes = {}) const;
+  Written write(const std::string& path, const std::function<void(uint64_t bytes)>& on_bytes = {},
+                int threads = 0) const;
 
  private:
   struct Item {

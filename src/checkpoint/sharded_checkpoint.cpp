@@ -308,7 +308,7 @@ CheckpointSave::CheckpointSave(std::string save_dir, const Model& model, std::ve
   }
 }
 
-void CheckpointSave::write(const SavedState& source, const CheckpointProgressFn& progress) {
+void CheckpointSave::write(const SavedState& source, const CheckpointProgressFn& progress, const CheckpointIo& io) {
   const ParamStore& params = model_.params();
   try {
     if (group_ == nullptr) {
@@ -316,16 +316,16 @@ void CheckpointSave::write(const SavedState& source, const CheckpointProgressFn&
       int64_t done = 0;
       const auto on_bytes =
           save_progress(progress, static_cast<int64_t>(weights.file_bytes() + moments.file_bytes()), done);
-      const SafetensorsWriter::Written model = weights.write(tmp_dir_ + "/model.safetensors", on_bytes);
+      const SafetensorsWriter::Written model = weights.write(tmp_dir_ + "/model.safetensors", on_bytes, io.threads);
       written_.push_back({"model.safetensors", model.bytes, model.crc32c});
-      const SafetensorsWriter::Written optim = moments.write(tmp_dir_ + "/optimizer.safetensors", on_bytes);
+      const SafetensorsWriter::Written optim = moments.write(tmp_dir_ + "/optimizer.safetensors", on_bytes, io.threads);
       written_.push_back({"optimizer.safetensors", optim.bytes, optim.crc32c});
     } else {
       const std::string name = shard_file_name(group_->rank(), group_->size());
       const SafetensorsWriter writer = shard_writer(params, source, pieces_);
       int64_t done = 0;
       const SafetensorsWriter::Written shard = writer.write(
-          tmp_dir_ + "/" + name, save_progress(progress, static_cast<int64_t>(writer.file_bytes()), done));
+          tmp_dir_ + "/" + name, save_progress(progress, static_cast<int64_t>(writer.file_bytes()), done), io.threads);
       written_.push_back({name, shard.bytes, shard.crc32c});
     }
     written_ok_ = true;

@@ -72,7 +72,7 @@ class CheckpointSave {
                  TrainerState state, std::string config_yaml);
   // Step 2, this rank alone, on any thread: its files from `source`, which must hold its ranges; a device's
   // tensors are copied to the host slice by slice as they are written. A failure is kept for finish().
-  void write(const SavedState& source, const CheckpointProgressFn& progress = {});
+  void write(const SavedState& source, const CheckpointProgressFn& progress = {}, const CheckpointIo& io = {});
   // Step 3, every rank together. Returns the bytes of all data files together (the same on every rank).
   // Throws RuntimeError on every rank when any rank failed; the previous checkpoint stays the latest.
   int64_t finish();

@@ -290,8 +290,8 @@ void TensorCatalog::read_f32(const std::string& name, int64_t begin, int64_t end
   read_f32(name, TensorBox::whole(tensor->shape), begin, end, dst);
 }
 
-void TensorCatalog::read_f32(const std::string& name, const TensorBox& box, int64_t begin, int64_t end,
-                             float* dst) const {
+void TensorCatalog::for_each_stretch(const std::string& name, const TensorBox& box, int64_t begin, int64_t end,
+                                     const Stretch& stretch) const {
   const CatalogTensor* tensor = find(name);
   if (tensor == nullptr) throw RuntimeError(fmt::format("{}: no tensor named '{}'", source_, name));
   if (const std::string flaw = box_flaw(box, tensor->shape); !flaw.empty()) {
@@ -302,13 +302,12 @@ void TensorCatalog::read_f32(const std::string& name, const TensorBox& box, int6
   const std::vector<TensorSlice>& slices = tensor->slices;
   std::vector<RunSource> sources;
   for (const TensorSlice& s : slices) sources.push_back(RunSource{s.runs, s.begin, s.end});
-  std::vector<bool> checked(slices.size(), false);
+  std::vector<const SafetensorsEntry*> checked(slices.size(), nullptr);
   const int64_t missing = copy_box_range(
       strided_runs(box, tensor->shape), begin, end, sources, [&](size_t i, int64_t offset, int64_t count, int64_t at) {
         const TensorSlice& s = slices[i];
-        const SafetensorsFile& f = file(s.file);
-        if (!checked[i]) {
-          const SafetensorsEntry* entry = f.find(s.key);
+        if (checked[i] == nullptr) {
+          const SafetensorsEntry* entry = file(s.file).find(s.key);
           if (entry == nullptr) {
             throw RuntimeError(fmt::format("{}: no tensor named '{}' ({} lists it)", s.file, s.key, source_));
           }
@@ -316,14 +315,36 @@ void TensorCatalog::read_f32(const std::string& name, const TensorBox& box, int6
             throw RuntimeError(fmt::format("{}: tensor '{}' has {} elements but {} gives it slice [{}, {}) of '{}'",
                                            s.file, s.key, shape_numel(entry->shape), source_, s.begin, s.end, name));
           }
-          checked[i] = true;
+          checked[i] = entry;
         }
-        f.read_f32_into(s.key, offset, count, dst + at);
+        stretch(s, *checked[i], offset, count, at);
       });
   if (missing >= 0) {
     throw RuntimeError(fmt::format("{}: element {} of box {} of tensor '{}' is in no slice (needed [{}, {}))", source_,
                                    begin + missing, box.str(), name, begin, end));
   }
+}
+
+void TensorCatalog::read_f32(const std::string& name, const TensorBox& box, int64_t begin, int64_t end,
+                             float* dst) const {
+  for_each_stretch(name, box, begin, end,
+                   [&](const TensorSlice& s, const SafetensorsEntry&, int64_t offset, int64_t count, int64_t at) {
+                     file(s.file).read_f32_into(s.key, offset, count, dst + at);
+                   });
+}
+
+std::vector<TensorCatalog::StoredRun> TensorCatalog::locate(const std::string& name, const TensorBox& box,
+                                                            int64_t begin, int64_t end) const {
+  std::vector<StoredRun> runs;
+  for_each_stretch(
+      name, box, begin, end,
+      [&](const TensorSlice& s, const SafetensorsEntry& entry, int64_t offset, int64_t count, int64_t at) {
+        if (entry.dtype != "F32") {
+          throw RuntimeError(fmt::format("{}: tensor '{}' is {}; a checkpoint stores F32", s.file, s.key, entry.dtype));
+        }
+        runs.push_back(StoredRun{s.file, entry.data_offset + 4 * static_cast<uint64_t>(offset), count, at});
+      });
+  return runs;
 }
 
 void TensorCatalog::read_into(const std::string& name, int64_t begin, int64_t end, const Tensor& dst) const {

@@ -7,10 +7,12 @@
 // ranks, the shards of a distributed optimizer, from a checkpoint written by any number of ranks of any layout.
 //
 // Files are memory-mapped on first use and kept open while the catalog lives; nothing is read up front
-// except the safetensors headers and index.json.
+// except the safetensors headers and index.json. The checkpoint loader reads through locate() and preads instead
+// (parallel_io.h); the mapping then serves only the headers.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -76,12 +78,29 @@ class TensorCatalog {
   // Same for elements [begin, end) of `box` of the tensor, numbered row-major over the box (a tensor-parallel
   // rank's part, a data-parallel shard of it); RuntimeError naming the source when the box does not fit the tensor.
   void read_f32(const std::string& name, const TensorBox& box, int64_t begin, int64_t end, float* dst) const;
+  // Where elements [begin, end) of `box` of the named tensor are stored, for readers that fetch the bytes
+  // themselves (parallel_io.h): element [at, at + count) of the range are `count` F32 elements at byte `offset` of
+  // `file`. RuntimeError as read_f32, and naming the file for a stored slice that is not F32 (native checkpoints
+  // store F32 only). Not for several threads at once (it opens the files' headers on first use, as the reads do).
+  struct StoredRun {
+    std::string file;
+    uint64_t offset = 0;
+    int64_t count = 0;
+    int64_t at = 0;
+  };
+  std::vector<StoredRun> locate(const std::string& name, const TensorBox& box, int64_t begin, int64_t end) const;
   // Same into `dst` ([end - begin] f32 on any device), through the host in pieces of at most 16 MiB.
   void read_into(const std::string& name, int64_t begin, int64_t end, const Tensor& dst) const;
   void read_into(const std::string& name, const TensorBox& box, int64_t begin, int64_t end, const Tensor& dst) const;
 
  private:
   const SafetensorsFile& file(const std::string& path) const;
+  // Calls `stretch` for each stored stretch of elements [begin, end) of `box` of the named tensor, in order, after
+  // checking the tensor, the box and each slice's entry; RuntimeError naming the source for an element in no slice.
+  using Stretch = std::function<void(const TensorSlice& slice, const SafetensorsEntry& entry, int64_t offset,
+                                     int64_t count, int64_t at)>;
+  void for_each_stretch(const std::string& name, const TensorBox& box, int64_t begin, int64_t end,
+                        const Stretch& stretch) const;
   void add_whole_tensor(const std::string& path, const SafetensorsEntry& entry);
   void add_whole_tensors(const std::string& path);
 

@@ -1,11 +1,13 @@
 // `primus-cli -- benchmark train`: time the training step of an experiment config on synthetic tokens.
 // `primus-cli -- benchmark comm` (alias `nccl`): collective bandwidth over the world communicator, on every rank.
+// `primus-cli -- benchmark checkpoint`: save and load speed of a checkpoint of a given size (checkpoint_benchmark.h).
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
 
+#include "checkpoint/checkpoint_benchmark.h"
 #include "cli/cli.h"
 #include "config/config.h"
 #include "parallel/comm_benchmark.h"
@@ -101,10 +103,55 @@ void add_benchmark_comm_command(CLI::App& benchmark, const LaunchOptions& launch
   });
 }
 
+struct CheckpointCommandOptions {
+  CheckpointBenchmarkOptions run;
+  std::string device = "cpu";
+  bool json = false;
+};
+
+void add_benchmark_checkpoint_command(CLI::App& benchmark, const LaunchOptions& launch, Action& action) {
+  CLI::App* checkpoint = benchmark.add_subcommand(
+      "checkpoint", "Save and load speed of a checkpoint of N GB through the real save and load paths");
+  auto o = std::make_shared<CheckpointCommandOptions>();
+  checkpoint->add_option("--size-gb", o->run.size_gb, "Weights plus AdamW moments, in GB (1e9 bytes)")
+      ->required()
+      ->type_name("N");
+  checkpoint->add_option("--dir", o->run.dir, "Folder to write into (on the disk to measure)")
+      ->required()
+      ->type_name("DIR");
+  checkpoint->add_option("--threads", o->run.threads, "I/O threads (default min(8, CPUs))");
+  checkpoint->add_option("--device", o->device, "Where the model lives: cpu (default) or cuda (GPU 0)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  checkpoint->add_flag("--keep", o->run.keep, "Leave the checkpoint in DIR/checkpoint-benchmark-<pid>");
+  checkpoint->add_flag("--json", o->json, "Print one JSON object instead of the table");
+  checkpoint->footer(
+      "A Llama-shaped model with random weights and moments is saved (single-file format: write, fsync, rename),\n"
+      "zeroed and loaded back (CRC32C verification of every file, then the tensors), first warm (the files in the\n"
+      "page cache), then cold: the files dropped from the page cache with posix_fadvise(DONTNEED), when the kernel\n"
+      "drops them (the table says how many pages stayed). Each load must give back the saved bytes (else exit 3).\n"
+      "GB/s are the data files' bytes over the time. Needs about 20 bytes of memory per parameter (weights,\n"
+      "gradients, moments) on the device and the checkpoint's size free in DIR.\n\n"
+      "Examples:\n  primus-cli -- benchmark checkpoint --size-gb 2 --dir /tmp/ckpt-bench\n"
+      "  primus-cli -- benchmark checkpoint --size-gb 14.8 --dir /local_nvme --device cuda --json");
+  checkpoint->final_callback([&launch, &action, o] {
+    action = [&launch, o] {
+      if (launch.dry_run) {
+        print_dry_run(launch, "", {}, nullptr);
+        return static_cast<int>(kExitOk);
+      }
+      o->run.device = o->device == "cuda" ? Device{DeviceType::kCuda, 0} : kCpuDevice;
+      const CheckpointBenchmarkResult result = run_checkpoint_benchmark(o->run);
+      fmt::print("{}", o->json ? checkpoint_benchmark_json(result) : format_checkpoint_benchmark(result));
+      std::fflush(stdout);
+      return static_cast<int>(kExitOk);
+    };
+  });
+}
+
 }  // namespace
 
 void add_benchmark_commands(CLI::App& root, const LaunchOptions& launch, Action& action) {
-  CLI::App* benchmark = root.add_subcommand("benchmark", "Micro-benchmarks: train (the whole training step)");
+  CLI::App* benchmark = root.add_subcommand("benchmark", "Micro-benchmarks: train (the whole training step), comm, checkpoint");
   benchmark->require_subcommand(1);
   CLI::App* train = benchmark->add_subcommand(
       "train", "Time warm-up plus N training steps of a config on random tokens; prints a table and a JSON line");
@@ -139,6 +186,7 @@ void add_benchmark_commands(CLI::App& root, const LaunchOptions& launch, Action&
       *benchmark, launch, action, "comm",
       "Collective bandwidth (all_reduce, reduce_scatter, all_gather, all_to_all, send/recv) over all ranks");
   add_benchmark_comm_command(*benchmark, launch, action, "nccl", "The same as comm (nccl-tests' name for it)");
+  add_benchmark_checkpoint_command(*benchmark, launch, action);
 }
 
 }  // namespace primus::cli

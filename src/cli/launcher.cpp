@@ -210,12 +210,16 @@ std::vector<std::string> worker_argv(const LaunchOptions& launch, const std::vec
 }
 
 // Train, benchmark and preflight use devices, so only they default to one worker per GPU (see
-// resolve_launch_layout).
+// resolve_launch_layout); `benchmark checkpoint` measures the disk from one process.
 bool command_uses_devices(const CLI::App& commands) {
   auto chosen = commands.get_subcommands();
   if (chosen.empty()) return false;
   const std::string& name = chosen.front()->get_name();
-  return name == "train" || name == "benchmark" || name == "preflight";
+  if (name == "benchmark") {
+    const auto leaf = chosen.front()->get_subcommands();
+    return leaf.empty() || leaf.front()->get_name() != "checkpoint";
+  }
+  return name == "train" || name == "preflight";
 }
 
 // The `--config FILE` and the override words of the parsed command, when it takes a config.

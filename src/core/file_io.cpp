@@ -1,12 +1,10 @@
-// POSIX implementation of file_io.h: read loops, atomic replace, CRC32C (slice-by-8 tables built at compile time).
+// POSIX implementation of file_io.h: read loops, atomic replace, positioned writes (CRC32C: crc32c.cpp).
 #include "core/file_io.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <array>
-#include <bit>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -130,6 +128,30 @@ void AtomicFileWriter::append(const void* data, size_t n) {
   }
 }
 
+void AtomicFileWriter::write_at(uint64_t offset, const void* data, size_t n) const {
+  PRIMUS_CHECK(fd_ >= 0 && !committed_, "write_at to {} after commit or failure", path_);
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t put = ::pwrite(fd_, p, n, static_cast<off_t>(offset));
+    if (put < 0) {
+      if (errno == EINTR) continue;
+      throw RuntimeError(fmt::format("write {} at offset {}: {}", tmp_path_, offset, os_error(errno)));
+    }
+    p += put;
+    n -= static_cast<size_t>(put);
+    offset += static_cast<uint64_t>(put);
+  }
+}
+
+void AtomicFileWriter::start_writeback(uint64_t offset, uint64_t n) const {
+#if defined(__linux__)
+  if (fd_ >= 0) ::sync_file_range(fd_, static_cast<off_t>(offset), static_cast<off_t>(n), SYNC_FILE_RANGE_WRITE);
+#else
+  (void)offset;
+  (void)n;
+#endif
+}
+
 void AtomicFileWriter::commit() {
   PRIMUS_CHECK(fd_ >= 0 && !committed_, "commit of {} twice or after a failure", path_);
   try {
@@ -153,47 +175,6 @@ void write_file_atomic(const std::string& path, std::string_view bytes) {
   AtomicFileWriter writer(path);
   writer.append(bytes);
   writer.commit();
-}
-
-namespace {
-
-using Crc32cTables = std::array<std::array<uint32_t, 256>, 8>;
-
-// tables[0] is the byte-at-a-time table; tables[k][b] advances the CRC of byte b followed by k zero bytes,
-// which lets the main loop fold eight input bytes per step.
-constexpr Crc32cTables make_crc32c_tables() {
-  Crc32cTables t{};
-  for (uint32_t b = 0; b < 256; ++b) {
-    uint32_t c = b;
-    for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
-    t[0][b] = c;
-  }
-  for (size_t k = 1; k < 8; ++k) {
-    for (uint32_t b = 0; b < 256; ++b) t[k][b] = (t[k - 1][b] >> 8) ^ t[0][t[k - 1][b] & 0xFF];
-  }
-  return t;
-}
-
-constexpr Crc32cTables kCrc32cTables = make_crc32c_tables();
-
-}  // namespace
-
-uint32_t crc32c(const void* data, size_t n, uint32_t crc) {
-  static_assert(std::endian::native == std::endian::little, "slice-by-8 CRC32C assumes a little-endian host");
-  const auto& t = kCrc32cTables;
-  const unsigned char* p = static_cast<const unsigned char*>(data);
-  uint32_t c = ~crc;
-  while (n >= 8) {
-    uint64_t w;
-    std::memcpy(&w, p, 8);
-    w ^= c;
-    c = t[7][w & 0xFF] ^ t[6][(w >> 8) & 0xFF] ^ t[5][(w >> 16) & 0xFF] ^ t[4][(w >> 24) & 0xFF] ^
-        t[3][(w >> 32) & 0xFF] ^ t[2][(w >> 40) & 0xFF] ^ t[1][(w >> 48) & 0xFF] ^ t[0][w >> 56];
-    p += 8;
-    n -= 8;
-  }
-  while (n-- > 0) c = (c >> 8) ^ t[0][(c ^ *p++) & 0xFF];
-  return ~c;
 }
 
 }  // namespace primus

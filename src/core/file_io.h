@@ -4,15 +4,15 @@
 // rename() it over `path`, then fsync the directory so the rename itself survives a power cut. A reader
 // therefore sees either the old complete file or the new complete file, never a torn one.
 //
-// CRC32C is the Castagnoli CRC (reflected polynomial 0x82F63B78, init and final xor 0xFFFFFFFF) used by
-// TensorBoard records and our checkpoint manifests. It is chainable: crc32c(b, nb, crc32c(a, na)) equals
-// the CRC of a followed by b.
+// CRC32C (TensorBoard records, checkpoint manifests) is in crc32c.h, included here.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
+
+#include "core/crc32c.h"
 
 namespace primus {
 
@@ -43,6 +43,13 @@ class AtomicFileWriter {
 
   void append(const void* data, size_t n);
   void append(std::string_view bytes) { append(bytes.data(), bytes.size()); }
+  // Writes n bytes at `offset` of the temporary (pwrite), leaving the append position alone: several threads may
+  // write disjoint ranges at once. A failure throws RuntimeError naming the temporary and the offset; the writer
+  // is then to be destroyed (which removes the temporary), not committed.
+  void write_at(uint64_t offset, const void* data, size_t n) const;
+  // Asks the kernel to start writing bytes [offset, offset + n) back to the disk now (sync_file_range on Linux,
+  // nothing elsewhere), so that commit()'s fsync finds little left to do. A hint: errors surface at fsync.
+  void start_writeback(uint64_t offset, uint64_t n) const;
   // fsync, close, rename over the target, fsync the directory. The writer is finished afterwards.
   void commit();
 
@@ -59,9 +66,6 @@ class AtomicFileWriter {
   uint64_t bytes_written_ = 0;
   bool committed_ = false;
 };
-
-uint32_t crc32c(const void* data, size_t n, uint32_t crc = 0);
-inline uint32_t crc32c(std::string_view bytes, uint32_t crc = 0) { return crc32c(bytes.data(), bytes.size(), crc); }
 
 // TensorBoard/TFRecord masking: rotate right by 15 and add a constant, so a CRC stored next to the data it
 // covers does not look like data with a valid CRC.
