@@ -142,6 +142,7 @@ TEST(TensorParallel, SequenceParallelOnFourRanksEqualsOneRank) {
 // ranks that share a group add up (2 groups: ranks {0,1} and {2,3}; 1 group: all four).
 TEST(TensorParallel, ReplicatedKeyValueHeadsOnFourRanksEqualOneRank) {
   ModelArgs args = testing::tiny_llama_args();  // 2 groups
+  args.vocab_size = 48;                          // rows for 4 ranks
   check_layout(args, 4);
   ModelArgs qwen3 = testing::tiny_qwen3_args();
   qwen3.num_query_groups = 1;  // multi-query attention, with k norms over the one shared head
