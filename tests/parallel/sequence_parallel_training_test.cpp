@@ -4,14 +4,19 @@
 // relative 1e-5. Under sequence parallelism every norm's gradient is partial per tensor-parallel rank and is summed
 // over the group once per step, together with the q/k norms' and the replicated key/value projections' (one
 // collective); a missing or doubled sum shows in the norm weights and the gradient norm. Then a checkpoint saved
-// with one key/value group replicated over 4 ranks (each k/v row written by one of them) resumes at tp 1.
+// with one key/value group replicated over 4 ranks (each k/v row written by one of them) resumes at tp 1, and
+// layouts that do not split exit 2 naming the keys.
 // The vocabulary is given (384) so that every tensor-parallel size has the same one, as in
 // tensor_parallel_training_test.cpp.
 #include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+
+#include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "support/cli_process.h"
@@ -90,6 +95,31 @@ TEST(ReplicatedKeyValueHeadsTraining, CheckpointAtTp4ResumesAtTp1) {
   const std::string log = testing::read_text(second.workspace + "/rank0.out");
   EXPECT_NE(log.find("resumed from"), std::string::npos) << log;
   expect_same_run(one, read_run(second.workspace), "one key/value group: tp 4 with sequence parallelism, then tp 1");
+}
+
+// Layouts that do not split exit 2 on every rank, naming the keys: a micro-batch's rows that tp does not divide
+// under sequence parallelism, and key/value groups that neither divide tp nor are a multiple of it.
+TEST(SequenceParallelLayouts, BadLayoutsExitTwoNamingTheKeys) {
+  const std::string dir = testing::temp_dir("sp_bad");
+  const std::string config = testing::write_config(dir);
+  const std::vector<std::tuple<int, std::string, std::string>> cases = {
+      {2, "tensor_model_parallel_size=2 sequence_parallel=true micro_batch_size=1 seq_length=33",
+       "sequence_parallel: micro_batch_size 1 x seq_length 33 = 33 rows of the hidden state are not divisible by "
+       "tensor_model_parallel_size 2"},
+      {4, "tensor_model_parallel_size=4 num_attention_heads=12 num_query_groups=3",
+       "num_query_groups 3 must be a multiple of tensor_model_parallel_size 4, or divide it"},
+  };
+  for (const auto& [ranks, overrides, message] : cases) {
+    const std::string out = dir + "/bad.out";
+    const std::string command =
+        fmt::format("OMP_NUM_THREADS=1 '{}' direct --nproc-per-node {} --master-port {} -- train pretrain --config "
+                    "'{}' vocab_size=384 {} >'{}' 2>&1",
+                    testing::cli_path().string(), ranks, testing::free_port(), config, overrides, out);
+    const int status = std::system(command.c_str());
+    const std::string output = testing::read_text(out);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << overrides << ": status " << status << "\n" << output;
+    EXPECT_NE(output.find(message), std::string::npos) << overrides << ":\n" << output;
+  }
 }
 
 }  // namespace
