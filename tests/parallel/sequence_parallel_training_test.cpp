@@ -73,6 +73,11 @@ TEST(SequenceParallelTraining, Qwen3WithTiedEmbeddingsAtTp2EqualsOneRank) {
                                 {{2, kSp2}});
 }
 
+// cp 2 × tp 2: the rows split over tp are this rank's two chunks of each sequence (2 × 32 / 2 = 32 rows).
+TEST(SequenceParallelTraining, WithContextParallelEqualsOneRank) {
+  expect_layouts_equal_one_rank("cp2", {}, {{4, with(kSp2, {"context_parallel_size=2"})}});
+}
+
 // One and two key/value groups over 4 tensor-parallel ranks: replicated on 4 and on 2 ranks each.
 TEST(ReplicatedKeyValueHeadsTraining, OneAndTwoGroupsAtTp4EqualOneRank) {
   expect_layouts_equal_one_rank("mqa", {"num_query_groups=1"}, {{4, kSp4}});
