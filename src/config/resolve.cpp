@@ -114,15 +114,12 @@ void check_parallel_keys(const ModuleKeys& keys, const Origin& module_origin) {
   const ModuleKey& tp = get(keys, "tensor_model_parallel_size");
   const ModuleKey& pp = get(keys, "pipeline_model_parallel_size");
   const ModuleKey& sequence_parallel = get(keys, "sequence_parallel");
-  if (sequence_parallel.value.b) {
+  if (sequence_parallel.value.b && tp.value.i == 1) {
     config_error(place(sequence_parallel, module_origin),
-                 tp.value.i == 1
-                     ? fmt::format("sequence_parallel needs tensor_model_parallel_size > 1 ({}): Megatron's rule, as "
-                                   "it splits the activations between the tensor-parallel regions over the "
-                                   "tensor-parallel ranks (Megatron turns it off at 1 with a warning, Primus "
-                                   "refuses); sequence parallelism is also not implemented yet",
-                                   describe(tp))
-                     : "sequence_parallel: sequence parallelism is not implemented yet");
+                 fmt::format("sequence_parallel needs tensor_model_parallel_size > 1 ({}): Megatron's rule, as it "
+                             "splits the activations between the tensor-parallel regions over the tensor-parallel "
+                             "ranks (Megatron turns it off at 1 with a warning, Primus refuses)",
+                             describe(tp)));
   }
   // Context parallelism splits every sequence over the ranks; documents packed into a sequence (their own positions
   // and attention mask) are not split yet.

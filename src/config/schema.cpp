@@ -708,8 +708,9 @@ std::vector<KeySpec> build_specs() {
        .group = kTraining,
        .default_yaml = "false",
        .help = "With tensor parallelism: the activations between the tensor-parallel regions (norms, residual adds) "
-               "are split over the tensor-parallel ranks along the sequence, with reduce-scatter and all-gather "
-               "instead of all-reduce. Needs tensor_model_parallel_size > 1. Not implemented yet.",
+               "are split over the tensor-parallel ranks by rows (the micro-batch's tokens), with reduce-scatter and "
+               "all-gather instead of all-reduce. Needs tensor_model_parallel_size > 1, and micro_batch_size x "
+               "seq_length / context_parallel_size divisible by it.",
        .apply = train_field<&TrainingArgs::sequence_parallel>},
       {.name = "num_layers_per_virtual_pipeline_stage",
        .type = kInt,

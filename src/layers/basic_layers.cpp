@@ -25,15 +25,7 @@ Tensor RmsNorm::forward(const Tensor& x, RmsNormSaved& saved) {
 
 Tensor RmsNorm::backward(const Tensor& dy, const RmsNormSaved& saved) {
   Tensor dx = Tensor::empty(saved.x.shape(), dy.dtype(), dy.device());
-  if (grad_group.size() == 1) {
-    ops::rmsnorm_backward(dy, saved.x, weight, saved.rstd, dx, dweight);
-    return dx;
-  }
-  // This rank's part first, summed over the group, then accumulated (earlier micro-batches' sums are in dweight).
-  Tensor part = ops::zeros(dweight.shape(), dweight.dtype(), dweight.device());
-  ops::rmsnorm_backward(dy, saved.x, weight, saved.rstd, dx, part);
-  grad_group.sum(part);
-  ops::add_inplace(dweight, part);
+  ops::rmsnorm_backward(dy, saved.x, weight, saved.rstd, dx, dweight);
   return dx;
 }
 
@@ -83,7 +75,7 @@ Tensor LmLoss::forward_with_grad(const Tensor& hidden, const Tensor& targets, fl
     }
     ops::linear_backward(h, head, logits, chunk_dhidden, dhead);
   });
-  tp.sum(saved.dhidden);  // each rank's vocabulary columns give part of it
+  if (!dhidden_partial) tp.sum(saved.dhidden);  // each rank's vocabulary columns give part of it
   return losses;
 }
 

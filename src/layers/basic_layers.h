@@ -30,9 +30,6 @@ struct RmsNorm {
   Tensor weight;   // [C]
   Tensor dweight;  // [C]
   float eps = 1e-5f;
-  // Ranks that apply the same weight to different parts of the work (a tensor-parallel group's heads): the weight's
-  // gradient is summed over them.
-  TensorParallelGroup grad_group;
 
   Tensor forward(const Tensor& x, RmsNormSaved& saved);  // x [N, C] -> [N, C]
   Tensor backward(const Tensor& dy, const RmsNormSaved& saved);  // -> dx [N, C]
@@ -51,12 +48,14 @@ struct LmLossSaved {
 //
 // Vocabulary-parallel (Megatron's vocab_parallel_cross_entropy) under tensor parallelism: `head` holds the rank's
 // rows of the vocabulary; each chunk's row maxima, Σ exp and target logits are reduced over `tp`, so the full
-// logits are never on one rank; the hidden states' gradient is summed over `tp` too.
+// logits are never on one rank; the hidden states' gradient is summed over `tp` too, unless `dhidden_partial`
+// (sequence parallelism: the caller reduce-scatters its rows instead).
 struct LmLoss {
   Tensor head;   // [V, C] (this rank's rows)
   Tensor dhead;  // [V, C]
   VocabShard vocab;
   TensorParallelGroup tp;
+  bool dhidden_partial = false;
   int64_t max_logits_bytes = int64_t{1} << 30;  // one chunk's logits
 
   // Training: losses [N] f32 (0 for ignored targets); dhead += the gradient of grad_scale × Σ losses, whose

@@ -39,4 +39,25 @@ Tensor TensorParallelGroup::gather_columns(const Tensor& x) const {
   return out;
 }
 
+Tensor TensorParallelGroup::gather_rows(const Tensor& x) const {
+  if (size() == 1) return x;
+  const ops::ProfileScope scope("tensor parallel: all_gather rows");
+  Shape shape = x.shape();
+  shape[0] *= size();
+  Tensor out = Tensor::empty(shape, x.dtype(), x.device());  // rank-major blocks are the rows in order
+  comm_->all_gather(x, out, compute_stream(x));
+  return out;
+}
+
+Tensor TensorParallelGroup::reduce_scatter_rows(const Tensor& x) const {
+  if (size() == 1) return x;
+  PRIMUS_CHECK(x.dim(0) % size() == 0, "[tensor parallel] {} rows do not split over {} ranks", x.describe(), size());
+  const ops::ProfileScope scope("tensor parallel: reduce_scatter rows");
+  Shape shape = x.shape();
+  shape[0] /= size();
+  Tensor out = Tensor::empty(shape, x.dtype(), x.device());
+  comm_->reduce_scatter(x, out, ReduceOp::kSum, compute_stream(x));
+  return out;
+}
+
 }  // namespace primus

@@ -8,7 +8,11 @@
 //     embedding (zero outside the rank's vocabulary slice), the per-row statistics of a vocabulary-parallel
 //     cross-entropy;
 //   - max: the row maxima of that cross-entropy;
-//   - gather_columns: logits of a vocabulary-parallel output layer, for sampling.
+//   - gather_columns: logits of a vocabulary-parallel output layer, for sampling;
+//   - sequence parallelism (Megatron's sequence_parallel) keeps the hidden state between the tensor-parallel
+//     regions as rank r's r-th of its rows: gather_rows before the column-parallel projections (and the output
+//     layer), reduce_scatter_rows after the row-parallel ones and the embedding, in place of `sum`. Each is the
+//     other's backward: the gradient of gathered rows is reduce-scattered, that of scattered sums gathered.
 // On a GPU each collective is queued on the compute stream (it joins the computation's order, no host wait).
 #pragma once
 
@@ -31,6 +35,10 @@ class TensorParallelGroup {
   void max(Tensor& x) const;
   // [n, c] on each rank -> [n, size · c], rank r's columns at [r·c, (r+1)·c).
   Tensor gather_columns(const Tensor& x) const;
+  // [n, c] on each rank -> [size · n, c], rank r's rows at [r·n, (r+1)·n).
+  Tensor gather_rows(const Tensor& x) const;
+  // [n, c] partial sums on each rank, n divisible by size -> [n / size, c]: rank r's n/size rows of the sum.
+  Tensor reduce_scatter_rows(const Tensor& x) const;
 
  private:
   std::shared_ptr<Communicator> comm_;

@@ -44,6 +44,7 @@ struct LlamaModel::Context final : MicroBatchContext {
   Tensor tokens;                      // [N] ids
   PackedSequence packed;              // undefined tensors when not packed (context parallel: the chunks' positions)
   const ContextParallelGroup* ring = nullptr;  // context parallel: the tokens are this rank's chunks
+  bool split_rows = false;            // sequence parallel: blocks pass this rank's tp-th of the rows between them
   RopeTable rope;                     // the rows of the model's table this micro-batch reads
   std::vector<BlockSaved> blocks;
   RmsNormSaved final_norm;
@@ -53,8 +54,10 @@ struct LlamaModel::Context final : MicroBatchContext {
 std::vector<ParamSpec> LlamaModel::param_specs(const ModelArgs& a, int tp_size, int tp_rank) {
   PRIMUS_CHECK(a.vocab_size > 0, "model vocab_size must be resolved before building the model");
   const int64_t C = a.hidden_size, D = a.kv_channels;
+  const bool kv_replicated = a.num_query_groups < tp_size;  // each key/value group on tp / groups ranks
   PRIMUS_CHECK(tp_size >= 1 && tp_rank >= 0 && tp_rank < tp_size && a.num_attention_heads % tp_size == 0 &&
-                   a.num_query_groups % tp_size == 0 && a.ffn_hidden_size % tp_size == 0 &&
+                   (kv_replicated ? tp_size % a.num_query_groups : a.num_query_groups % tp_size) == 0 &&
+                   a.ffn_hidden_size % tp_size == 0 &&
                    a.vocab_size % tp_size == 0,
                "[model] {} heads, {} query groups, ffn {} and vocabulary {} do not split over {} tensor-parallel ranks",
                a.num_attention_heads, a.num_query_groups, a.ffn_hidden_size, a.vocab_size, tp_size);
@@ -75,6 +78,14 @@ std::vector<ParamSpec> LlamaModel::param_specs(const ModelArgs& a, int tp_size, 
   };
   constexpr int kRows = 0, kColumns = 1;  // column-parallel layers split their output rows, row-parallel ones columns
   const int64_t q_out = a.num_attention_heads * D, kv_out = a.num_query_groups * D, F = a.ffn_hidden_size;
+  // k/v: this rank's key/value heads; with fewer groups than ranks, the one group its query heads read (rank r's
+  // heads are r's tp-th of the query heads, and group g serves the g-th num_query_groups-th of them).
+  auto kv_weight = [&](std::string name) {
+    if (!kv_replicated) return weight(std::move(name), kv_out, C, kRows, std);
+    const int replicas = tp_size / static_cast<int>(a.num_query_groups);
+    return ParamSpec{std::move(name), {D, C}, ParamInit::kNormal, std, true,
+                     ParamSlice{kRows, (tp_rank / replicas) * D, kv_out, tp_rank % replicas}};
+  };
 
   std::vector<ParamSpec> specs;
   specs.push_back(weight("model.embed_tokens.weight", a.vocab_size, C, kRows, std));
@@ -82,8 +93,8 @@ std::vector<ParamSpec> LlamaModel::param_specs(const ModelArgs& a, int tp_size, 
     const std::string p = layer_prefix(i);
     specs.push_back(norm(p + "input_layernorm.weight", C));
     specs.push_back(weight(p + "self_attn.q_proj.weight", q_out, C, kRows, std));
-    specs.push_back(weight(p + "self_attn.k_proj.weight", kv_out, C, kRows, std));
-    specs.push_back(weight(p + "self_attn.v_proj.weight", kv_out, C, kRows, std));
+    specs.push_back(kv_weight(p + "self_attn.k_proj.weight"));
+    specs.push_back(kv_weight(p + "self_attn.v_proj.weight"));
     specs.push_back(weight(p + "self_attn.o_proj.weight", C, q_out, kColumns, out_std));
     if (a.qk_layernorm) {
       specs.push_back(norm(p + "self_attn.q_norm.weight", D));
@@ -120,6 +131,7 @@ LlamaModel::LlamaModel(const ModelArgs& args, int64_t max_seq_length, Device dev
     : args_(args),
       tp_(parallel.tp),
       cp_(parallel.cp),
+      sequence_parallel_(parallel.sequence_parallel && parallel.tp.size() > 1),
       max_seq_length_(max_seq_length),
       device_(device),
       compute_dtype_(compute_dtype),
@@ -202,15 +214,17 @@ void LlamaModel::bind_layers(const UnitBuffers& buffers) {
   auto g2 = [&](const std::string& a, const std::string& b) { return view(buffers.grads, a, joined_rows(a, b)); };
   // This rank's rows of the vocabulary (all of it on one rank), for the embedding and the output layer.
   const VocabShard vocab{tp_.rank() * (args_.vocab_size / tp_.size()), args_.vocab_size};
-  embedding_ = Embedding{p("model.embed_tokens.weight"), g("model.embed_tokens.weight"), vocab, tp_};
+  // The embedding's and the output layer's sums over the vocabulary slices are the model's (summed()): all-reduced,
+  // or reduce-scattered into this rank's rows under sequence parallelism.
+  embedding_ = Embedding{p("model.embed_tokens.weight"), g("model.embed_tokens.weight"), vocab, {}};
   blocks_.resize(args_.num_layers);
   for (int64_t i = 0; i < args_.num_layers; ++i) {
     const std::string pre = layer_prefix(i);
     Block& b = blocks_[i];
     b.name = fmt::format("model.layers.{}", i);
-    b.input_norm = RmsNorm{p(pre + "input_layernorm.weight"), g(pre + "input_layernorm.weight"), eps, {}};
+    b.input_norm = RmsNorm{p(pre + "input_layernorm.weight"), g(pre + "input_layernorm.weight"), eps};
     b.post_attention_norm =
-        RmsNorm{p(pre + "post_attention_layernorm.weight"), g(pre + "post_attention_layernorm.weight"), eps, {}};
+        RmsNorm{p(pre + "post_attention_layernorm.weight"), g(pre + "post_attention_layernorm.weight"), eps};
     Attention& at = b.attention;
     auto linear = [&](const std::string& name) { return std::make_unique<Linear>(p(name), g(name)); };
     at.q_proj = linear(pre + "self_attn.q_proj.weight");
@@ -218,22 +232,24 @@ void LlamaModel::bind_layers(const UnitBuffers& buffers) {
     at.v_proj = linear(pre + "self_attn.v_proj.weight");
     at.o_proj = linear(pre + "self_attn.o_proj.weight");
     at.heads = args_.num_attention_heads / tp_.size();
-    at.kv_heads = args_.num_query_groups / tp_.size();
+    at.kv_heads = std::max<int64_t>(1, args_.num_query_groups / tp_.size());  // one replicated group when fewer
     at.head_dim = args_.kv_channels;
     at.qk_norm = args_.qk_layernorm;
     if (at.qk_norm) {
-      // Each rank normalises its own heads with the shared weights: their gradients add up over the group.
-      at.q_norm = RmsNorm{p(pre + "self_attn.q_norm.weight"), g(pre + "self_attn.q_norm.weight"), eps, tp_};
-      at.k_norm = RmsNorm{p(pre + "self_attn.k_norm.weight"), g(pre + "self_attn.k_norm.weight"), eps, tp_};
+      // Each rank normalises its own heads with the shared weights: their gradients are partial, summed over the
+      // group once per step (tensor_parallel_grad_sums).
+      at.q_norm = RmsNorm{p(pre + "self_attn.q_norm.weight"), g(pre + "self_attn.q_norm.weight"), eps};
+      at.k_norm = RmsNorm{p(pre + "self_attn.k_norm.weight"), g(pre + "self_attn.k_norm.weight"), eps};
     }
     SwiGluMlp& m = b.mlp;
     const std::string gate = pre + "mlp.gate_proj.weight", up = pre + "mlp.up_proj.weight";
     m.gate_up_proj = std::make_unique<Linear>(p2(gate, up), g2(gate, up));
     m.down_proj = linear(pre + "mlp.down_proj.weight");
   }
-  final_norm_ = RmsNorm{p("model.norm.weight"), g("model.norm.weight"), eps, {}};
+  final_norm_ = RmsNorm{p("model.norm.weight"), g("model.norm.weight"), eps};
   const std::string head = args_.untie_embeddings_and_output_weights ? "lm_head.weight" : "model.embed_tokens.weight";
   lm_loss_ = LmLoss{p(head), g(head), vocab, tp_};
+  lm_loss_.dhidden_partial = true;
 }
 
 RopeTable LlamaModel::rope_for(int64_t seq, const PackedSequence& packed) const {
@@ -269,6 +285,9 @@ Tensor LlamaModel::forward_hidden(Context& ctx, const Tensor& tokens, const Pack
     ctx.ring = &cp_;
   }
   ctx.rope = rope_for(T, ctx.packed);
+  // Sampling's contexts of any length run unsplit (the same sums as all-reduces); training and evaluation split
+  // (make_process_groups checked the batch's rows divide).
+  ctx.split_rows = sequence_parallel_ && (B * T) % tp_.size() == 0;
   ctx.blocks.resize(args_.num_layers);
   if (compute_dtype_ != DType::kF32 && compute_weights_stale_) {
     ops::cast(compute_weights_, params_.flat_params());
@@ -279,7 +298,7 @@ Tensor LlamaModel::forward_hidden(Context& ctx, const Tensor& tokens, const Pack
   {
     const ops::ProfileScope scope("model.embed_tokens");
     hook_before_forward(0);
-    x = embedding_.forward(ctx.tokens);  // [N, C]
+    x = summed(embedding_.forward(ctx.tokens), ctx);  // [N, C] (this rank's N / tp rows with split_rows)
     hook_after_forward(0);
   }
   for (int64_t i = 0; i < args_.num_layers; ++i) {
@@ -297,7 +316,24 @@ Tensor LlamaModel::forward_hidden(Context& ctx, const Tensor& tokens, const Pack
   hook_before_forward(last_unit());
   if (!args_.untie_embeddings_and_output_weights) hook_before_forward(0);
   const ops::ProfileScope scope("model.norm");
-  return final_norm_.forward(x, ctx.final_norm);
+  return gathered(final_norm_.forward(x, ctx.final_norm), ctx);
+}
+
+void LlamaModel::check_split(const Context& ctx) const {
+  PRIMUS_CHECK(ctx.split_rows == sequence_parallel_,
+               "[model] sequence parallel over {} ranks: the micro-batch's {} rows (micro_batch_size x seq_length / "
+               "context_parallel_size) must divide by tensor_model_parallel_size",
+               tp_.size(), ctx.tokens.numel());
+}
+
+Tensor LlamaModel::gathered(const Tensor& x, const Context& ctx) const {
+  return ctx.split_rows ? tp_.gather_rows(x) : x;
+}
+
+Tensor LlamaModel::summed(Tensor x, const Context& ctx) const {
+  if (ctx.split_rows) return tp_.reduce_scatter_rows(x);
+  tp_.sum(x);
+  return x;
 }
 
 void LlamaModel::end_head_forward() {
@@ -310,15 +346,14 @@ Tensor LlamaModel::block_forward(Block& b, BlockSaved& saved, const Tensor& x, c
   Tensor a;
   {
     const ops::ProfileScope scope(b.name + ".self_attn");
-    Tensor h = b.input_norm.forward(x, saved.input_norm);
+    Tensor h = gathered(b.input_norm.forward(x, saved.input_norm), ctx);
     a = b.attention.forward(h, ctx.batch, ctx.rope, ctx.packed, saved.attention, ctx.ring);
-    tp_.sum(a);  // o_proj is row-parallel: each rank's heads give part of it
+    a = summed(a, ctx);      // o_proj is row-parallel: each rank's heads give part of it
     ops::add_inplace(a, x);  // a = x + attention(x): the block's mid residual
   }
   const ops::ProfileScope scope(b.name + ".mlp");
-  Tensor h2 = b.post_attention_norm.forward(a, saved.post_norm);
-  Tensor m = b.mlp.forward(h2, saved.mlp);
-  tp_.sum(m);  // down_proj is row-parallel
+  Tensor h2 = gathered(b.post_attention_norm.forward(a, saved.post_norm), ctx);
+  Tensor m = summed(b.mlp.forward(h2, saved.mlp), ctx);  // down_proj is row-parallel
   ops::add_inplace(m, a);
   return m;
 }
@@ -329,14 +364,14 @@ Tensor LlamaModel::block_backward(Block& b, BlockSaved& saved, const Tensor& dx,
   Tensor dmid;
   {
     const ops::ProfileScope scope(b.name + ".mlp (backward)");
-    Tensor dh2 = b.mlp.backward(dx, saved.mlp);
-    tp_.sum(dh2);  // gate/up are column-parallel: each rank's columns give part of their input's gradient
+    // gate/up are column-parallel: each rank's columns give part of their input's gradient
+    Tensor dh2 = summed(b.mlp.backward(gathered(dx, ctx), saved.mlp), ctx);
     dmid = b.post_attention_norm.backward(dh2, saved.post_norm);
     ops::add_inplace(dmid, dx);
   }
   const ops::ProfileScope scope(b.name + ".self_attn (backward)");
-  Tensor dh = b.attention.backward(dmid, ctx.rope, ctx.packed, saved.attention, ctx.ring);
-  tp_.sum(dh);  // likewise q/k/v
+  Tensor dh = summed(b.attention.backward(gathered(dmid, ctx), ctx.rope, ctx.packed, saved.attention, ctx.ring),
+                     ctx);  // likewise q/k/v
   Tensor dx_in = b.input_norm.backward(dh, saved.input_norm);
   ops::add_inplace(dx_in, dmid);
   saved.release_activations();
@@ -355,6 +390,7 @@ std::unique_ptr<MicroBatchContext> LlamaModel::forward(const Tensor& tokens, con
                tokens.describe());
   auto ctx = std::make_unique<Context>();
   const Tensor hidden = forward_hidden(*ctx, tokens, packed, true);
+  check_split(*ctx);
   const ops::ProfileScope scope("lm_head (loss and its gradient)");
   const Tensor losses =
       lm_loss_.forward_with_grad(hidden, labels.reshape({labels.numel()}), grad_scale, ctx->lm_loss);
@@ -371,6 +407,7 @@ LossSum LlamaModel::evaluate(const Tensor& tokens, const Tensor& labels, const P
   {
     Context ctx;  // freed before the sum, as soon as the losses are queued
     const Tensor hidden = forward_hidden(ctx, tokens, packed, true);
+    check_split(ctx);
     losses = lm_loss_.forward(hidden, labels.reshape({labels.numel()}));
     end_head_forward();
   }
@@ -399,7 +436,8 @@ void LlamaModel::backward(MicroBatchContext& base, const GradsReadyFn& grads_rea
     const ops::ProfileScope scope("model.norm (backward)");
     hook_before_backward(last_unit());
     if (!args_.untie_embeddings_and_output_weights) hook_before_backward(0);
-    dx = final_norm_.backward(lm_loss_.backward(ctx.lm_loss), ctx.final_norm);
+    // Each rank's vocabulary slice gives part of the hidden states' gradient.
+    dx = final_norm_.backward(summed(lm_loss_.backward(ctx.lm_loss), ctx), ctx.final_norm);
   }
   report_from(start_of("model.norm.weight"));  // with an untied head, lm_head's gradient was final in forward
   hook_after_backward(last_unit());
@@ -422,7 +460,7 @@ void LlamaModel::backward(MicroBatchContext& base, const GradsReadyFn& grads_rea
   {
     const ops::ProfileScope scope("model.embed_tokens (backward)");
     hook_before_backward(0);
-    embedding_.backward(ctx.tokens, dx);
+    embedding_.backward(ctx.tokens, gathered(dx, ctx));
   }
   report_from(0);
   hook_after_backward(0);
@@ -468,6 +506,42 @@ void LlamaModel::for_each_linear(const LinearVisitor& visit) {
     each(pre + "mlp.gate_up_proj", blocks_[i].mlp.gate_up_proj);
     each(pre + "mlp.down_proj", blocks_[i].mlp.down_proj);
   }
+}
+
+TensorParallelGradSums LlamaModel::tensor_parallel_grad_sums() const {
+  TensorParallelGradSums sums;
+  if (tp_.size() == 1) return sums;
+  auto add = [&](std::vector<FlatRange>& ranges, const std::string& name) {
+    const size_t i = params_.index_of(name);
+    const int64_t begin = params_.offset(i), end = begin + shape_numel(params_.specs()[i].shape);
+    if (!ranges.empty() && ranges.back().end == begin) {
+      ranges.back().end = end;  // adjacent: one range
+    } else {
+      ranges.push_back({begin, end});
+    }
+  };
+  const bool kv_replicated = args_.num_query_groups < tp_.size();
+  for (int64_t i = 0; i < args_.num_layers; ++i) {
+    const std::string pre = layer_prefix(i);
+    // In parameter order, so that adjacent ranges merge.
+    if (sequence_parallel_) add(sums.group, pre + "input_layernorm.weight");
+    if (kv_replicated) {
+      add(sums.shared, pre + "self_attn.k_proj.weight");
+      add(sums.shared, pre + "self_attn.v_proj.weight");
+    }
+    if (args_.qk_layernorm) {
+      add(sums.group, pre + "self_attn.q_norm.weight");
+      add(sums.group, pre + "self_attn.k_norm.weight");
+    }
+    if (sequence_parallel_) add(sums.group, pre + "post_attention_layernorm.weight");
+  }
+  if (sequence_parallel_) add(sums.group, "model.norm.weight");
+  if (kv_replicated) {
+    const int replicas = tp_.size() / static_cast<int>(args_.num_query_groups);
+    sums.shared_slot = tp_.rank() / replicas;
+    sums.shared_slots = static_cast<int>(args_.num_query_groups);
+  }
+  return sums;
 }
 
 }  // namespace primus

@@ -56,6 +56,7 @@ class LlamaModel final : public Model {
   std::vector<FlatRange> param_units() const override;
   void bind_units(const UnitBuffers& buffers) override;
   void set_param_hooks(ParamUnitHooks* hooks) override { hooks_ = hooks; }
+  TensorParallelGradSums tensor_parallel_grad_sums() const override;
 
  private:
   struct Block {
@@ -83,6 +84,14 @@ class LlamaModel final : public Model {
   // The final norm's and the output layer's units stay in use (hooks) until end_head_forward().
   Tensor forward_hidden(Context& ctx, const Tensor& tokens, const PackedSequence& packed, bool chunks);
   void end_head_forward();
+  // The tensor-parallel seams: the input of a column-parallel region (this rank's rows gathered under sequence
+  // parallelism, else x itself) and the output of a row-parallel one (partial sums reduce-scattered into this rank's
+  // rows, else all-reduced). Backward uses the same pair the other way round: the gradient of a gathered input is
+  // summed(), that of a summed output gathered().
+  Tensor gathered(const Tensor& x, const Context& ctx) const;
+  Tensor summed(Tensor x, const Context& ctx) const;
+  // Training and evaluation under sequence parallelism must split their rows.
+  void check_split(const Context& ctx) const;
   Tensor block_forward(Block& b, BlockSaved& saved, const Tensor& x, const Context& ctx);
   Tensor block_backward(Block& b, BlockSaved& saved, const Tensor& dx, const Context& ctx);
   // The rope rows a forward of `seq` tokens reads: the first `seq` rows of rope_, or all of them for per-token
@@ -92,6 +101,7 @@ class LlamaModel final : public Model {
   ModelArgs args_;
   TensorParallelGroup tp_;
   ContextParallelGroup cp_;
+  bool sequence_parallel_ = false;  // with more than one tp rank
   Tensor cp_positions_;  // [2B, C] i32 on the device: the positions of the last chunk layout seen (context parallel)
   RecomputeConfig recompute_;  // for the forwards to come
   int64_t max_seq_length_;

@@ -40,7 +40,7 @@ std::unique_ptr<Model> make_model(const ModelArgs& args, int64_t max_seq_length,
 ModelArgs tensor_parallel_shapes(const ModelArgs& args, int tp) {
   ModelArgs part = args;
   part.num_attention_heads /= tp;
-  part.num_query_groups /= tp;
+  part.num_query_groups = std::max<int64_t>(1, part.num_query_groups / tp);  // replicated when fewer than tp
   part.ffn_hidden_size /= tp;
   part.vocab_size /= tp;
   return part;

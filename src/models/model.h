@@ -57,10 +57,13 @@ class MicroBatchContext {
 // slice of the sliced parameters (heads of q/k/v/o, columns of the MLP, rows of the vocabulary; ParamSpec::slice)
 // and calls the group's collectives where the slices meet (layers/tensor_parallel.h). Context parallelism: the
 // model holds all of its (tensor-parallel) parameters, forward and evaluate take this rank's chunks of the sequences
-// and attention runs around the ring (layers/context_parallel.h). Default: one rank.
+// and attention runs around the ring (layers/context_parallel.h). sequence_parallel (with tp of more than one rank):
+// between the tensor-parallel regions each rank holds its tp-th of the B·T rows (layers/tensor_parallel.h); forward
+// and evaluate need B·T divisible by the tp size (sampling's odd contexts run without the split). Default: one rank.
 struct ModelParallel {
   TensorParallelGroup tp;
   ContextParallelGroup cp;
+  bool sequence_parallel = false;
 };
 
 class Model {
@@ -133,6 +136,10 @@ class Model {
   // Every Linear module with its Hugging Face module name, in parameter order, for code outside the model
   // (tensor parallelism, LoRA, FP8) to inspect, replace or wrap. Replace modules only while no context is alive.
   virtual void for_each_linear(const LinearVisitor& visit) = 0;
+
+  // The gradients backward leaves partial on each tensor-parallel rank, to be summed over the group once per step
+  // (empty at one rank).
+  virtual TensorParallelGradSums tensor_parallel_grad_sums() const = 0;
 };
 
 // A family's parameter table, cost figures and constructor.

@@ -51,11 +51,29 @@ struct UnitBuffers {
 
 // The part of a parameter a tensor-parallel rank holds: along `dim`, shape[dim] of the whole tensor's `whole`
 // entries, from `offset`. dim < 0: the whole tensor, the same on every tensor-parallel rank (norm weights).
+// replica: key/value heads replicated because there are fewer than tensor-parallel ranks: this rank's place among
+// the ranks that hold the same slice. Only replica 0 writes it into checkpoints and counts it in the gradient norm.
 struct ParamSlice {
   int dim = -1;
   int64_t offset = 0;
   int64_t whole = 0;
+  int replica = 0;
   bool sliced() const { return dim >= 0; }
+};
+
+// Gradients that the ranks of a tensor-parallel group each hold part of, and that are summed over the group once a
+// step, after the micro-batches' backwards (in one collective: parallel/tensor_parallel_grads.h):
+//   - `group`: summed over the whole group: a replicated weight applied to each rank's own part of the work (q/k
+//     norms over its heads; with sequence parallelism every norm over its rows);
+//   - `shared`: key/value projections replicated over tp / num_query_groups ranks (their rows of one key/value
+//     group, the same offsets on every rank), each rank's gradient from its own query heads: summed over the ranks
+//     that hold the same group. `shared_slot` is this rank's group among `shared_slots`.
+struct TensorParallelGradSums {
+  std::vector<FlatRange> group;
+  std::vector<FlatRange> shared;
+  int shared_slot = 0;
+  int shared_slots = 1;
+  bool empty() const { return group.empty() && shared.empty(); }
 };
 
 struct ParamSpec {

@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "ops/ops.h"
 #include "ops/profile.h"
+#include "parallel/tensor_parallel_grads.h"
 
 namespace primus {
 
@@ -65,8 +66,8 @@ std::vector<FlatRange> DataParallel::shard_ranges() const {
 
 std::vector<FlatRange> DataParallel::checkpoint_ranges() const {
   std::vector<FlatRange> ranges = shard_ranges();
-  if (!options_.tp || options_.tp->rank() == 0 || options_.tp_replicated.empty()) return ranges;
-  const std::vector<FlatRange> sliced = complement(options_.tp_replicated, params_.numel());
+  if (!options_.tp || options_.tp_duplicates.empty()) return ranges;
+  const std::vector<FlatRange> sliced = complement(options_.tp_duplicates, params_.numel());
   std::vector<FlatRange> out;
   for (const FlatRange& r : ranges) {
     for (const FlatRange& s : sliced) {
@@ -151,30 +152,41 @@ double DataParallel::grad_norm() {
       local = held_sum_squares({FlatRange{0, params_.numel()}});
     }
   } else {
-    // The first rank of the tensor-parallel group counts the replicated parameters; the others leave them out.
-    std::vector<FlatRange> counted{FlatRange{0, params_.numel()}};
-    if (options_.tp->rank() != 0) counted = complement(options_.tp_replicated, params_.numel());
-    local = held_sum_squares(counted);
+    // One rank of the tensor-parallel group counts each replicated parameter; the others leave it out.
+    local = held_sum_squares(complement(options_.tp_duplicates, params_.numel()));
   }
   if (sharded()) local = sum(local);
   if (tensor_parallel) local = all_reduce_value<float>(*options_.tp, static_cast<float>(local), ReduceOp::kSum);
   return std::sqrt(local);
 }
 
-double DataParallel::held_sum_squares(const std::vector<FlatRange>& ranges) const {
+std::vector<Tensor> DataParallel::held_grads() const {
   // The pieces this rank holds: everything, its optimizer shards, or FSDP's packed gradient shards.
   const std::vector<FlatRange> held = optimizer_ranges();
+  std::vector<Tensor> grads;
+  for (size_t i = 0; i < held.size(); ++i) {
+    grads.push_back(fsdp_ ? fsdp_->grad_shards().slice_elements(fsdp_->owned_offsets()[i], {held[i].size()})
+                          : params_.flat_grads().slice_elements(held[i].begin, {held[i].size()}));
+  }
+  return grads;
+}
+
+double DataParallel::held_sum_squares(const std::vector<FlatRange>& ranges) const {
+  const std::vector<FlatRange> held = optimizer_ranges();
+  const std::vector<Tensor> grads = held_grads();
   double total = 0.0;
   for (size_t i = 0; i < held.size(); ++i) {
     for (const FlatRange& r : ranges) {
       const int64_t lo = std::max(r.begin, held[i].begin), hi = std::min(r.end, held[i].end);
-      if (lo >= hi) continue;
-      total += fsdp_ ? ops::sum_squares(fsdp_->grad_shards().slice_elements(
-                           fsdp_->owned_offsets()[i] + (lo - held[i].begin), {hi - lo}))
-                     : ops::sum_squares(params_.flat_grads().slice_elements(lo, {hi - lo}));
+      if (lo < hi) total += ops::sum_squares(grads[i].slice_elements(lo - held[i].begin, {hi - lo}));
     }
   }
   return total;
+}
+
+void DataParallel::sum_tensor_parallel_grads() {
+  if (!options_.tp || options_.tp->size() == 1 || options_.tp_grad_sums.empty()) return;
+  primus::sum_tensor_parallel_grads(*options_.tp, options_.tp_grad_sums, optimizer_ranges(), held_grads());
 }
 
 void DataParallel::after_optimizer(Tensor compute) {

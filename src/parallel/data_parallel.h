@@ -30,9 +30,13 @@ struct DataParallelOptions {
   std::vector<FlatRange> units;        // the model's parameter units (FSDP, overlap_param_gather)
   DType compute_dtype = DType::kF32;   // FSDP: the dtype of the gathered weights
   // Tensor parallelism: the group whose ranks hold the other slices of this replica (null: none). The gradient
-  // norm sums over it too, counting the ranges of `tp_replicated` (parameters every rank of it holds whole) once.
+  // norm sums over it too, leaving out `tp_duplicates`: the ranges this rank holds that another rank of the group
+  // holds too and counts (parameters every rank holds whole, on all but the group's first rank; replicated
+  // key/value slices, on all but their replica 0). `tp_grad_sums`: the model's partial gradients, summed over the
+  // group once per step (sum_tensor_parallel_grads).
   std::shared_ptr<Communicator> tp;
-  std::vector<FlatRange> tp_replicated;
+  std::vector<FlatRange> tp_duplicates;
+  TensorParallelGradSums tp_grad_sums;
   // The whole job, when it is more than this group (model parallelism): any() decides over it, so that every rank
   // stops, saves or refuses a save at the same step.
   std::shared_ptr<Communicator> world;
@@ -55,8 +59,7 @@ class DataParallel final : public ParamUnitHooks {
   // This rank's shards (of the bucket layout, distributed optimizer or not, or of FSDP's units): the part of a
   // checkpoint it writes (together the ranks write every element once, in parallel).
   std::vector<FlatRange> shard_ranges() const;
-  // What this rank writes into a checkpoint: its shards, less the parameters every tensor-parallel rank holds whole
-  // (tp_replicated) unless it is the first rank of its tensor-parallel group, so that every element of every tensor
+  // What this rank writes into a checkpoint: its shards, less tp_duplicates, so that every element of every tensor
   // is written once over the job.
   std::vector<FlatRange> checkpoint_ranges() const;
   // The whole job (the world of DataParallelOptions, or the group itself when there is none): a checkpoint is
@@ -85,6 +88,10 @@ class DataParallel final : public ParamUnitHooks {
   GradsReadyFn grads_ready_hook(bool last);
   void after_backward(bool last);
 
+  // After the last backward of a step: the gradients the model leaves partial per tensor-parallel rank
+  // (tp_grad_sums) summed over the tensor-parallel group, in the part of the gradients this rank holds; one
+  // collective. Before grad_norm().
+  void sum_tensor_parallel_grads();
   // The L2 norm of the global batch's gradient, the same on every rank.
   double grad_norm();
   // After AdamW updated this rank's shards: every rank gets them all (a no-op unless sharded). The distributed
@@ -105,6 +112,8 @@ class DataParallel final : public ParamUnitHooks {
  private:
   // Σ g² over the parts of `ranges` (of the flat buffer) whose reduced gradient this rank holds.
   double held_sum_squares(const std::vector<FlatRange>& ranges) const;
+  // The reduced gradients of optimizer_ranges()' ranges, in order: views of the flat buffer or FSDP's shards.
+  std::vector<Tensor> held_grads() const;
   // The queue of the group's background collectives, which the caller's own collectives follow.
   CommStream* comm() const { return fsdp_ ? &fsdp_->comm() : &reducer_->comm(); }
 

@@ -145,6 +145,19 @@ ParallelDims ParallelDims::make(int world_size, const ParallelSizes& sizes, cons
                     model.seq_length, 2 * sizes.cp));
   }
 
+  // Sequence parallelism splits the rows of the hidden state, [micro_batch_size × seq_length / cp], over tp. (Megatron
+  // splits the sequence dimension of its [s, b, h] activations and asserts seq_length / cp divisible by tp when it
+  // scatters them; here the rows are batch-major, so the whole micro-batch's count must divide.)
+  const int64_t rows = model.micro_batch_size * (model.seq_length / sizes.cp);
+  if (sizes.sequence_parallel && tp > 1 && rows % tp != 0) {
+    throw UsageError(fmt::format(
+        "[config] sequence_parallel: micro_batch_size {} x seq_length {}{} = {} rows of the hidden state are not "
+        "divisible by tensor_model_parallel_size {} (each tensor-parallel rank holds an equal share of them between "
+        "the tensor-parallel regions)",
+        model.micro_batch_size, model.seq_length,
+        sizes.cp > 1 ? fmt::format(" / context_parallel_size {}", sizes.cp) : "", rows, tp));
+  }
+
   // Virtual stages: given, or derived as Megatron from the layers per virtual stage.
   int64_t vpp = 1;
   if (sizes.layers_per_virtual_stage > 0) {
@@ -173,7 +186,7 @@ ParallelDims ParallelDims::make(int world_size, const ParallelSizes& sizes, cons
   d.cp_ = sizes.cp;
   d.dp_ = static_cast<int>(world_size / model_ranks);
   d.vpp_ = static_cast<int>(vpp);
-  d.sequence_parallel_ = sizes.sequence_parallel;
+  d.sequence_parallel_ = sizes.sequence_parallel && tp > 1;
   d.heads_per_rank_ = model.num_attention_heads / tp;
   d.kv_heads_per_rank_ = replicated ? 1 : groups / tp;
   d.kv_head_replicas_ = replicated ? static_cast<int>(tp / groups) : 1;

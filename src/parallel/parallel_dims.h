@@ -48,6 +48,7 @@ struct ParallelModelShape {
   int64_t vocab_size = 1;
   int64_t num_layers = 1;
   int64_t seq_length = 1;
+  int64_t micro_batch_size = 1;  // with seq_length / cp: the rows sequence parallelism splits over tp
 };
 
 // Transformer layers [begin, end).
@@ -85,7 +86,8 @@ class ParallelDims {
   // or the model does not split: num_attention_heads, ffn_hidden_size or the vocabulary by tp; num_query_groups by
   // tp unless there are fewer groups than tp and tp is a multiple of them (each key/value head is then replicated
   // on tp / num_query_groups ranks); the layers over the pipeline stages (stage_layers; the virtual stages from
-  // num_layers_per_virtual_pipeline_stage need num_layers / pp to be a multiple of it); seq_length by 2 × cp.
+  // num_layers_per_virtual_pipeline_stage need num_layers / pp to be a multiple of it); seq_length by 2 × cp; with
+  // sequence_parallel, a micro-batch's rows on a cp rank (micro_batch_size × seq_length / cp) by tp.
   static ParallelDims make(int world_size, const ParallelSizes& sizes, const ParallelModelShape& model);
 
   int world() const { return world_; }

@@ -78,6 +78,7 @@ StepResult train_step(Model& model, AdamW& optimizer, DataParallel& dp, const st
   result.tokens = counted;
   {
     const ops::ProfileScope scope("optimizer");
+    dp.sum_tensor_parallel_grads();
     const GradClip clip = clip_for_norm(dp.grad_norm(), t.clip_grad);
     result.grad_norm = clip.norm;
     dp.sum_losses(loss_sum);
@@ -146,17 +147,12 @@ ProcessGroups make_process_groups(std::shared_ptr<Communicator> world, const Mod
                          .ffn_hidden_size = model.ffn_hidden_size,
                          .vocab_size = model.vocab_size,
                          .num_layers = model.num_layers,
-                         .seq_length = t.seq_length});
+                         .seq_length = t.seq_length,
+                         .micro_batch_size = t.micro_batch_size});
   if (dims.dp() != t.data_parallel_size) {
     throw UsageError(fmt::format("[distributed] the config was resolved for a data-parallel size of {} but the job "
                                  "has {} (WORLD_SIZE {})",
                                  t.data_parallel_size, dims.dp(), world->size()));
-  }
-  if (dims.kv_head_replicas() > 1) {
-    throw UsageError(fmt::format("[config] num_query_groups {} is fewer than tensor_model_parallel_size {}: key/value "
-                                 "heads replicated over tensor-parallel ranks are not implemented yet; use at most {} "
-                                 "tensor-parallel ranks for this model",
-                                 model.num_query_groups, dims.tp(), model.num_query_groups));
   }
   return ProcessGroups::build(std::move(world), dims);
 }
@@ -169,7 +165,7 @@ std::unique_ptr<Model> make_parallel_model(const ModelArgs& args, const Training
   if (groups.cp->size() > 1)
     cp = ContextParallelGroup(std::shared_ptr<Communicator>(groups.cp->split(0, groups.cp->rank())));
   return make_model(args, t.seq_length, device, compute_dtype(t, device),
-                    ModelParallel{TensorParallelGroup(groups.tp), std::move(cp)});
+                    ModelParallel{TensorParallelGroup(groups.tp), std::move(cp), groups.dims.sequence_parallel()});
 }
 
 std::unique_ptr<DataParallel> make_data_parallel(const ProcessGroups& groups, Model& model,
@@ -185,14 +181,18 @@ std::unique_ptr<DataParallel> make_data_parallel(const ProcessGroups& groups, Mo
   options.compute_dtype = model.compute_dtype();
   options.tp = groups.tp;
   options.world = groups.world;
+  options.tp_grad_sums = model.tensor_parallel_grad_sums();
+  // What another rank of the tensor-parallel group holds too and counts: whole parameters (norms) on all but its
+  // first rank, replicated key/value slices on all but their first replica.
   const ParamStore& params = model.params();
   for (size_t i = 0; i < params.specs().size(); ++i) {
-    if (params.specs()[i].slice.sliced()) continue;
+    const ParamSlice& slice = params.specs()[i].slice;
+    if (slice.sliced() ? slice.replica == 0 : groups.tp->rank() == 0) continue;
     const int64_t begin = params.offset(i), end = begin + shape_numel(params.specs()[i].shape);
-    if (!options.tp_replicated.empty() && options.tp_replicated.back().end == begin) {
-      options.tp_replicated.back().end = end;  // adjacent: one range
+    if (!options.tp_duplicates.empty() && options.tp_duplicates.back().end == begin) {
+      options.tp_duplicates.back().end = end;  // adjacent: one range
     } else {
-      options.tp_replicated.push_back({begin, end});
+      options.tp_duplicates.push_back({begin, end});
     }
   }
   if (fully_sharded) {

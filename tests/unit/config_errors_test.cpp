@@ -336,7 +336,7 @@ TEST_F(ConfigErrorsTest, ParallelKeysNotImplementedYetAreRefusedNamingTheKey) {
   EXPECT_CONTAINS(message,
                   "exp.yaml:11: modules.pre_trainer.overrides.sequence_parallel: sequence_parallel needs "
                   "tensor_model_parallel_size > 1 (tensor_model_parallel_size = 1 from the default): Megatron's rule");
-  EXPECT_CONTAINS(message, "sequence parallelism is also not implemented yet");
+  EXPECT_EQ(message.find("not implemented"), std::string::npos) << message;
   EXPECT_CONTAINS(error_with("", {"sequence_parallel=true"}), "command line: sequence_parallel: sequence_parallel");
 
   for (const char* key : {"num_layers_per_virtual_pipeline_stage", "num_virtual_stages_per_pipeline_rank"}) {

@@ -231,6 +231,25 @@ TEST(ParallelDims, WorldAndModelChecksNameTheKeys) {
                   "num_virtual_stages_per_pipeline_rank 2");
 }
 
+// Sequence parallelism splits a micro-batch's rows (micro_batch_size x seq_length / cp) over tp: they must divide.
+TEST(ParallelDims, SequenceParallelNeedsTheRowsToDivideByTp) {
+  ParallelModelShape m = model8();
+  m.seq_length = 6;
+  m.micro_batch_size = 1;
+  EXPECT_CONTAINS(make_error(4, {.tp = 4, .sequence_parallel = true}, m),
+                  "[config] sequence_parallel: micro_batch_size 1 x seq_length 6 = 6 rows of the hidden state are not "
+                  "divisible by tensor_model_parallel_size 4");
+  m.micro_batch_size = 2;  // 12 rows
+  EXPECT_TRUE(ParallelDims::make(4, {.tp = 4, .sequence_parallel = true}, m).sequence_parallel());
+  m.seq_length = 7;
+  m.micro_batch_size = 1;
+  EXPECT_NO_THROW(ParallelDims::make(4, {.tp = 4}, m));  // without sequence parallelism the rows need not divide
+  m.seq_length = 12;
+  EXPECT_CONTAINS(make_error(8, {.tp = 4, .cp = 2, .sequence_parallel = true}, m),
+                  "micro_batch_size 1 x seq_length 12 / context_parallel_size 2 = 6 rows");
+  EXPECT_NO_THROW(ParallelDims::make(4, {.tp = 2, .cp = 2, .sequence_parallel = true}, m));
+}
+
 TEST(ParallelDims, KeyValueHeadsAreSplitOrReplicated) {
   ParallelModelShape m = model8();
   m.num_query_groups = 8;
