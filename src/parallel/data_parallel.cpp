@@ -34,6 +34,18 @@ std::vector<FlatRange> complement(const std::vector<FlatRange>& ranges, int64_t 
   return out;
 }
 
+// The parts of `a` inside `b` (each sorted, disjoint), in a's order.
+std::vector<FlatRange> intersect(const std::vector<FlatRange>& a, const std::vector<FlatRange>& b) {
+  std::vector<FlatRange> out;
+  for (const FlatRange& r : a) {
+    for (const FlatRange& s : b) {
+      const int64_t lo = std::max(r.begin, s.begin), hi = std::min(r.end, s.end);
+      if (lo < hi) out.push_back({lo, hi});
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 DataParallel::DataParallel(std::shared_ptr<Communicator> dp, ParamStore& params, DataParallelOptions options)
@@ -64,17 +76,16 @@ std::vector<FlatRange> DataParallel::shard_ranges() const {
 }
 
 std::vector<FlatRange> DataParallel::checkpoint_ranges() const {
-  std::vector<FlatRange> ranges = shard_ranges();
-  if (!options_.tp || options_.tp->rank() == 0 || options_.tp_replicated.empty()) return ranges;
-  const std::vector<FlatRange> sliced = complement(options_.tp_replicated, params_.numel());
-  std::vector<FlatRange> out;
-  for (const FlatRange& r : ranges) {
-    for (const FlatRange& s : sliced) {
-      const int64_t lo = std::max(r.begin, s.begin), hi = std::min(r.end, s.end);
-      if (lo < hi) out.push_back({lo, hi});
-    }
+  return intersect(shard_ranges(), counted_ranges());
+}
+
+std::vector<FlatRange> DataParallel::counted_ranges() const {
+  std::vector<FlatRange> counted{FlatRange{0, params_.numel()}};
+  if (options_.tp && options_.tp->rank() != 0 && !options_.tp_replicated.empty()) {
+    counted = complement(options_.tp_replicated, params_.numel());
   }
-  return out;
+  if (!options_.copies.empty()) counted = intersect(counted, complement(options_.copies, params_.numel()));
+  return counted;
 }
 
 void DataParallel::zero_grads() {
@@ -141,6 +152,12 @@ bool DataParallel::any(bool flag) {
 
 double DataParallel::grad_norm() {
   const bool tensor_parallel = options_.tp && options_.tp->size() > 1;
+  if (options_.model && options_.model->size() > 1) {
+    // Pipeline stages (and tensor-parallel ranks) each hold some parameters: Σ g² over what each counts, summed.
+    double local = held_sum_squares(counted_ranges());
+    if (sharded()) local = sum(local);
+    return std::sqrt(all_reduce_value<float>(*options_.model, static_cast<float>(local), ReduceOp::kSum));
+  }
   double local = 0.0;
   if (!tensor_parallel) {
     if (fsdp_) {

@@ -33,6 +33,11 @@ struct DataParallelOptions {
   // norm sums over it too, counting the ranges of `tp_replicated` (parameters every rank of it holds whole) once.
   std::shared_ptr<Communicator> tp;
   std::vector<FlatRange> tp_replicated;
+  // Pipeline parallelism: the ranks holding this replica's other parts, tp × pp (null: tp alone); the gradient norm
+  // sums over it. `copies`: ranges of this rank's buffer whose parameters another stage holds too and owns (the last
+  // stage's copy of a tied embedding): left out of the norm and out of checkpoints.
+  std::shared_ptr<Communicator> model;
+  std::vector<FlatRange> copies;
   // The whole job, when it is more than this group (model parallelism): any() decides over it, so that every rank
   // stops, saves or refuses a save at the same step.
   std::shared_ptr<Communicator> world;
@@ -103,6 +108,9 @@ class DataParallel final : public ParamUnitHooks {
   void after_backward(size_t) override {}
 
  private:
+  // The ranges this rank counts in the gradient norm and writes into checkpoints (of its shards): all but the
+  // replicated parameters on tensor-parallel ranks other than the first, and the pipeline's copies.
+  std::vector<FlatRange> counted_ranges() const;
   // Σ g² over the parts of `ranges` (of the flat buffer) whose reduced gradient this rank holds.
   double held_sum_squares(const std::vector<FlatRange>& ranges) const;
   // The queue of the group's background collectives, which the caller's own collectives follow.
