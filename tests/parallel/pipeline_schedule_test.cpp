@@ -89,8 +89,9 @@ Simulation simulate(const PipelineSchedule& schedule) {
     EXPECT_TRUE(held[s].empty()) << "stage " << s << ": transfers never used";
     for (int mb = 0; mb < m; ++mb) {
       for (int c = 0; c < v; ++c) {
-        EXPECT_EQ(forwards[s][{mb, c}], 1) << "stage " << s << " mb " << mb << " chunk " << c;
-        EXPECT_EQ(backwards[s][{mb, c}], spec.forward_only ? 0 : 1) << "stage " << s << " mb " << mb << " chunk " << c;
+        const std::pair<int, int> key{mb, c};
+        EXPECT_EQ(forwards[s][key], 1) << "stage " << s << " mb " << mb << " chunk " << c;
+        EXPECT_EQ(backwards[s][key], spec.forward_only ? 0 : 1) << "stage " << s << " mb " << mb << " chunk " << c;
       }
     }
   }
