@@ -575,8 +575,9 @@ void GlooCommunicator::batch_send_recv(const std::vector<PeerTransfer>& sends, c
     Tensor buf = t.tensor;
     if (t.peer == rank_) recv(buf, rank_);
   }
-  int64_t elements = 0;
+  int64_t elements = 0;  // for the error: everything the batch moves
   for (const PeerTransfer& t : sends) elements += t.tensor.numel();
+  for (const PeerTransfer& t : recvs) elements += t.tensor.numel();
   const std::string op = "batch_send_recv " + describe_transfers(sends, recvs);
   // Every receive is posted before any send, so a peer's send (which goes out only into a posted receive) never waits
   // on this rank's sends, whatever order the ranks arrive in.

@@ -367,11 +367,8 @@ TEST_F(ConfigErrorsTest, ParallelKeysNotImplementedYetAreRefusedNamingTheKey) {
   // FSDP's ZeRO-2 and ZeRO-3 with pipeline stages (WORLD_SIZE 2: pp 2, dp 1); its optim strategy composes.
   setenv("WORLD_SIZE", "2", 1);
   for (const char* strategy : {"optim_grads", "optim_grads_params"}) {
-    message = error_with(fmt::format("      pipeline_model_parallel_size: 2
-      use_megatron_fsdp: true
-"
-                                     "      data_parallel_sharding_strategy: {}
-",
+    message = error_with(fmt::format("      pipeline_model_parallel_size: 2\n      use_megatron_fsdp: true\n"
+                                     "      data_parallel_sharding_strategy: {}\n",
                                      strategy));
     EXPECT_CONTAINS(message, fmt::format("modules.pre_trainer.overrides.data_parallel_sharding_strategy: "
                                          "data_parallel_sharding_strategy {} (use_megatron_fsdp) with pipeline "
@@ -379,12 +376,9 @@ TEST_F(ConfigErrorsTest, ParallelKeysNotImplementedYetAreRefusedNamingTheKey) {
                                          strategy));
   }
   const TrainingArgs pp2 = load_experiment_config(write("pp.yaml", std::string(kBase) +
-                                                                       "      pipeline_model_parallel_size: 2
-"
-                                                                       "      use_megatron_fsdp: true
-"
-                                                                       "      data_parallel_sharding_strategy: optim
-"),
+                                                                       "      pipeline_model_parallel_size: 2\n"
+                                                                       "      use_megatron_fsdp: true\n"
+                                                                       "      data_parallel_sharding_strategy: optim\n"),
                                                   {})
                                .config.train;
   unsetenv("WORLD_SIZE");
