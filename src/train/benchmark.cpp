@@ -113,6 +113,7 @@ BenchmarkResult run_benchmark_train(const ExperimentConfig& config, const Benchm
     model->set_recompute(RecomputeConfig::from(t));
     model->params().initialize(static_cast<uint64_t>(t.seed));
     const Pipeline pipeline = make_pipeline(groups, !args.untie_embeddings_and_output_weights);
+    check_pipeline_schedule(pipeline, micro_batches_per_step(t));
     const std::unique_ptr<DataParallel> dp = make_data_parallel(groups, *model, t);
     AdamW optimizer = make_optimizer(*model, *dp, t);
     weights_ready(*model, *dp);

@@ -77,6 +77,12 @@ Pipeline make_pipeline(const ProcessGroups& groups, bool tied_embeddings) {
   return p;
 }
 
+void check_pipeline_schedule(const Pipeline& pipeline, int64_t micro_batches) {
+  if (!pipeline.active()) return;
+  pipeline_compute_order(
+      PipelineScheduleSpec{pipeline.stages->size(), pipeline.chunks, static_cast<int>(micro_batches), false}, 0);
+}
+
 void pipeline_forward_backward(Model& model, const Pipeline& pipeline, const std::vector<Batch>& batches,
                                float grad_scale, Tensor& loss_sum) {
   const int stage = pipeline.stage();

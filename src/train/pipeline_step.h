@@ -27,6 +27,10 @@ struct Pipeline {
 // own off the pp group, so that its transfers never interleave with other users of that group).
 Pipeline make_pipeline(const ProcessGroups& groups, bool tied_embeddings);
 
+// Before the first step: the schedule of `micro_batches` per step exists for this pipeline (the interleaved one needs
+// a multiple of the stages); UsageError naming the keys if not. Nothing at pp 1.
+void check_pipeline_schedule(const Pipeline& pipeline, int64_t micro_batches);
+
 // Forward and backward of every micro-batch (host batches, moved to the model's device here) through the schedule:
 // 1F1B, or interleaved when the model has several chunks. The loss chunk adds grad_scale × its token losses to
 // loss_sum (only the last stage has any); gradients accumulate in the model's buffers, unreduced.

@@ -223,7 +223,7 @@ int run_training(const ExperimentConfig& config, const RunOptions& options, std:
   const std::shared_ptr<Communicator> world = connect_world(env, device, t);
   const ProcessGroups groups = make_process_groups(world, model_args, t);
   DataSources data = make_data(t, *tokenizer, packing, model_args.vocab_size);
-  plan = plan_memory(model_args, t, device, compute_dtype(t, device));
+  plan = plan_memory(model_args, t, device, compute_dtype(t, device), groups.dims.coord(world->rank()).pp);
   add_device_memory(*plan, device);
   log_memory_plan(*plan);
   check_memory_plan_fits(*plan);
@@ -231,6 +231,7 @@ int run_training(const ExperimentConfig& config, const RunOptions& options, std:
   Model& model = *model_owner;
   model.set_recompute(RecomputeConfig::from(t));
   const Pipeline pipeline = make_pipeline(groups, !model_args.untie_embeddings_and_output_weights);
+  check_pipeline_schedule(pipeline, micro_batches_per_step(t));
   const std::unique_ptr<DataParallel> dp = make_data_parallel(groups, model, t);
   AdamW optimizer = make_optimizer(model, *dp, t);
   if (world->size() > 1) {
