@@ -44,7 +44,7 @@ std::string check_rank(const ModelArgs& args, int rank, int tp, int port, uint64
   constexpr int64_t kSeq = 12;
   const std::unique_ptr<Model> whole = make_model(args, kSeq);
   const std::unique_ptr<Model> part =
-      make_model(args, kSeq, kCpuDevice, DType::kF32, ModelParallel{TensorParallelGroup(group), {}});
+      make_model(args, kSeq, kCpuDevice, DType::kF32, ModelParallel{TensorParallelGroup(group), {}, {}});
   whole->params().initialize(seed);
   part->params().initialize(seed);
   std::string errors;
