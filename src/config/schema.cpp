@@ -687,9 +687,11 @@ std::vector<KeySpec> build_specs() {
        .group = kTraining,
        .default_yaml = "1",
        .min = 1,
-       .max = 1,
-       .why = "pipeline parallelism is not implemented yet",
-       .help = "Pipeline stages per model replica. Only 1 for now.",
+       .help = "Pipeline stages per model replica: each holds a contiguous share of the layers (the first also the "
+               "embedding, the last the final norm, output layer and loss); activations and gradients pass between "
+               "stages point to point, micro-batches run under the 1F1B schedule (interleaved with virtual stages). "
+               "The micro-batches per step should be at least this many, or the stages idle. Not with FSDP's "
+               "optim_grads or optim_grads_params.",
        .aliases = {"pp", "pipeline_parallel_size", "pipeline_parallel_degree"},
        .apply = train_field<&TrainingArgs::pipeline_model_parallel_size>},
       {.name = "context_parallel_size",
@@ -721,7 +723,8 @@ std::vector<KeySpec> build_specs() {
                "num_layers / pipeline_model_parallel_size / this many chunks, chunk v of stage s being the "
                "(v x pipeline_model_parallel_size + s)-th group of layers. Unset: no interleaving. Needs "
                "pipeline_model_parallel_size > 1; with decoder_first/last_pipeline_num_layers give "
-               "num_virtual_stages_per_pipeline_rank instead. Not implemented yet.",
+               "num_virtual_stages_per_pipeline_rank instead. The micro-batches per step must be a multiple of "
+               "pipeline_model_parallel_size.",
        .apply = train_field<&TrainingArgs::num_layers_per_virtual_pipeline_stage>},
       {.name = "num_virtual_stages_per_pipeline_rank",
        .type = kInt,
@@ -730,8 +733,7 @@ std::vector<KeySpec> build_specs() {
        .min = 1,
        .help = "Interleaved pipeline schedule: model chunks (virtual stages) per pipeline stage, each stage's layers "
                "split evenly into them (also with decoder_first/last_pipeline_num_layers). Unset: no interleaving, "
-               "or as num_layers_per_virtual_pipeline_stage gives (not both). Needs pipeline_model_parallel_size > 1. "
-               "Not implemented yet.",
+               "or as num_layers_per_virtual_pipeline_stage gives (not both). Needs pipeline_model_parallel_size > 1.",
        .aliases = {"virtual_pipeline_model_parallel_size"},
        .apply = train_field<&TrainingArgs::num_virtual_stages_per_pipeline_rank>},
       {.name = "decoder_first_pipeline_num_layers",
@@ -740,8 +742,7 @@ std::vector<KeySpec> build_specs() {
        .presence = kOptional,
        .min = 1,
        .help = "Layers of the first pipeline stage (which also holds the embedding); the remaining layers split "
-               "evenly over the other stages. Unset: an even split. Needs pipeline_model_parallel_size > 1. Not "
-               "implemented yet.",
+               "evenly over the other stages. Unset: an even split. Needs pipeline_model_parallel_size > 1.",
        .aliases = {"num_layers_in_first_pipeline_stage"},
        .apply = train_field<&TrainingArgs::decoder_first_pipeline_num_layers>},
       {.name = "decoder_last_pipeline_num_layers",
@@ -751,7 +752,7 @@ std::vector<KeySpec> build_specs() {
        .min = 1,
        .help = "Layers of the last pipeline stage (which also holds the output layer and the loss); the remaining "
                "layers split evenly over the other stages. Unset: an even split. Needs "
-               "pipeline_model_parallel_size > 1. Not implemented yet.",
+               "pipeline_model_parallel_size > 1.",
        .aliases = {"num_layers_in_last_pipeline_stage"},
        .apply = train_field<&TrainingArgs::decoder_last_pipeline_num_layers>},
       {.name = "use_distributed_optimizer",

@@ -38,6 +38,7 @@ struct LlamaModel::BlockSaved {
 // several micro-batches (of any shapes and packings) can be alive at once.
 struct LlamaModel::Context final : MicroBatchContext {
   const LlamaModel* model = nullptr;  // whose forward made it
+  int chunk = 0;                      // the model chunk it ran (pipeline parallelism; 0 otherwise)
   bool awaiting_backward = false;     // a training forward's, not yet consumed by backward
   RecomputeConfig recompute;          // as set when the forward ran
   int64_t batch = 0;                  // B of [B, T]
@@ -52,6 +53,11 @@ struct LlamaModel::Context final : MicroBatchContext {
 };
 
 std::vector<ParamSpec> LlamaModel::param_specs(const ModelArgs& a, int tp_size, int tp_rank) {
+  return param_specs(a, tp_size, tp_rank, PipelineStage());
+}
+
+std::vector<ParamSpec> LlamaModel::param_specs(const ModelArgs& a, int tp_size, int tp_rank,
+                                               const PipelineStage& stage) {
   PRIMUS_CHECK(a.vocab_size > 0, "model vocab_size must be resolved before building the model");
   const int64_t C = a.hidden_size, D = a.kv_channels;
   const bool kv_replicated = a.num_query_groups < tp_size;  // each key/value group on tp / groups ranks
@@ -87,9 +93,20 @@ std::vector<ParamSpec> LlamaModel::param_specs(const ModelArgs& a, int tp_size, 
                      ParamSlice{kRows, (tp_rank / replicas) * D, kv_out, tp_rank % replicas}};
   };
 
+  // The layers of the stage's chunks (ascending: chunk v of stage s is the (v·pp + s)-th group of layers).
+  std::vector<bool> held(static_cast<size_t>(a.num_layers), stage.chunks.empty());
+  for (const auto& [begin, end] : stage.chunks) {
+    PRIMUS_CHECK(begin >= 0 && begin < end && end <= a.num_layers, "[model] pipeline chunk of layers [{}, {}) of {}",
+                 begin, end, a.num_layers);
+    for (int64_t i = begin; i < end; ++i) held[static_cast<size_t>(i)] = true;
+  }
+  const bool tied = !a.untie_embeddings_and_output_weights;
   std::vector<ParamSpec> specs;
-  specs.push_back(weight("model.embed_tokens.weight", a.vocab_size, C, kRows, std));
+  if (stage.first() || (stage.last() && tied)) {
+    specs.push_back(weight("model.embed_tokens.weight", a.vocab_size, C, kRows, std));
+  }
   for (int64_t i = 0; i < a.num_layers; ++i) {
+    if (!held[static_cast<size_t>(i)]) continue;
     const std::string p = layer_prefix(i);
     specs.push_back(norm(p + "input_layernorm.weight", C));
     specs.push_back(weight(p + "self_attn.q_proj.weight", q_out, C, kRows, std));
@@ -105,8 +122,9 @@ std::vector<ParamSpec> LlamaModel::param_specs(const ModelArgs& a, int tp_size, 
     specs.push_back(weight(p + "mlp.up_proj.weight", F, C, kRows, std));
     specs.push_back(weight(p + "mlp.down_proj.weight", C, F, kColumns, out_std));
   }
+  if (!stage.last()) return specs;
   specs.push_back(norm("model.norm.weight", C));
-  if (a.untie_embeddings_and_output_weights) specs.push_back(weight("lm_head.weight", a.vocab_size, C, kRows, std));
+  if (!tied) specs.push_back(weight("lm_head.weight", a.vocab_size, C, kRows, std));
   return specs;
 }
 
@@ -129,13 +147,29 @@ int64_t LlamaModel::matmul_params(const ModelArgs& a) {
 LlamaModel::LlamaModel(const ModelArgs& args, int64_t max_seq_length, Device device, DType compute_dtype,
                        const ModelParallel& parallel)
     : args_(args),
+      pipeline_(parallel.pipeline),
       tp_(parallel.tp),
       cp_(parallel.cp),
       sequence_parallel_(parallel.sequence_parallel && parallel.tp.size() > 1),
       max_seq_length_(max_seq_length),
       device_(device),
       compute_dtype_(compute_dtype),
-      params_(param_specs(args, parallel.tp.size(), parallel.tp.rank()), device) {
+      params_(param_specs(args, parallel.tp.size(), parallel.tp.rank(), parallel.pipeline), device) {
+  PRIMUS_CHECK(pipeline_.stages >= 1 && pipeline_.stage >= 0 && pipeline_.stage < pipeline_.stages,
+               "[model] pipeline stage {} of {}", pipeline_.stage, pipeline_.stages);
+  chunks_ = pipeline_.chunks;
+  if (chunks_.empty()) {
+    PRIMUS_CHECK(pipeline_.stages == 1, "[model] pipeline stage {} of {} without layers", pipeline_.stage,
+                 pipeline_.stages);
+    chunks_.push_back({0, args_.num_layers});
+  }
+  // Units in forward order (param_units): the embedding (or its tied copy), each layer held, the head.
+  layer_unit_.assign(static_cast<size_t>(args_.num_layers), kNoUnit);
+  size_t unit = owns_embedding() ? 1 : 0;
+  for (int64_t i = 0; i < args_.num_layers; ++i) {
+    if (params_.contains(layer_prefix(i) + "input_layernorm.weight")) layer_unit_[static_cast<size_t>(i)] = unit++;
+  }
+  head_unit_ = unit;
   PRIMUS_CHECK(compute_dtype == DType::kF32 || compute_dtype == DType::kBF16, "[model] compute dtype {} unsupported",
                dtype_name(compute_dtype));
   if (compute_dtype_ != DType::kF32) compute_weights_ = Tensor::empty({params_.numel()}, compute_dtype_, device_);
@@ -154,9 +188,13 @@ LlamaModel::LlamaModel(const ModelArgs& args, int64_t max_seq_length, Device dev
 std::vector<FlatRange> LlamaModel::param_units() const {
   // The flat layout (param_specs): embedding, blocks 0..L-1, final norm, untied head.
   auto start_of = [&](const std::string& name) { return params_.offset(params_.index_of(name)); };
-  std::vector<int64_t> starts{0};
-  for (int64_t i = 0; i < args_.num_layers; ++i) starts.push_back(start_of(layer_prefix(i) + "input_layernorm.weight"));
-  starts.push_back(start_of("model.norm.weight"));
+  // On a pipeline stage: the units it holds, in the same order.
+  std::vector<int64_t> starts;
+  if (owns_embedding()) starts.push_back(0);
+  for (int64_t i = 0; i < args_.num_layers; ++i) {
+    if (owns_layer(i)) starts.push_back(start_of(layer_prefix(i) + "input_layernorm.weight"));
+  }
+  if (pipeline_.last()) starts.push_back(start_of("model.norm.weight"));
   starts.push_back(params_.numel());
   std::vector<FlatRange> units;
   for (size_t u = 0; u + 1 < starts.size(); ++u) units.push_back({starts[u], starts[u + 1]});
@@ -216,9 +254,10 @@ void LlamaModel::bind_layers(const UnitBuffers& buffers) {
   const VocabShard vocab{tp_.rank() * (args_.vocab_size / tp_.size()), args_.vocab_size};
   // The embedding's and the output layer's sums over the vocabulary slices are the model's (summed()): all-reduced,
   // or reduce-scattered into this rank's rows under sequence parallelism.
-  embedding_ = Embedding{p("model.embed_tokens.weight"), g("model.embed_tokens.weight"), vocab, {}};
+  if (pipeline_.first()) embedding_ = Embedding{p("model.embed_tokens.weight"), g("model.embed_tokens.weight"), vocab, {}};
   blocks_.resize(args_.num_layers);
   for (int64_t i = 0; i < args_.num_layers; ++i) {
+    if (!owns_layer(i)) continue;
     const std::string pre = layer_prefix(i);
     Block& b = blocks_[i];
     b.name = fmt::format("model.layers.{}", i);
@@ -246,6 +285,7 @@ void LlamaModel::bind_layers(const UnitBuffers& buffers) {
     m.gate_up_proj = std::make_unique<Linear>(p2(gate, up), g2(gate, up));
     m.down_proj = linear(pre + "mlp.down_proj.weight");
   }
+  if (!pipeline_.last()) return;
   final_norm_ = RmsNorm{p("model.norm.weight"), g("model.norm.weight"), eps};
   const std::string head = args_.untie_embeddings_and_output_weights ? "lm_head.weight" : "model.embed_tokens.weight";
   lm_loss_ = LmLoss{p(head), g(head), vocab, tp_};
@@ -258,7 +298,20 @@ RopeTable LlamaModel::rope_for(int64_t seq, const PackedSequence& packed) const 
   return RopeTable{rope_.cos.slice_elements(0, {seq, half}), rope_.sin.slice_elements(0, {seq, half})};
 }
 
-Tensor LlamaModel::forward_hidden(Context& ctx, const Tensor& tokens, const PackedSequence& packed, bool chunks) {
+LlamaModel::ChunkPlan LlamaModel::chunk_plan(int chunk) const {
+  PRIMUS_CHECK(chunk >= 0 && chunk < num_chunks(), "[model] chunk {} of this stage's {}", chunk, num_chunks());
+  const auto [begin, end] = chunks_[static_cast<size_t>(chunk)];
+  return ChunkPlan{begin, end, pipeline_.first() && chunk == 0, pipeline_.last() && chunk + 1 == num_chunks()};
+}
+
+void LlamaModel::check_single_chunk(const char* what) const {
+  PRIMUS_CHECK(pipeline_.stages == 1 && num_chunks() == 1,
+               "[model] {} of the whole model on pipeline stage {} of {}: run its chunks (forward_chunk)", what,
+               pipeline_.stage, pipeline_.stages);
+}
+
+Tensor LlamaModel::forward_hidden(Context& ctx, int chunk, const Tensor& tokens, const Tensor& input,
+                                  const PackedSequence& packed, bool chunks) {
   PRIMUS_CHECK(tokens.ndim() == 2, "[model] tokens {} must be [B, T]", tokens.describe());
   const int64_t B = tokens.dim(0), T = tokens.dim(1);
   PRIMUS_CHECK(T <= max_seq_length_, "[model] sequence of {} tokens exceeds the model's {}", T, max_seq_length_);
@@ -266,7 +319,9 @@ Tensor LlamaModel::forward_hidden(Context& ctx, const Tensor& tokens, const Pack
     PRIMUS_CHECK(!t->defined() || t->shape() == tokens.shape(), "[model] packed-sequence input {} must match tokens {}",
                  t->describe(), tokens.describe());
   }
+  const ChunkPlan plan = chunk_plan(chunk);
   ctx.model = this;
+  ctx.chunk = chunk;
   ctx.recompute = recompute_;
   ctx.batch = B;
   ctx.packed = packed;
@@ -287,7 +342,7 @@ Tensor LlamaModel::forward_hidden(Context& ctx, const Tensor& tokens, const Pack
   ctx.rope = rope_for(T, ctx.packed);
   // Sampling's contexts of any length run unsplit (the same sums as all-reduces); training and evaluation split
   // (make_process_groups checked the batch's rows divide).
-  ctx.split_rows = sequence_parallel_ && (B * T) % tp_.size() == 0;
+  ctx.split_rows = chunk_rows(B * T) != B * T;
   ctx.blocks.resize(args_.num_layers);
   if (compute_dtype_ != DType::kF32 && compute_weights_stale_) {
     ops::cast(compute_weights_, params_.flat_params());
@@ -295,28 +350,41 @@ Tensor LlamaModel::forward_hidden(Context& ctx, const Tensor& tokens, const Pack
   }
   ctx.tokens = tokens.reshape({B * T});
   Tensor x;
-  {
+  if (plan.embeds) {
     const ops::ProfileScope scope("model.embed_tokens");
     hook_before_forward(0);
     x = summed(embedding_.forward(ctx.tokens), ctx);  // [N, C] (this rank's N / tp rows with split_rows)
     hook_after_forward(0);
+  } else {
+    const int64_t rows = chunk_rows(B * T);
+    PRIMUS_CHECK(input.ndim() == 2 && input.dim(0) == rows && input.dim(1) == args_.hidden_size,
+                 "[model] chunk {} of pipeline stage {} takes the hidden state [{}, {}], not {}", chunk,
+                 pipeline_.stage, rows, args_.hidden_size, input.describe());
+    x = input;
   }
-  for (int64_t i = 0; i < args_.num_layers; ++i) {
+  for (int64_t i = plan.begin; i < plan.end; ++i) {
     BlockSaved& saved = ctx.blocks[i];
-    const auto [first, end] = ctx.recompute.chunk(i, args_.num_layers);
-    const size_t unit = static_cast<size_t>(i) + 1;
+    // Recompute chunks count from the start of this model chunk, so that none crosses into another stage's layers.
+    auto [first, end] = ctx.recompute.chunk(i - plan.begin, plan.end - plan.begin);
+    first += plan.begin, end += plan.begin;
+    const size_t unit = block_unit(i);
     hook_before_forward(unit);
     if (first != end && i == first) saved.chunk_input = x;
     x = block_forward(blocks_[i], saved, x, ctx);
     if (first != end) saved.release_activations();  // backward recomputes the chunk from chunk_input
     hook_after_forward(unit);
   }
+  if (!plan.head) return x;
   // The final norm's and the output layer's unit stays in use until the caller's loss or logits are done
   // (end_head_forward).
   hook_before_forward(last_unit());
   if (!args_.untie_embeddings_and_output_weights) hook_before_forward(0);
   const ops::ProfileScope scope("model.norm");
   return gathered(final_norm_.forward(x, ctx.final_norm), ctx);
+}
+
+int64_t LlamaModel::chunk_rows(int64_t tokens) const {
+  return sequence_parallel_ && tokens % tp_.size() == 0 ? tokens / tp_.size() : tokens;
 }
 
 void LlamaModel::check_split(const Context& ctx) const {
@@ -386,27 +454,41 @@ void LlamaModel::set_recompute(const RecomputeConfig& recompute) {
 
 std::unique_ptr<MicroBatchContext> LlamaModel::forward(const Tensor& tokens, const Tensor& labels, float grad_scale,
                                                        Tensor& loss_sum, const PackedSequence& packed) {
+  check_single_chunk("forward");
+  Tensor output;
+  return forward_chunk(0, tokens, labels, Tensor(), grad_scale, loss_sum, output, packed);
+}
+
+std::unique_ptr<MicroBatchContext> LlamaModel::forward_chunk(int chunk, const Tensor& tokens, const Tensor& labels,
+                                                             const Tensor& input, float grad_scale, Tensor& loss_sum,
+                                                             Tensor& output, const PackedSequence& packed) {
   PRIMUS_CHECK(labels.shape() == tokens.shape(), "[model] labels {} must match tokens {}", labels.describe(),
                tokens.describe());
   auto ctx = std::make_unique<Context>();
-  const Tensor hidden = forward_hidden(*ctx, tokens, packed, true);
+  const Tensor hidden = forward_hidden(*ctx, chunk, tokens, input, packed, true);
   check_split(*ctx);
+  ctx->awaiting_backward = true;
+  if (!chunk_plan(chunk).head) {
+    output = hidden;
+    return ctx;
+  }
+  output = Tensor();
   const ops::ProfileScope scope("lm_head (loss and its gradient)");
   const Tensor losses =
       lm_loss_.forward_with_grad(hidden, labels.reshape({labels.numel()}), grad_scale, ctx->lm_loss);
   ops::sum_into(loss_sum, losses);  // ignored targets have loss 0
   end_head_forward();
-  ctx->awaiting_backward = true;
   return ctx;
 }
 
 LossSum LlamaModel::evaluate(const Tensor& tokens, const Tensor& labels, const PackedSequence& packed) {
+  check_single_chunk("evaluate");
   PRIMUS_CHECK(labels.shape() == tokens.shape(), "[model] labels {} must match tokens {}", labels.describe(),
                tokens.describe());
   Tensor losses;
   {
     Context ctx;  // freed before the sum, as soon as the losses are queued
-    const Tensor hidden = forward_hidden(ctx, tokens, packed, true);
+    const Tensor hidden = forward_hidden(ctx, 0, tokens, Tensor(), packed, true);
     check_split(ctx);
     losses = lm_loss_.forward(hidden, labels.reshape({labels.numel()}));
     end_head_forward();
@@ -417,11 +499,41 @@ LossSum LlamaModel::evaluate(const Tensor& tokens, const Tensor& labels, const P
   return LossSum{static_cast<double>(ops::to_device(sum, kCpuDevice).f32()[0]), counted_tokens(host_labels)};
 }
 
+Tensor LlamaModel::evaluate_chunk(int chunk, const Tensor& tokens, const Tensor& labels, const Tensor& input,
+                                  LossSum& loss) {
+  PRIMUS_CHECK(labels.shape() == tokens.shape(), "[model] labels {} must match tokens {}", labels.describe(),
+               tokens.describe());
+  Tensor losses;
+  {
+    Context ctx;  // nothing is kept
+    const Tensor hidden = forward_hidden(ctx, chunk, tokens, input, PackedSequence(), true);
+    if (!chunk_plan(chunk).head) return hidden;
+    losses = lm_loss_.forward(hidden, labels.reshape({labels.numel()}));
+    end_head_forward();
+  }
+  Tensor sum = ops::zeros({1}, DType::kF32, device_);
+  ops::sum_into(sum, losses);
+  const Tensor host_labels = labels.device().is_cpu() ? labels : ops::to_device(labels, kCpuDevice);
+  loss = LossSum{static_cast<double>(ops::to_device(sum, kCpuDevice).f32()[0]), counted_tokens(host_labels)};
+  return Tensor();
+}
+
 void LlamaModel::backward(MicroBatchContext& base, const GradsReadyFn& grads_ready) {
+  check_single_chunk("backward");
   auto* found = dynamic_cast<Context*>(&base);
   PRIMUS_CHECK(found != nullptr && found->model == this, "[model] backward of a context from another model's forward");
-  Context& ctx = *found;
+  backward_hidden(*found, Tensor(), grads_ready);
+}
+
+Tensor LlamaModel::backward_chunk(MicroBatchContext& base, const Tensor& grad_output) {
+  auto* found = dynamic_cast<Context*>(&base);
+  PRIMUS_CHECK(found != nullptr && found->model == this, "[model] backward of a context from another model's forward");
+  return backward_hidden(*found, grad_output, {});
+}
+
+Tensor LlamaModel::backward_hidden(Context& ctx, const Tensor& grad_output, const GradsReadyFn& grads_ready) {
   PRIMUS_CHECK(ctx.awaiting_backward, "[model] backward of a micro-batch context that has had its backward");
+  const ChunkPlan plan = chunk_plan(ctx.chunk);
   // The flat layout (param_specs): embedding, blocks 0..L-1, final norm, untied head. Ranges are reported from
   // the end down; `ready_from` is the start of the gradients not reported yet.
   const ParamStore& store = params_;
@@ -432,43 +544,60 @@ void LlamaModel::backward(MicroBatchContext& base, const GradsReadyFn& grads_rea
   };
   auto start_of = [&](const std::string& name) { return store.offset(store.index_of(name)); };
   Tensor dx;
-  {
+  if (plan.head) {
     const ops::ProfileScope scope("model.norm (backward)");
     hook_before_backward(last_unit());
     if (!args_.untie_embeddings_and_output_weights) hook_before_backward(0);
     // Each rank's vocabulary slice gives part of the hidden states' gradient.
     dx = final_norm_.backward(summed(lm_loss_.backward(ctx.lm_loss), ctx), ctx.final_norm);
+    report_from(start_of("model.norm.weight"));  // with an untied head, lm_head's gradient was final in forward
+    hook_after_backward(last_unit());
+  } else {
+    PRIMUS_CHECK(grad_output.defined(), "[model] backward of chunk {} of pipeline stage {} needs its output's gradient",
+                 ctx.chunk, pipeline_.stage);
+    dx = grad_output;
   }
-  report_from(start_of("model.norm.weight"));  // with an untied head, lm_head's gradient was final in forward
-  hook_after_backward(last_unit());
-  for (int64_t i = args_.num_layers - 1; i >= 0; --i) {
-    const auto [first, end] = ctx.recompute.chunk(i, args_.num_layers);
+  for (int64_t i = plan.end - 1; i >= plan.begin; --i) {
+    auto [first, end] = ctx.recompute.chunk(i - plan.begin, plan.end - plan.begin);
+    first += plan.begin, end += plan.begin;
     if (first != end && i == end - 1) {  // entering a recomputed chunk from its top: run its forward again
       const ops::ProfileScope scope("recompute");
       Tensor x = ctx.blocks[first].chunk_input;
       ctx.blocks[first].chunk_input = Tensor();
       for (int64_t j = first; j < end; ++j) {
-        hook_before_backward(static_cast<size_t>(j) + 1);
+        hook_before_backward(block_unit(j));
         x = block_forward(blocks_[j], ctx.blocks[j], x, ctx);
       }
     }
-    hook_before_backward(static_cast<size_t>(i) + 1);
+    hook_before_backward(block_unit(i));
     dx = block_backward(blocks_[i], ctx.blocks[i], dx, ctx);
     report_from(start_of(layer_prefix(i) + "input_layernorm.weight"));
-    hook_after_backward(static_cast<size_t>(i) + 1);
+    hook_after_backward(block_unit(i));
   }
-  {
-    const ops::ProfileScope scope("model.embed_tokens (backward)");
-    hook_before_backward(0);
-    embedding_.backward(ctx.tokens, gathered(dx, ctx));
+  if (plan.embeds) {
+    {
+      const ops::ProfileScope scope("model.embed_tokens (backward)");
+      hook_before_backward(0);
+      embedding_.backward(ctx.tokens, gathered(dx, ctx));
+    }
+    report_from(0);
+    hook_after_backward(0);
+    dx = Tensor();
   }
-  report_from(0);
-  hook_after_backward(0);
   ctx = Context();  // frees every activation; awaiting_backward false
   ctx.model = this;
+  return dx;
 }
 
 std::vector<float> LlamaModel::next_token_logits(const std::vector<int32_t>& context) {
+  check_single_chunk("next_token_logits");
+  std::vector<float> logits;
+  logits_chunk(0, context, Tensor(), logits);
+  return logits;
+}
+
+Tensor LlamaModel::logits_chunk(int chunk, const std::vector<int32_t>& context, const Tensor& input,
+                                std::vector<float>& logits) {
   const int64_t T = static_cast<int64_t>(context.size());
   PRIMUS_CHECK(T >= 1 && T <= max_seq_length_, "[model] context of {} tokens (1..{} allowed)", T, max_seq_length_);
   Tensor tokens = Tensor::empty({1, T}, DType::kI32);
@@ -476,8 +605,9 @@ std::vector<float> LlamaModel::next_token_logits(const std::vector<int32_t>& con
   Tensor hidden;
   {
     Context ctx;  // nothing is kept: freed before the logits
-    hidden = forward_hidden(ctx, ops::to_device(tokens, device_), PackedSequence(), false);
+    hidden = forward_hidden(ctx, chunk, ops::to_device(tokens, device_), input, PackedSequence(), false);
   }
+  if (!chunk_plan(chunk).head) return hidden;
   // Each rank's vocabulary columns, gathered.
   Tensor last_row =
       tp_.gather_columns(lm_loss_.logits(hidden.slice_elements((T - 1) * hidden.dim(1), {1, hidden.dim(1)})));
@@ -487,8 +617,9 @@ std::vector<float> LlamaModel::next_token_logits(const std::vector<int32_t>& con
     ops::cast(f32, last_row);
     last_row = f32;
   }
-  const Tensor logits = ops::to_device(last_row, kCpuDevice);
-  return std::vector<float>(logits.f32(), logits.f32() + logits.numel());
+  const Tensor host = ops::to_device(last_row, kCpuDevice);
+  logits.assign(host.f32(), host.f32() + host.numel());
+  return Tensor();
 }
 
 void LlamaModel::for_each_linear(const LinearVisitor& visit) {
@@ -497,6 +628,7 @@ void LlamaModel::for_each_linear(const LinearVisitor& visit) {
     PRIMUS_CHECK(slot != nullptr, "[model] {} was replaced by no module", name);
   };
   for (int64_t i = 0; i < args_.num_layers; ++i) {
+    if (!owns_layer(i)) continue;  // another pipeline stage's
     const std::string pre = blocks_[i].name + ".";
     Attention& at = blocks_[i].attention;
     each(pre + "self_attn.q_proj", at.q_proj);
@@ -522,6 +654,7 @@ TensorParallelGradSums LlamaModel::tensor_parallel_grad_sums() const {
   };
   const bool kv_replicated = args_.num_query_groups < tp_.size();
   for (int64_t i = 0; i < args_.num_layers; ++i) {
+    if (!owns_layer(i)) continue;  // another pipeline stage's
     const std::string pre = layer_prefix(i);
     // In parameter order, so that adjacent ranges merge.
     if (sequence_parallel_) add(sums.group, pre + "input_layernorm.weight");
@@ -535,7 +668,7 @@ TensorParallelGradSums LlamaModel::tensor_parallel_grad_sums() const {
     }
     if (sequence_parallel_) add(sums.group, pre + "post_attention_layernorm.weight");
   }
-  if (sequence_parallel_) add(sums.group, "model.norm.weight");
+  if (sequence_parallel_ && pipeline_.last()) add(sums.group, "model.norm.weight");
   if (kv_replicated) {
     const int replicas = tp_.size() / static_cast<int>(args_.num_query_groups);
     sums.shared_slot = tp_.rank() / replicas;

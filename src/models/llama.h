@@ -24,6 +24,10 @@ class LlamaModel final : public Model {
   // Tensor-parallel rank `tp_rank` of `tp_size`'s slices (heads, MLP columns and vocabulary rows divide evenly:
   // ParallelDims checked it).
   static std::vector<ParamSpec> param_specs(const ModelArgs& args, int tp_size, int tp_rank);
+  // Of pipeline stage `stage` too: the embedding on the first stage (and, tied, its copy as output layer on the
+  // last), the chunks' layers, the final norm and untied output layer on the last.
+  static std::vector<ParamSpec> param_specs(const ModelArgs& args, int tp_size, int tp_rank,
+                                            const PipelineStage& stage);
   // Parameters in the matmuls of one token's forward, the output layer included even when tied.
   static int64_t matmul_params(const ModelArgs& args);
   // Training FLOPs per token: 6 × matmul_params + 12 × layers × seq × heads × head_dim (causal not halved).
@@ -49,6 +53,17 @@ class LlamaModel final : public Model {
   LossSum evaluate(const Tensor& tokens, const Tensor& labels, const PackedSequence& packed = {}) override;
   std::vector<float> next_token_logits(const std::vector<int32_t>& context) override;
 
+  int num_chunks() const override { return static_cast<int>(chunks_.size()); }
+  int64_t chunk_rows(int64_t tokens) const override;
+  std::unique_ptr<MicroBatchContext> forward_chunk(int chunk, const Tensor& tokens, const Tensor& labels,
+                                                   const Tensor& input, float grad_scale, Tensor& loss_sum,
+                                                   Tensor& output, const PackedSequence& packed = {}) override;
+  Tensor backward_chunk(MicroBatchContext& ctx, const Tensor& grad_output) override;
+  Tensor evaluate_chunk(int chunk, const Tensor& tokens, const Tensor& labels, const Tensor& input,
+                        LossSum& loss) override;
+  Tensor logits_chunk(int chunk, const std::vector<int32_t>& context, const Tensor& input,
+                      std::vector<float>& logits) override;
+
   // q_proj, k_proj, v_proj, o_proj, then gate_up_proj (gate_proj and up_proj as one [2F, C] GEMM: gate rows
   // first) and down_proj, of each layer in order: "model.layers.{i}.self_attn.q_proj", "....mlp.gate_up_proj".
   void for_each_linear(const LinearVisitor& visit) override;
@@ -67,6 +82,23 @@ class LlamaModel final : public Model {
     SwiGluMlp mlp;
   };
   struct BlockSaved;  // one block's activations in a Context
+  // What chunk `chunk` of this stage runs: layers [begin, end), whether it embeds the tokens (the first stage's
+  // first chunk) and whether it ends in the final norm and the output layer (the last stage's last chunk).
+  struct ChunkPlan {
+    int64_t begin = 0;
+    int64_t end = 0;
+    bool embeds = false;
+    bool head = false;
+  };
+  ChunkPlan chunk_plan(int chunk) const;
+  // The embedding's weights are on this stage: the first, or the last with a tied output layer (its copy).
+  bool owns_embedding() const {
+    return pipeline_.first() || (pipeline_.last() && !args_.untie_embeddings_and_output_weights);
+  }
+  // Whether this stage holds layer i.
+  bool owns_layer(int64_t i) const { return layer_unit_[static_cast<size_t>(i)] != kNoUnit; }
+  // The whole model as one chunk, for forward, backward, evaluate and next_token_logits.
+  void check_single_chunk(const char* what) const;
   struct Context;     // one micro-batch's (llama.cpp)
 
   // Points every module at its weights and gradients in `buffers` (one tensor per param_units() unit).
@@ -78,11 +110,17 @@ class LlamaModel final : public Model {
   void hook_after_forward(size_t unit) { if (hooks_ != nullptr) hooks_->after_forward(unit); }
   void hook_before_backward(size_t unit) { if (hooks_ != nullptr) hooks_->before_backward(unit); }
   void hook_after_backward(size_t unit) { if (hooks_ != nullptr) hooks_->after_backward(unit); }
-  size_t last_unit() const { return static_cast<size_t>(args_.num_layers) + 1; }
-  // Embedding, blocks, final norm into ctx (its tokens, packing and activations): [B·T, C]. chunks: the tokens are
-  // this rank's chunks of the sequences (context parallelism, when cp_ has several ranks), attention the ring's.
-  // The final norm's and the output layer's units stay in use (hooks) until end_head_forward().
-  Tensor forward_hidden(Context& ctx, const Tensor& tokens, const PackedSequence& packed, bool chunks);
+  static constexpr size_t kNoUnit = static_cast<size_t>(-1);
+  size_t last_unit() const { return head_unit_; }
+  size_t block_unit(int64_t i) const { return layer_unit_[static_cast<size_t>(i)]; }
+  // Chunk `chunk` into ctx (its tokens, packing and activations): the embedding of the tokens or `input`, the
+  // chunk's blocks, and the final norm if it has the head: [B·T, C]. chunks: the tokens are this rank's chunks of the
+  // sequences (context parallelism, when cp_ has several ranks), attention the ring's. The final norm's and the
+  // output layer's units stay in use (hooks) until end_head_forward().
+  Tensor forward_hidden(Context& ctx, int chunk, const Tensor& tokens, const Tensor& input,
+                        const PackedSequence& packed, bool chunks);
+  // Backward of the chunk ctx's forward ran: from the loss (head) or `grad_output`; the gradient of its input.
+  Tensor backward_hidden(Context& ctx, const Tensor& grad_output, const GradsReadyFn& grads_ready);
   void end_head_forward();
   // The tensor-parallel seams: the input of a column-parallel region (this rank's rows gathered under sequence
   // parallelism, else x itself) and the output of a row-parallel one (partial sums reduce-scattered into this rank's
@@ -99,6 +137,10 @@ class LlamaModel final : public Model {
   RopeTable rope_for(int64_t seq, const PackedSequence& packed) const;
 
   ModelArgs args_;
+  PipelineStage pipeline_;
+  std::vector<std::pair<int64_t, int64_t>> chunks_;  // this stage's chunks' layers (one chunk of all at pp 1)
+  std::vector<size_t> layer_unit_;                   // [num_layers]: the unit of each layer held, else kNoUnit
+  size_t head_unit_ = 0;                             // the final norm's (and untied output layer's) unit
   TensorParallelGroup tp_;
   ContextParallelGroup cp_;
   bool sequence_parallel_ = false;  // with more than one tp rank

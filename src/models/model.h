@@ -59,11 +59,25 @@ class MicroBatchContext {
 // model holds all of its (tensor-parallel) parameters, forward and evaluate take this rank's chunks of the sequences
 // and attention runs around the ring (layers/context_parallel.h). sequence_parallel (with tp of more than one rank):
 // between the tensor-parallel regions each rank holds its tp-th of the B·T rows (layers/tensor_parallel.h); forward
-// and evaluate need B·T divisible by the tp size (sampling's odd contexts run without the split). Default: one rank.
+// and evaluate need B·T divisible by the tp size (sampling's odd contexts run without the split).
+// Pipeline parallelism: the model holds only its stage's chunks (contiguous ranges of layers; several, interleaved
+// with the other stages', with virtual stages), the first stage also the embedding, the last the final norm, the
+// output layer and the loss; with tied embeddings the last stage holds a copy of the embedding as its output layer
+// (the parallel code keeps the two equal). Parameter names stay the whole model's ("model.layers.5..."), so
+// checkpoints and Hugging Face files need no renaming. Default: one rank, one stage of one chunk holding every layer.
+struct PipelineStage {
+  int stage = 0;
+  int stages = 1;
+  std::vector<std::pair<int64_t, int64_t>> chunks;  // layers [begin, end) of each chunk in order; empty: all, one chunk
+  bool first() const { return stage == 0; }
+  bool last() const { return stage == stages - 1; }
+};
+
 struct ModelParallel {
   TensorParallelGroup tp;
   ContextParallelGroup cp;
   bool sequence_parallel = false;
+  PipelineStage pipeline;
 };
 
 class Model {
@@ -120,6 +134,31 @@ class Model {
   // Logits of the last position of `context` ([T] ids, T <= max_seq_length) without keeping activations. The whole
   // context on this rank, also under context parallelism (no ring: the other cp ranks need not call it).
   virtual std::vector<float> next_token_logits(const std::vector<int32_t>& context) = 0;
+
+  // Pipeline parallelism (ModelParallel::pipeline): this stage's model chunks, run one micro-batch at a time by a
+  // schedule (parallel/pipeline_schedule.h). Chunk `chunk`'s training forward takes tokens and labels [B, T] (as
+  // forward's; every stage reads them, for the shapes) and `input`, the hidden state [chunk_rows(B·T), C] the previous virtual
+  // stage sent (undefined for the first stage's chunk 0, which embeds the tokens). It sets `output` to the hidden
+  // state to send on, except for the last stage's last chunk, which forms the loss and its gradient as forward does
+  // (adding to loss_sum) and leaves `output` undefined. backward_chunk takes the gradient of that output (undefined
+  // for the loss chunk), accumulates the chunk's parameter gradients and returns the gradient of its input
+  // (undefined for the embedding chunk). At one stage of one chunk forward_chunk(0, ...) is forward.
+  virtual int num_chunks() const = 0;
+  // Rows of the hidden state one chunk sends the next for a micro-batch of `tokens` tokens: all of them, or this
+  // rank's tp-th under sequence parallelism.
+  virtual int64_t chunk_rows(int64_t tokens) const = 0;
+  virtual std::unique_ptr<MicroBatchContext> forward_chunk(int chunk, const Tensor& tokens, const Tensor& labels,
+                                                           const Tensor& input, float grad_scale, Tensor& loss_sum,
+                                                           Tensor& output, const PackedSequence& packed = {}) = 0;
+  virtual Tensor backward_chunk(MicroBatchContext& ctx, const Tensor& grad_output) = 0;
+  // Evaluation's forward of one chunk, keeping nothing: the hidden state to send on, or (the loss chunk) an undefined
+  // tensor and the micro-batch's losses in `loss` (counted tokens included).
+  virtual Tensor evaluate_chunk(int chunk, const Tensor& tokens, const Tensor& labels, const Tensor& input,
+                                LossSum& loss) = 0;
+  // Sampling's forward of one chunk over `context` (as next_token_logits): the hidden state [T, C] to send on, or
+  // (the loss chunk) an undefined tensor and the last position's logits in `logits`.
+  virtual Tensor logits_chunk(int chunk, const std::vector<int32_t>& context, const Tensor& input,
+                              std::vector<float>& logits) = 0;
 
   // Parameter units in forward order: ranges of the flat buffers that are used together and tile [0, numel)
   // (LlamaModel: the embedding, each block, the final norm with the output layer). A tied output layer reads and

@@ -27,6 +27,16 @@
 namespace primus {
 
 enum class ReduceOp { kSum, kMax, kMin };
+
+// One tensor of a batch of point-to-point transfers (Communicator::batch_send_recv): sent to, or received from,
+// `peer`; a receive's tensor is written in place (a Tensor is a view, so the caller's copy sees the bytes).
+struct PeerTransfer {
+  Tensor tensor;
+  int peer = 0;
+  uint32_t tag = 0;
+};
+// "to rank 1 (tag 7), from rank 3 (tag 9)", for errors.
+std::string describe_transfers(const std::vector<PeerTransfer>& sends, const std::vector<PeerTransfer>& recvs);
 const char* reduce_op_name(ReduceOp op);
 
 class Communicator {
@@ -75,6 +85,15 @@ class Communicator {
       send(send_buf, send_peer, stream);
     }
   }
+  // A batch of point-to-point transfers posted together and waited for together: every send goes to its peer's
+  // receive of the same tag (a pipeline stage tags an activation or gradient by its micro-batch, model chunk and
+  // direction, so two of them never mix even when the same two ranks exchange both at once). Every rank named as a
+  // peer calls it in the same round with the matching transfers. Tags below 2^24. The implementations post all the
+  // receives, then all the sends (Gloo; an NCCL group on the stream), so no order among the ranks can deadlock; a
+  // wait past the timeout fails naming the peers and tags. This default, for other communicators, runs the
+  // transfers peer by peer in ascending peer order, the lower rank of each pair sending first (MPI_Ssend's order).
+  virtual void batch_send_recv(const std::vector<PeerTransfer>& sends, const std::vector<PeerTransfer>& recvs,
+                               Stream stream = {});
   // Returns once every rank has called it (a host wait, whatever the device).
   virtual void barrier() = 0;
 

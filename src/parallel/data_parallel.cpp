@@ -35,6 +35,18 @@ std::vector<FlatRange> complement(const std::vector<FlatRange>& ranges, int64_t 
   return out;
 }
 
+// The parts of `a` inside `b` (each sorted, disjoint), in a's order.
+std::vector<FlatRange> intersect(const std::vector<FlatRange>& a, const std::vector<FlatRange>& b) {
+  std::vector<FlatRange> out;
+  for (const FlatRange& r : a) {
+    for (const FlatRange& s : b) {
+      const int64_t lo = std::max(r.begin, s.begin), hi = std::min(r.end, s.end);
+      if (lo < hi) out.push_back({lo, hi});
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 DataParallel::DataParallel(std::shared_ptr<Communicator> dp, ParamStore& params, DataParallelOptions options)
@@ -65,17 +77,14 @@ std::vector<FlatRange> DataParallel::shard_ranges() const {
 }
 
 std::vector<FlatRange> DataParallel::checkpoint_ranges() const {
-  std::vector<FlatRange> ranges = shard_ranges();
-  if (!options_.tp || options_.tp_duplicates.empty()) return ranges;
-  const std::vector<FlatRange> sliced = complement(options_.tp_duplicates, params_.numel());
-  std::vector<FlatRange> out;
-  for (const FlatRange& r : ranges) {
-    for (const FlatRange& s : sliced) {
-      const int64_t lo = std::max(r.begin, s.begin), hi = std::min(r.end, s.end);
-      if (lo < hi) out.push_back({lo, hi});
-    }
-  }
-  return out;
+  return intersect(shard_ranges(), counted_ranges());
+}
+
+std::vector<FlatRange> DataParallel::counted_ranges() const {
+  std::vector<FlatRange> counted{FlatRange{0, params_.numel()}};
+  if (options_.tp && !options_.tp_duplicates.empty()) counted = complement(options_.tp_duplicates, params_.numel());
+  if (!options_.copies.empty()) counted = intersect(counted, complement(options_.copies, params_.numel()));
+  return counted;
 }
 
 void DataParallel::zero_grads() {
@@ -142,6 +151,12 @@ bool DataParallel::any(bool flag) {
 
 double DataParallel::grad_norm() {
   const bool tensor_parallel = options_.tp && options_.tp->size() > 1;
+  if (options_.model && options_.model->size() > 1) {
+    // Pipeline stages (and tensor-parallel ranks) each hold some parameters: Σ g² over what each counts, summed.
+    double local = held_sum_squares(counted_ranges());
+    if (sharded()) local = sum(local);
+    return std::sqrt(all_reduce_value<float>(*options_.model, static_cast<float>(local), ReduceOp::kSum));
+  }
   double local = 0.0;
   if (!tensor_parallel) {
     if (fsdp_) {
@@ -153,7 +168,7 @@ double DataParallel::grad_norm() {
     }
   } else {
     // One rank of the tensor-parallel group counts each replicated parameter; the others leave it out.
-    local = held_sum_squares(complement(options_.tp_duplicates, params_.numel()));
+    local = held_sum_squares(counted_ranges());
   }
   if (sharded()) local = sum(local);
   if (tensor_parallel) local = all_reduce_value<float>(*options_.tp, static_cast<float>(local), ReduceOp::kSum);

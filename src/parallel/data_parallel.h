@@ -37,6 +37,11 @@ struct DataParallelOptions {
   std::shared_ptr<Communicator> tp;
   std::vector<FlatRange> tp_duplicates;
   TensorParallelGradSums tp_grad_sums;
+  // Pipeline parallelism: the ranks holding this replica's other parts, tp × pp (null: tp alone); the gradient norm
+  // sums over it. `copies`: ranges of this rank's buffer whose parameters another stage holds too and owns (the last
+  // stage's copy of a tied embedding): left out of the norm and out of checkpoints.
+  std::shared_ptr<Communicator> model;
+  std::vector<FlatRange> copies;
   // The whole job, when it is more than this group (model parallelism): any() decides over it, so that every rank
   // stops, saves or refuses a save at the same step.
   std::shared_ptr<Communicator> world;
@@ -59,8 +64,8 @@ class DataParallel final : public ParamUnitHooks {
   // This rank's shards (of the bucket layout, distributed optimizer or not, or of FSDP's units): the part of a
   // checkpoint it writes (together the ranks write every element once, in parallel).
   std::vector<FlatRange> shard_ranges() const;
-  // What this rank writes into a checkpoint: its shards, less tp_duplicates, so that every element of every tensor
-  // is written once over the job.
+  // What this rank writes into a checkpoint: its shards, less tp_duplicates and copies, so that every element of
+  // every tensor is written once over the job.
   std::vector<FlatRange> checkpoint_ranges() const;
   // The whole job (the world of DataParallelOptions, or the group itself when there is none): a checkpoint is
   // saved by all of it.
@@ -110,6 +115,9 @@ class DataParallel final : public ParamUnitHooks {
   void after_backward(size_t) override {}
 
  private:
+  // The ranges this rank counts in the gradient norm and writes into checkpoints (of its shards): all but
+  // tp_duplicates and the pipeline's copies.
+  std::vector<FlatRange> counted_ranges() const;
   // Σ g² over the parts of `ranges` (of the flat buffer) whose reduced gradient this rank holds.
   double held_sum_squares(const std::vector<FlatRange>& ranges) const;
   // The reduced gradients of optimizer_ranges()' ranges, in order: views of the flat buffer or FSDP's shards.

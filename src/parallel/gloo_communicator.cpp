@@ -38,6 +38,8 @@ std::string seconds_str(DistributedTimeout t) { return fmt::format("{:g} s", sta
 // Send/recv pairs use one slot outside the prefixes of Gloo's collectives (0x01..0x08), so that messages
 // between a pair match in the order they were posted whatever collectives ran in between.
 const uint64_t kP2pSlot = gloo::Slot::build(0x20, 0);
+// Tagged transfers (batch_send_recv) match by slot: one per tag, beside the untagged pairs' slot.
+uint64_t tagged_slot(uint32_t tag) { return gloo::Slot::build(0x21, tag); }
 
 // --- element types of the reductions ------------------------------------------------------------------------
 
@@ -551,6 +553,48 @@ void GlooCommunicator::send_recv(const Tensor& send_buf, int send_peer, Tensor& 
     out->send(send_peer, kP2pSlot);
     in->waitRecv(timeout_);
     out->waitSend(timeout_);
+  });
+}
+
+void GlooCommunicator::batch_send_recv(const std::vector<PeerTransfer>& sends, const std::vector<PeerTransfer>& recvs,
+                                       Stream) {
+  check_usable("batch_send_recv");
+  for (const PeerTransfer& t : sends) {
+    check_cpu("batch_send_recv", t.tensor, "a send");
+    check_peer("batch_send_recv", t.peer);
+  }
+  for (const PeerTransfer& t : recvs) {
+    check_cpu("batch_send_recv", t.tensor, "a receive");
+    check_peer("batch_send_recv", t.peer);
+  }
+  // Transfers to this rank itself go through the queue that send/recv keep for it: sends first.
+  for (const PeerTransfer& t : sends) {
+    if (t.peer == rank_) send(t.tensor, rank_);
+  }
+  for (const PeerTransfer& t : recvs) {
+    Tensor buf = t.tensor;
+    if (t.peer == rank_) recv(buf, rank_);
+  }
+  int64_t elements = 0;  // for the error: everything the batch moves
+  for (const PeerTransfer& t : sends) elements += t.tensor.numel();
+  for (const PeerTransfer& t : recvs) elements += t.tensor.numel();
+  const std::string op = "batch_send_recv " + describe_transfers(sends, recvs);
+  // Every receive is posted before any send, so a peer's send (which goes out only into a posted receive) never waits
+  // on this rank's sends, whatever order the ranks arrive in.
+  run(op.c_str(), elements, DType::kF32, [&] {
+    std::vector<decltype(context_->createUnboundBuffer(nullptr, 0))> in, out;
+    for (const PeerTransfer& t : recvs) {
+      if (t.peer == rank_) continue;
+      in.push_back(context_->createUnboundBuffer(bytes(t.tensor), t.tensor.nbytes()));
+      in.back()->recv(t.peer, tagged_slot(t.tag));
+    }
+    for (const PeerTransfer& t : sends) {
+      if (t.peer == rank_) continue;
+      out.push_back(context_->createUnboundBuffer(bytes(t.tensor), t.tensor.nbytes()));
+      out.back()->send(t.peer, tagged_slot(t.tag));
+    }
+    for (auto& buf : in) buf->waitRecv(timeout_);
+    for (auto& buf : out) buf->waitSend(timeout_);
   });
 }
 

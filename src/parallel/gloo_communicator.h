@@ -75,6 +75,8 @@ class GlooCommunicator final : public Communicator {
   void send(const Tensor& buf, int peer, Stream stream = {}) override;
   void recv(Tensor& buf, int peer, Stream stream = {}) override;
   void send_recv(const Tensor& send_buf, int send_peer, Tensor& recv_buf, int recv_peer, Stream stream = {}) override;
+  void batch_send_recv(const std::vector<PeerTransfer>& sends, const std::vector<PeerTransfer>& recvs,
+                       Stream stream = {}) override;
   void barrier() override;
   // color >= 0 (a rank outside every group has no NCCL_SPLIT_NOCOLOR here: give it a color of its own).
   std::unique_ptr<Communicator> split(int color, int key) override;

@@ -12,6 +12,7 @@
 #include "data/tokenizer.h"
 #include "ops/ops.h"
 #include "train/memory_report.h"
+#include "train/pipeline_step.h"
 #include "train/train_step.h"
 
 namespace primus {
@@ -38,7 +39,8 @@ double seconds_since_process_start() {
 
 // Warm-up and timed steps of a built model; each phase has its own progress bar.
 BenchmarkResult time_steps(Model& model, AdamW& optimizer, DataParallel& dp, const BatchSplit& split,
-                           const TrainingArgs& t, Device device, const BenchmarkOptions& options) {
+                           const TrainingArgs& t, Device device, const BenchmarkOptions& options,
+                           const Pipeline& pipeline) {
   MockTokens tokens(model.args().vocab_size, t.seq_length, static_cast<uint64_t>(t.seed));
   BatchLoader loader(tokens, t.micro_batch_size, t.seq_length, 0, {}, split.shard);
   BenchmarkResult result;
@@ -51,7 +53,7 @@ BenchmarkResult time_steps(Model& model, AdamW& optimizer, DataParallel& dp, con
       const Clock::time_point t0 = Clock::now();
       std::vector<Batch> batches;
       for (int64_t i = 0; i < micro_batches_per_step(t); ++i) batches.push_back(split.local(loader.next()));
-      const StepResult r = train_step(model, optimizer, dp, batches, t, t.lr);
+      const StepResult r = train_step(model, optimizer, dp, batches, t, t.lr, nullptr, &pipeline);
       ops::synchronize(device);
       const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
       if (step == 1) {
@@ -110,10 +112,12 @@ BenchmarkResult run_benchmark_train(const ExperimentConfig& config, const Benchm
     const std::unique_ptr<Model> model = make_parallel_model(args, t, device, groups);
     model->set_recompute(RecomputeConfig::from(t));
     model->params().initialize(static_cast<uint64_t>(t.seed));
+    const Pipeline pipeline = make_pipeline(groups, !args.untie_embeddings_and_output_weights);
+    check_pipeline_schedule(pipeline, micro_batches_per_step(t));
     const std::unique_ptr<DataParallel> dp = make_data_parallel(groups, *model, t);
     AdamW optimizer = make_optimizer(*model, *dp, t);
     weights_ready(*model, *dp);
-    result = time_steps(*model, optimizer, *dp, batch_split(groups), t, device, options);
+    result = time_steps(*model, optimizer, *dp, batch_split(groups), t, device, options, pipeline);
     result.world_size = world->size();
     result.parameters = model->params().numel();
   } catch (const OutOfMemoryError& error) {

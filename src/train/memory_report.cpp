@@ -5,10 +5,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "layers/basic_layers.h"
 #include "parallel/grad_reducer.h"
+#include "parallel/parallel_dims.h"
 #include "train/train_step.h"
 #if PRIMUS_WITH_CUDA
 #include "backend/cuda/device_memory.h"
@@ -160,12 +162,61 @@ void plan_fully_sharded(MemoryPlan& plan, const ModelArgs& args, const std::stri
 
 namespace {
 
+// Pipeline stage `stage`'s share of the model (pipeline_model_parallel_size > 1): its parameter count (of the
+// tensor-parallel shapes `args`), its layers, and a description.
+struct StageShare {
+  int64_t parameters = 0;
+  int64_t layers = 0;
+  int chunks = 1;
+  std::string description;
+};
+
+StageShare stage_share(const ModelArgs& args, const TrainingArgs& t, int stage) {
+  const int pp = static_cast<int>(t.pipeline_model_parallel_size);
+  int vpp = 1;
+  if (t.num_virtual_stages_per_pipeline_rank > 0) vpp = static_cast<int>(t.num_virtual_stages_per_pipeline_rank);
+  if (t.num_layers_per_virtual_pipeline_stage > 0) {
+    vpp = static_cast<int>(args.num_layers / pp / t.num_layers_per_virtual_pipeline_stage);
+  }
+  const std::vector<LayerRange> layout = stage_layers(PipelineSplit{args.num_layers, pp, vpp,
+                                                                    t.decoder_first_pipeline_num_layers,
+                                                                    t.decoder_last_pipeline_num_layers});
+  StageShare share;
+  share.chunks = vpp;
+  std::vector<bool> held(static_cast<size_t>(args.num_layers), false);
+  std::string ranges;
+  for (int v = 0; v < vpp; ++v) {
+    const LayerRange r = layout[static_cast<size_t>(v * pp + stage)];
+    for (int64_t i = r.begin; i < r.end; ++i) held[static_cast<size_t>(i)] = true;
+    share.layers += r.size();
+    ranges += fmt::format("{}{}-{}", ranges.empty() ? "" : ", ", r.begin, r.end - 1);
+  }
+  const bool first = stage == 0, last = stage == pp - 1, tied = !args.untie_embeddings_and_output_weights;
+  for (const ParamSpec& spec : model_family(args).param_specs(args)) {
+    bool mine;
+    if (spec.name.rfind("model.layers.", 0) == 0) {
+      mine = held[static_cast<size_t>(std::stoll(spec.name.substr(13)))];
+    } else if (spec.name == "model.embed_tokens.weight") {
+      mine = first || (last && tied);
+    } else {
+      mine = last;  // final norm, untied output layer
+    }
+    if (mine) share.parameters += shape_numel(spec.shape);
+  }
+  share.description = fmt::format("stage {} of {}: layers {}{}{}", stage, pp, ranges, first ? ", embedding" : "",
+                                  last ? (tied ? ", output layer (a copy of the embedding) and loss"
+                                               : ", output layer and loss")
+                                       : "");
+  return share;
+}
+
 // The tokens of each sequence one rank computes: all of them, or under context parallelism its 2 of 2·cp chunks.
 int64_t rank_seq_length(const TrainingArgs& t) { return t.seq_length / std::max<int64_t>(1, t.context_parallel_size); }
 
 }  // namespace
 
-MemoryPlan plan_memory(const ModelArgs& whole, const TrainingArgs& t, Device device, DType compute_dtype) {
+MemoryPlan plan_memory(const ModelArgs& whole, const TrainingArgs& t, Device device, DType compute_dtype,
+                       int stage) {
   // One rank's share of a tensor-parallel model: its slices of the weights, its heads' and columns' activations.
   const ModelArgs args = tensor_parallel_shapes(whole, static_cast<int>(t.tensor_model_parallel_size));
   MemoryPlan plan;
@@ -173,6 +224,12 @@ MemoryPlan plan_memory(const ModelArgs& whole, const TrainingArgs& t, Device dev
   plan.train = t;
   plan.device = device.str();
   plan.parameters = parameter_count(args);
+  std::optional<StageShare> share;
+  if (t.pipeline_model_parallel_size > 1) {
+    share = stage_share(args, t, stage);
+    plan.parameters = share->parameters;
+    plan.pipeline_stage = share->description;
+  }
   plan.micro_batch_size = t.micro_batch_size;
   plan.seq_length = rank_seq_length(t);
   plan.activation_dtype = compute_dtype;
@@ -203,7 +260,22 @@ MemoryPlan plan_memory(const ModelArgs& whole, const TrainingArgs& t, Device dev
   if (t.use_megatron_fsdp && (strategy == "optim_grads" || strategy == "optim_grads_params")) {
     plan_fully_sharded(plan, args, strategy == "optim_grads" ? "ZeRO-2" : "ZeRO-3", recompute);
   }
-  plan.activations = estimate_activations(args, t.micro_batch_size, plan.seq_length, compute_dtype, recompute);
+  if (!share) {
+    plan.activations = estimate_activations(args, t.micro_batch_size, plan.seq_length, compute_dtype, recompute);
+    return plan;
+  }
+  // A stage's layers, with the output layer's loss counted as if every stage had it (an overestimate off the last
+  // stage), kept for as many micro-batches as the schedule has in flight there.
+  ModelArgs stage_args = args;
+  stage_args.num_layers = share->layers;
+  plan.activations = estimate_activations(stage_args, t.micro_batch_size, plan.seq_length, compute_dtype, recompute);
+  const int64_t pp = t.pipeline_model_parallel_size, v = share->chunks, m = micro_batches_per_step(t);
+  const int64_t virtual_in_flight =
+      v == 1 ? std::min(pp - stage, m) : std::min((pp - stage - 1) * 2 + (v - 1) * pp + 1, m * v);
+  plan.micro_batches_in_flight = (virtual_in_flight + v - 1) / v;
+  const int64_t extra = (plan.micro_batches_in_flight - 1) * plan.activations.saved_bytes;
+  plan.activations.saved_bytes += extra;
+  plan.activations.peak_bytes += extra;
   return plan;
 }
 
@@ -268,6 +340,10 @@ std::vector<std::string> format_memory_table(const MemoryPlan& p) {
       fmt::format("memory per device, estimated ({}: {} parameters; micro-batch {} x {} tokens, {} "
                   "activations, recompute {}):",
                   p.device, p.parameters, p.micro_batch_size, p.seq_length, act, p.recompute));
+  if (!p.pipeline_stage.empty()) {
+    lines.push_back(fmt::format("  pipeline {}; activations of {} micro-batch{} in flight", p.pipeline_stage,
+                                p.micro_batches_in_flight, p.micro_batches_in_flight == 1 ? "" : "es"));
+  }
   const std::string shard = fmt::format(", 1/{} shard", p.data_parallel_size);
   if (!p.fully_sharded.empty()) {
     lines.push_back(row(fmt::format("parameters (fp32 master{})", shard), p.param_bytes,
@@ -284,7 +360,9 @@ std::vector<std::string> format_memory_table(const MemoryPlan& p) {
                       p.optimizer_bytes));
   if (p.comm_bytes > 0) lines.push_back(row("communication buffers", p.comm_bytes));
   lines.push_back(
-      row("activations per micro-batch (peak)", p.activations.peak_bytes,
+      row(p.micro_batches_in_flight > 1 ? fmt::format("activations, {} micro-batches (peak)", p.micro_batches_in_flight)
+                                        : std::string("activations per micro-batch (peak)"),
+          p.activations.peak_bytes,
           fmt::format("(kept for backward {}, logits chunk {})", format_memory_bytes(p.activations.saved_bytes),
                       format_memory_bytes(p.activations.logits_chunk_bytes))));
   lines.push_back(row("total", p.total_bytes()));

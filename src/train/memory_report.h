@@ -71,6 +71,10 @@ struct MemoryPlan {
   // the fp32 master shards, compute_copy_bytes the compute shards (bf16) plus the gathered units' weights held
   // at once, grad_bytes the gradient shards plus the units' gradients held at once.
   std::string fully_sharded;
+  // Pipeline parallelism: "stage 0 of 2: layers 0-1, embedding", and the micro-batches whose activations the stage
+  // holds at once (1F1B: pp − stage; interleaved: its warm-up's virtual micro-batches, in whole-stage units).
+  std::string pipeline_stage;
+  int64_t micro_batches_in_flight = 1;
   ActivationEstimate activations;
   int64_t device_total_bytes = 0;  // CUDA: as the driver reports it; 0 on the CPU
   int64_t device_free_bytes = 0;   // CUDA: free when the plan was made
@@ -79,8 +83,11 @@ struct MemoryPlan {
   int64_t total_bytes() const { return static_bytes() + activations.peak_bytes; }
 };
 
-// `args.vocab_size` must be resolved. A pure estimate: the device is only named (see add_device_memory).
-MemoryPlan plan_memory(const ModelArgs& args, const TrainingArgs& t, Device device, DType compute_dtype);
+// `args.vocab_size` must be resolved. A pure estimate: the device is only named (see add_device_memory). At
+// pipeline_model_parallel_size > 1 the plan is pipeline stage `stage`'s: its parameters only, its layers'
+// activations times the micro-batches it holds at once.
+MemoryPlan plan_memory(const ModelArgs& args, const TrainingArgs& t, Device device, DType compute_dtype,
+                       int stage = 0);
 // Fills the device's total and free memory on CUDA (the backend must be started); nothing on the CPU.
 void add_device_memory(MemoryPlan& plan, Device device);
 

@@ -33,6 +33,7 @@
 #include "train/checkpoint_progress.h"
 #include "train/checkpoint_saver.h"
 #include "train/memory_report.h"
+#include "train/pipeline_step.h"
 #include "train/signals.h"
 #include "train/step_monitor.h"
 #include "train/run_schedule.h"
@@ -222,13 +223,15 @@ int run_training(const ExperimentConfig& config, const RunOptions& options, std:
   const std::shared_ptr<Communicator> world = connect_world(env, device, t);
   const ProcessGroups groups = make_process_groups(world, model_args, t);
   DataSources data = make_data(t, *tokenizer, packing, model_args.vocab_size);
-  plan = plan_memory(model_args, t, device, compute_dtype(t, device));
+  plan = plan_memory(model_args, t, device, compute_dtype(t, device), groups.dims.coord(world->rank()).pp);
   add_device_memory(*plan, device);
   log_memory_plan(*plan);
   check_memory_plan_fits(*plan);
   const std::unique_ptr<Model> model_owner = make_parallel_model(model_args, t, device, groups);
   Model& model = *model_owner;
   model.set_recompute(RecomputeConfig::from(t));
+  const Pipeline pipeline = make_pipeline(groups, !model_args.untie_embeddings_and_output_weights);
+  check_pipeline_schedule(pipeline, micro_batches_per_step(t));
   const std::unique_ptr<DataParallel> dp = make_data_parallel(groups, model, t);
   AdamW optimizer = make_optimizer(model, *dp, t);
   if (world->size() > 1) {
@@ -270,6 +273,7 @@ int run_training(const ExperimentConfig& config, const RunOptions& options, std:
   } else {
     model.params().initialize(static_cast<uint64_t>(t.seed));
   }
+  broadcast_tied_embedding(model, pipeline);  // the last stage's copy starts as the first stage's embedding
   weights_ready(model, *dp);
   spdlog::info("model: {} layers, hidden {}, heads {}/{} (q/kv), head dim {}, ffn {}, vocab {}, {} parameters",
                model_args.num_layers, model_args.hidden_size, model_args.num_attention_heads,
@@ -371,7 +375,7 @@ int run_training(const ExperimentConfig& config, const RunOptions& options, std:
     }
     const double data_ms = 1000.0 * seconds_since(step_start);
     StepTimes times;
-    const StepResult r = train_step(model, optimizer, *dp, batches, t, lr, log_step ? &times : nullptr);
+    const StepResult r = train_step(model, optimizer, *dp, batches, t, lr, log_step ? &times : nullptr, &pipeline);
     const double step_s = seconds_since(step_start);
     if (ops::Trace::active() && when.profile_ends_after(step)) {
       const std::string trace_path = fmt::format("{}/profile/trace_rank{}.json", run_dir, rank);
@@ -393,7 +397,7 @@ int run_training(const ExperimentConfig& config, const RunOptions& options, std:
 
     std::optional<double> eval_loss;
     if (when.eval_at(step)) {
-      eval_loss = evaluate(model, *dp, *data.valid, t, split, packing);
+      eval_loss = evaluate(model, *dp, *data.valid, t, split, packing, &pipeline);
     }
     if (log_step || eval_loss) {
       StepMetrics m;
@@ -436,7 +440,13 @@ int run_training(const ExperimentConfig& config, const RunOptions& options, std:
   saver.wait();
   // Rank 0 shows the sample; under FSDP or tensor parallelism every rank runs the same forwards, whose weight
   // gathers and tensor-parallel sums are collectives (the sampling is seeded, so the ranks draw the same tokens).
-  if (t.sample_length > 0 && (rank0 || dp->fsdp() != nullptr || groups.tp->size() > 1)) {
+  // Through a pipeline every stage runs its chunks (the last stage broadcasts the logits to the others).
+  if (t.sample_length > 0 && pipeline.active()) {
+    const std::string text = generate_sample(
+        [&](const std::vector<int32_t>& context) { return pipeline_next_token_logits(model, pipeline, context); },
+        *tokenizer, t.sample_prompt, t.sample_length, t.seq_length, static_cast<uint64_t>(t.seed));
+    if (rank0) spdlog::info("sample after {} iterations:\n{}{}", state.iteration, t.sample_prompt, text);
+  } else if (t.sample_length > 0 && (rank0 || dp->fsdp() != nullptr || groups.tp->size() > 1)) {
     const std::string text = generate_sample(model, *tokenizer, t.sample_prompt, t.sample_length, t.seq_length,
                                              static_cast<uint64_t>(t.seed));
     if (rank0) spdlog::info("sample after {} iterations:\n{}{}", state.iteration, t.sample_prompt, text);

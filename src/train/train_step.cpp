@@ -8,6 +8,7 @@
 #include "data/tokenizer.h"
 #include "ops/ops.h"
 #include "ops/profile.h"
+#include "train/pipeline_step.h"
 #if PRIMUS_WITH_CUDA
 #include "backend/cuda/cuda_backend.h"
 #endif
@@ -35,7 +36,7 @@ BatchSplit batch_split(const ProcessGroups& groups) {
 }
 
 StepResult train_step(Model& model, AdamW& optimizer, DataParallel& dp, const std::vector<Batch>& batches,
-                      const TrainingArgs& t, double lr, StepTimes* times) {
+                      const TrainingArgs& t, double lr, StepTimes* times, const Pipeline* pipeline) {
   PRIMUS_CHECK(!batches.empty(), "a training step without micro-batches");
   // The global batch's token count scales every micro-batch's gradient, so the reduced sum is the gradient of
   // the global mean whatever the split of tokens over ranks.
@@ -53,7 +54,23 @@ StepResult train_step(Model& model, AdamW& optimizer, DataParallel& dp, const st
   mark();
   dp.zero_grads();
   Tensor loss_sum = ops::zeros({1}, DType::kF32, model.device());  // summed on the device: no wait per micro-batch
-  for (size_t i = 0; i < batches.size(); ++i) {
+  const bool pipelined = pipeline != nullptr && pipeline->active();
+  if (pipelined) {
+    {
+      const ops::ProfileScope scope("pipeline");
+      pipeline_forward_backward(model, *pipeline, batches, grad_scale, loss_sum);
+    }
+    mark();
+    // After the flush (Megatron's finalize_model_grads): the tied copies' gradients summed, then the data-parallel
+    // reduction of the whole buffer at once.
+    sum_tied_embedding_grads(model, *pipeline);
+    dp.before_backward(true);
+    if (const GradsReadyFn ready = dp.grads_ready_hook(true)) ready(0, model.params().numel());
+    dp.after_backward(true);
+    pipeline->stages->all_reduce(loss_sum, ReduceOp::kSum);  // only the last stage's is not zero
+    mark();
+  }
+  for (size_t i = 0; i < batches.size() && !pipelined; ++i) {
     const Batch& batch = batches[i];
     std::unique_ptr<MicroBatchContext> ctx;
     dp.begin_micro_batch();
@@ -106,11 +123,21 @@ StepResult train_step(Model& model, AdamW& optimizer, DataParallel& dp, const st
 }
 
 double evaluate(Model& model, DataParallel& dp, const SampleSource& source, const TrainingArgs& t,
-                const BatchSplit& split, const PackingOptions& packing) {
+                const BatchSplit& split, const PackingOptions& packing, const Pipeline* pipeline) {
   BatchLoader loader(source, t.micro_batch_size, t.seq_length, 0, packing, split.shard);
   const int64_t micro_batches = t.eval_iters * micro_batches_per_step(t);
   double loss_sum = 0.0;
   int64_t tokens = 0;
+  if (pipeline != nullptr && pipeline->active()) {
+    for (int64_t step = 0; step < t.eval_iters; ++step) {
+      std::vector<Batch> batches;
+      for (int64_t i = 0; i < micro_batches_per_step(t); ++i) batches.push_back(split.local(loader.next()));
+      const LossSum s = pipeline_evaluate(model, *pipeline, batches);
+      loss_sum += s.loss_sum;
+      tokens += s.tokens;
+    }
+    return dp.sum(loss_sum) / static_cast<double>(std::max<int64_t>(dp.global_tokens(tokens), 1));
+  }
   for (int64_t i = 0; i < micro_batches; ++i) {
     const Batch batch = split.local(loader.next());
     LossSum s = model.evaluate(ops::to_device(batch.tokens, model.device()), ops::to_device(batch.labels, model.device()),
@@ -164,8 +191,18 @@ std::unique_ptr<Model> make_parallel_model(const ModelArgs& args, const Training
   ContextParallelGroup cp;
   if (groups.cp->size() > 1)
     cp = ContextParallelGroup(std::shared_ptr<Communicator>(groups.cp->split(0, groups.cp->rank())));
+  PipelineStage pipeline;
+  if (groups.dims.pp() > 1) {
+    pipeline.stage = groups.dims.coord(groups.world->rank()).pp;
+    pipeline.stages = groups.dims.pp();
+    for (int chunk = 0; chunk < groups.dims.vpp(); ++chunk) {
+      const LayerRange layers = groups.dims.layers(pipeline.stage, chunk);
+      pipeline.chunks.push_back({layers.begin, layers.end});
+    }
+  }
   return make_model(args, t.seq_length, device, compute_dtype(t, device),
-                    ModelParallel{TensorParallelGroup(groups.tp), std::move(cp), groups.dims.sequence_parallel()});
+                    ModelParallel{TensorParallelGroup(groups.tp), std::move(cp), groups.dims.sequence_parallel(),
+                                  std::move(pipeline)});
 }
 
 std::unique_ptr<DataParallel> make_data_parallel(const ProcessGroups& groups, Model& model,
@@ -185,6 +222,15 @@ std::unique_ptr<DataParallel> make_data_parallel(const ProcessGroups& groups, Mo
   // What another rank of the tensor-parallel group holds too and counts: whole parameters (norms) on all but its
   // first rank, replicated key/value slices on all but their first replica.
   const ParamStore& params = model.params();
+  if (groups.dims.pp() > 1) {
+    options.model = groups.model;
+    // The last stage's copy of a tied embedding: the first stage's is the one counted and saved.
+    const bool last = groups.dims.is_last_stage(groups.world->rank());
+    if (last && !model.args().untie_embeddings_and_output_weights) {
+      const size_t i = params.index_of("model.embed_tokens.weight");
+      options.copies.push_back({params.offset(i), params.offset(i) + shape_numel(params.specs()[i].shape)});
+    }
+  }
   for (size_t i = 0; i < params.specs().size(); ++i) {
     const ParamSlice& slice = params.specs()[i].slice;
     if (slice.sliced() ? slice.replica == 0 : groups.tp->rank() == 0) continue;

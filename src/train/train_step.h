@@ -13,6 +13,7 @@
 namespace primus {
 
 class Tokenizer;
+struct Pipeline;  // train/pipeline_step.h
 
 // Datasheet dense bf16 peak of an H100/H200 SXM, the denominator of MFU (as in the PyTorch reference).
 inline constexpr double kPeakBf16Tflops = 989.0;
@@ -56,14 +57,19 @@ BatchSplit batch_split(const ProcessGroups& groups);
 // and one AdamW step with `lr` over this rank's optimizer ranges, then the weights are gathered (distributed
 // optimizer). The result (loss, norm, tokens) is the global batch's, the same on every rank. With `times`,
 // also measures the phases (one wait for the device at the end of the step).
+// With an active `pipeline` the micro-batches run through its schedule instead (pipeline_step.h); the tied
+// embedding's gradients are summed over first and last stage and the gradients reduced over dp after the flush, the
+// loss comes from the last stage and the norm sums over the stages; forward_ms then holds the whole schedule.
 StepResult train_step(Model& model, AdamW& optimizer, DataParallel& dp, const std::vector<Batch>& micro_batches,
-                      const TrainingArgs& t, double lr, StepTimes* times = nullptr);
+                      const TrainingArgs& t, double lr, StepTimes* times = nullptr,
+                      const Pipeline* pipeline = nullptr);
 
 // Mean token loss over eval_iters global batches read from the start of `source` (the same samples each time),
 // with the same packed-document masks as training; each rank evaluates its share (`split`) and the sums are
 // combined over dp's group, so every rank returns the loss one rank alone would.
+// With an active `pipeline`, through its forward-only schedule, a step's micro-batches at a time.
 double evaluate(Model& model, DataParallel& dp, const SampleSource& source, const TrainingArgs& t,
-                const BatchSplit& split, const PackingOptions& packing = {});
+                const BatchSplit& split, const PackingOptions& packing = {}, const Pipeline* pipeline = nullptr);
 
 // The data-parallel side of a run for `model`: the options of `t` (use_distributed_optimizer, use_megatron_fsdp
 // with data_parallel_sharding_strategy, overlap_grad_reduce, overlap_param_gather, ddp_bucket_size) over the group
@@ -85,6 +91,8 @@ std::unique_ptr<Model> make_parallel_model(const ModelArgs& args, const Training
                                            const ProcessGroups& groups);
 // Data parallelism over the dp × cp group (Megatron's: the ranks of a cp group hold the same weights and each
 // computes the gradients of its chunks, so they reduce as data-parallel ranks do).
+// At pp > 1 the gradient norm also sums over the stages (the model group), leaving out the last stage's copy of a
+// tied embedding.
 std::unique_ptr<DataParallel> make_data_parallel(const ProcessGroups& groups, Model& model,
                                                  const TrainingArgs& t);
 // "distributed optimizer", "FSDP optim_grads (ZeRO-2)", ... for the log.

@@ -126,6 +126,81 @@ TEST(Communicator, SplitIntoTwoGroupsRunsCollectivesInEach) {
   expect_all_ok(results, seed);
 }
 
+// --- tagged point-to-point batches (pipeline stages) ---------------------------------------------------------
+
+// Each of `size` ranks sends two tensors to each ring neighbour at once, listed in another order than the receiver
+// lists its receives (tags pair them, not positions), receives theirs, and checks their values. `base`: through the
+// Communicator's default (peer by peer, lower rank first) instead of Gloo's own.
+void tagged_ring(int size, bool base) {
+  const int port = testing::free_port();
+  auto results = run_ranks(size, 60s, [&](int rank) {
+    auto comm = make_world_communicator(torchrun_env(rank, size, port), kCpuDevice, 20s);
+    const int next = (rank + 1) % size, prev = (rank + size - 1) % size;
+    // Value of the message from `from` to `to` with tag `tag`, element k.
+    auto value = [](int from, int to, uint32_t tag, int64_t k) {
+      return static_cast<float>(1000 * from + 100 * to + 10 * static_cast<int>(tag) + k);
+    };
+    auto filled = [&](int to, uint32_t tag, int64_t n) {
+      Tensor t = Tensor::empty({n}, DType::kF32);
+      for (int64_t k = 0; k < n; ++k) t.f32()[k] = value(rank, to, tag, k);
+      return t;
+    };
+    // Tag 1 carries 3 elements, tag 2 five (to next); tags 3 and 4 likewise (to prev).
+    std::vector<PeerTransfer> sends{{filled(next, 2, 5), next, 2}, {filled(prev, 4, 5), prev, 4},
+                                    {filled(next, 1, 3), next, 1}, {filled(prev, 3, 3), prev, 3}};
+    std::vector<PeerTransfer> recvs{{Tensor::empty({3}, DType::kF32), prev, 1},
+                                    {Tensor::empty({5}, DType::kF32), prev, 2},
+                                    {Tensor::empty({3}, DType::kF32), next, 3},
+                                    {Tensor::empty({5}, DType::kF32), next, 4}};
+    if (base) {
+      comm->Communicator::batch_send_recv(sends, recvs);
+    } else {
+      comm->batch_send_recv(sends, recvs);
+    }
+    for (const PeerTransfer& r : recvs) {
+      for (int64_t k = 0; k < r.tensor.numel(); ++k) {
+        if (r.tensor.f32()[k] != value(r.peer, rank, r.tag, k)) {
+          throw std::runtime_error(fmt::format("rank {}: tag {} from rank {} element {} is {}", rank, r.tag, r.peer,
+                                               k, r.tensor.f32()[k]));
+        }
+      }
+    }
+    return std::string();
+  });
+  expect_all_ok(results, 0);
+}
+
+TEST(Communicator, TaggedBatchesPairByTagOnTwoAndThreeRanks) {
+  tagged_ring(2, false);
+  tagged_ring(3, false);
+}
+
+TEST(Communicator, TheDefaultBatchOrdersPairsWithoutDeadlock) {
+  tagged_ring(2, true);
+  tagged_ring(3, true);
+}
+
+TEST(Communicator, BatchWaitingForAnAbsentPeerNamesItsTransfers) {
+  const int port = testing::free_port();
+  auto results = run_ranks(2, 20s, [&](int rank) -> std::string {
+    auto comm = make_world_communicator(torchrun_env(rank, 2, port), kCpuDevice, 1s);
+    comm->barrier();
+    if (rank == 1) {
+      std::this_thread::sleep_for(2s);  // alive but never sends
+      ::_exit(0);
+    }
+    try {
+      comm->batch_send_recv({}, {PeerTransfer{Tensor::empty({4}, DType::kF32), 1, 7}});
+    } catch (const RuntimeError& e) {
+      return e.what();
+    }
+    throw std::runtime_error("the receive completed without a sender");
+  });
+  show(results);
+  ASSERT_EQ(results[0].status, 0) << results[0].message;
+  EXPECT_NE(results[0].message.find("from rank 1 (tag 7, 4 elements)"), std::string::npos) << results[0].message;
+}
+
 // --- failures: each names what it waited for, none hangs --------------------------------------------------------
 
 TEST(Communicator, RankThatNeverArrivesFailsTheOthersWithinTheTimeout) {

@@ -12,6 +12,7 @@
 #include <nccl.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -19,6 +20,7 @@
 #include <initializer_list>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/gpu_runtime.h"
@@ -222,6 +224,46 @@ class NcclCommunicator final : public Communicator {
       PRIMUS_NCCL_CHECK(ncclSend(send_buf.data(), count(send_buf), send_type, send_peer, comm_, s));
     if (recv_buf.numel() > 0)
       PRIMUS_NCCL_CHECK(ncclRecv(recv_buf.data(), count(recv_buf), recv_type, recv_peer, comm_, s));
+    PRIMUS_NCCL_CHECK(ncclGroupEnd());
+  }
+
+  // One group of every send and receive on the stream: NCCL matches a pair's transfers in the order they were
+  // issued, and both sides list them in the order of their tags (the sender's sends, the receiver's receives).
+  void batch_send_recv(const std::vector<PeerTransfer>& sends, const std::vector<PeerTransfer>& recvs,
+                       Stream stream) override {
+    check_usable("batch_send_recv");
+    std::vector<const Tensor*> buffers;
+    for (const PeerTransfer& t : sends) {
+      check_buffer(t.tensor, "batch_send_recv", "a send");
+      check_point_to_point_peer(t.peer, "batch_send_recv");
+      buffers.push_back(&t.tensor);
+    }
+    for (const PeerTransfer& t : recvs) {
+      check_buffer(t.tensor, "batch_send_recv", "a receive");
+      check_point_to_point_peer(t.peer, "batch_send_recv");
+      buffers.push_back(&t.tensor);
+    }
+    if (buffers.empty()) return;
+    auto by_tag = [](const PeerTransfer& a, const PeerTransfer& b) { return a.tag < b.tag; };
+    std::vector<PeerTransfer> ordered_sends = sends, ordered_recvs = recvs;
+    std::stable_sort(ordered_sends.begin(), ordered_sends.end(), by_tag);
+    std::stable_sort(ordered_recvs.begin(), ordered_recvs.end(), by_tag);
+    gpuStream_t s = compute_;  // as stream_for, over a list of any length
+    if (stream.handle != nullptr && stream.handle != static_cast<void*>(compute_)) {
+      for (const Tensor* t : buffers) backend_->record_stream(*t, stream);
+      s = static_cast<gpuStream_t>(stream.handle);
+    }
+    PRIMUS_NCCL_CHECK(ncclGroupStart());
+    for (const PeerTransfer& t : ordered_sends) {
+      if (t.tensor.numel() == 0) continue;
+      PRIMUS_NCCL_CHECK(ncclSend(t.tensor.data(), count(t.tensor), nccl_dtype(t.tensor.dtype(), "batch_send_recv"),
+                                 t.peer, comm_, s));
+    }
+    for (const PeerTransfer& t : ordered_recvs) {
+      if (t.tensor.numel() == 0) continue;
+      PRIMUS_NCCL_CHECK(ncclRecv(t.tensor.data(), count(t.tensor), nccl_dtype(t.tensor.dtype(), "batch_send_recv"),
+                                 t.peer, comm_, s));
+    }
     PRIMUS_NCCL_CHECK(ncclGroupEnd());
   }
 
