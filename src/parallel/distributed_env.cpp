@@ -1,6 +1,6 @@
 // DistributedEnv::from_environment (torchrun's variables, checked and named in every error) and
 // make_world_communicator: the rendezvous through rank 0's TCP store, then Gloo for CPU ranks or NCCL for a
-// CUDA device. Also reduce_op_name, the one free function of communicator.h.
+// CUDA device. Also reduce_op_name (the point-to-point helpers of communicator.h are in point_to_point.cpp).
 #include "parallel/distributed_env.h"
 
 #include <arpa/inet.h>
