@@ -4,6 +4,7 @@
 //   zero_grads()
 //   per micro-batch: begin_micro_batch() before its forward; around its backward before_backward(last) with the
 //   grads_ready hook, and after_backward(last)
+//   sum_tensor_parallel_grads() the model's partial gradients summed over the tensor-parallel group (a no-op without)
 //   grad_norm()                 the global gradient norm (from full reduced gradients, or from the shards)
 //   after_optimizer()           all-gathers the updated weights (distributed optimizer, FSDP)
 // Fully sharded strategies (parallel/fsdp.h) also need take_weights() once the weights are loaded, and the model
