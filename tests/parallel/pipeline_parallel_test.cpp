@@ -32,10 +32,7 @@ const std::vector<std::string> kShape{"vocab_size=384", "num_layers=4", "adam_ep
 const std::vector<std::string> kPp2{"pipeline_model_parallel_size=2"};
 
 RunResult train(const std::string& label, int ranks, const std::vector<std::string>& overrides) {
-  Job job{testing::temp_dir("pp_" + label), with(kShape, overrides), ranks};
-  run_job(job);
-  if (::testing::Test::HasFatalFailure()) return {};
-  return read_run(job.workspace);
+  return testing::train("pp_" + label, ranks, with(kShape, overrides));
 }
 
 class PipelineParallel : public ::testing::Test {

@@ -3,26 +3,17 @@
 // saves at step 10; copies of its run directory resume to step 20 at pp 1, at pp 2 × dp 2 with the distributed
 // optimizer and at pp 2 × tp 2, each continuing the uninterrupted one-rank run's losses, gradient norms, evaluation
 // losses and weights within relative 1e-5. And a one-rank checkpoint resumes at pp 2 with virtual stages.
-#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
-#include <filesystem>
 #include <string>
 #include <vector>
 
-#include "support/cli_process.h"
 #include "support/test_support.h"
 #include "support/training_job.h"
 
 namespace primus {
 namespace {
 
-namespace fs = std::filesystem;
-using testing::expect_same_run;
-using testing::Job;
-using testing::read_run;
-using testing::run_job;
-using testing::RunResult;
 using testing::with;
 
 // lr 1e-3 instead of the jobs' 3e-3: at 3e-3 the tied model's fp32 rounding differences of the first 10 steps (a
@@ -32,28 +23,9 @@ const std::vector<std::string> kShape{"vocab_size=384", "num_layers=4", "adam_ep
                                       "untie_embeddings_and_output_weights=false"};
 const std::vector<std::string> kPp2{"pipeline_model_parallel_size=2"};
 
-// A run of 10 steps in `layout` on `ranks`, then the same run directory resumed to 20 in each of `resumes`, each
-// against the uninterrupted one-rank run.
 void expect_resumes(const std::string& label, int ranks, const std::vector<std::string>& layout,
                     const std::vector<std::pair<int, std::vector<std::string>>>& resumes) {
-  Job single{testing::temp_dir("pp_" + label + "_single"), kShape, 1};
-  run_job(single);
-  if (::testing::Test::HasFatalFailure()) return;
-  const RunResult one = read_run(single.workspace);
-  Job first{testing::temp_dir("pp_" + label + "_first"), with(kShape, with(layout, {"train_iters=10"})), ranks};
-  run_job(first);
-  if (::testing::Test::HasFatalFailure()) return;
-  for (const auto& [resume_ranks, resume_layout] : resumes) {
-    const std::string description = fmt::format("{}: {} ranks {}, then {} ranks {}", label, ranks,
-                                                fmt::join(layout, " "), resume_ranks, fmt::join(resume_layout, " "));
-    Job second{testing::temp_dir("pp_" + label + "_resume"), with(kShape, resume_layout), resume_ranks};
-    fs::copy(first.workspace + "/dp", second.workspace + "/dp", fs::copy_options::recursive);
-    run_job(second);
-    if (::testing::Test::HasFatalFailure()) return;
-    const std::string log = testing::read_text(second.workspace + "/rank0.out");
-    EXPECT_NE(log.find("resumed from"), std::string::npos) << description << "\n" << log;
-    expect_same_run(one, read_run(second.workspace), description);
-  }
+  testing::expect_resumes("pp_" + label, kShape, ranks, layout, resumes);
 }
 
 TEST(PipelineCheckpoints, Pp2ResumesAtPp1AtPp2TimesDp2AndAtPp2TimesTp2) {

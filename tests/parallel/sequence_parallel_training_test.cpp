@@ -42,10 +42,7 @@ const std::vector<std::string> kDistOpt{"use_distributed_optimizer=true", "ddp_b
 
 // One job in a fresh workspace, its run read back.
 RunResult train(const std::string& label, int ranks, const std::vector<std::string>& overrides) {
-  Job job{testing::temp_dir("sp_" + label), with(kVocab, overrides), ranks};
-  run_job(job);
-  if (::testing::Test::HasFatalFailure()) return {};
-  return read_run(job.workspace);
+  return testing::train("sp_" + label, ranks, with(kVocab, overrides));
 }
 
 // `shape` on one rank, then in each layout of `layouts` (ranks, overrides), each against the one-rank run.

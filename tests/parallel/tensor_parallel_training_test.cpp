@@ -9,25 +9,18 @@
 // would make it 384 at tp 1, 512 at tp 2 and tp 4): 384, what tp 1 pads the tokenizer's to, so the one-rank runs
 // are the data-parallel tests' model. (With 512 one step of this run has a gradient-norm spike whose norm moves by
 // 7e-6 between one rank and 2 data-parallel ranks alone, too close to the 1e-5 bound to tell layouts apart.)
-#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
-#include <filesystem>
 #include <string>
 #include <vector>
 
-#include "support/cli_process.h"
 #include "support/test_support.h"
 #include "support/training_job.h"
 
 namespace primus {
 namespace {
 
-namespace fs = std::filesystem;
 using testing::expect_same_run;
-using testing::Job;
-using testing::read_run;
-using testing::run_job;
 using testing::RunResult;
 using testing::with;
 
@@ -40,10 +33,7 @@ const std::vector<std::string> kZero3{"use_megatron_fsdp=true", "data_parallel_s
 
 // One job in a fresh workspace, its run read back.
 RunResult train(const std::string& label, int ranks, const std::vector<std::string>& overrides) {
-  Job job{testing::temp_dir("tp_" + label), with(kVocab, overrides), ranks};
-  run_job(job);
-  if (::testing::Test::HasFatalFailure()) return {};
-  return read_run(job.workspace);
+  return testing::train("tp_" + label, ranks, with(kVocab, overrides));
 }
 
 class TensorParallelTraining : public ::testing::Test {
@@ -87,28 +77,10 @@ TEST(TensorParallelTrainingShapes, QkNormsAndTiedEmbeddingsUnderTp2TimesDp2Equal
                   "q/k norms, tied, tp2 x dp2 ZeRO-3");
 }
 
-// A run of 10 steps in `layout`, then the same run directory resumed to 20 in each of `resumes` (a copy per resume),
-// each against the uninterrupted one-rank run. `shape`: overrides every run shares.
 void expect_resumes(const std::string& label, const std::vector<std::string>& shape, int ranks,
                     const std::vector<std::string>& layout,
                     const std::vector<std::pair<int, std::vector<std::string>>>& resumes) {
-  const RunResult one = train(label + "_single", 1, shape);
-  if (::testing::Test::HasFatalFailure()) return;
-  Job first{testing::temp_dir("tp_" + label + "_first"), with(kVocab, with(shape, with(layout, {"train_iters=10"}))),
-            ranks};
-  run_job(first);
-  if (::testing::Test::HasFatalFailure()) return;
-  for (const auto& [resume_ranks, resume_layout] : resumes) {
-    const std::string description = fmt::format("{}: {} ranks {}, then {} ranks {}", label, ranks,
-                                                fmt::join(layout, " "), resume_ranks, fmt::join(resume_layout, " "));
-    Job second{testing::temp_dir("tp_" + label + "_resume"), with(kVocab, with(shape, resume_layout)), resume_ranks};
-    fs::copy(first.workspace + "/dp", second.workspace + "/dp", fs::copy_options::recursive);
-    run_job(second);
-    if (::testing::Test::HasFatalFailure()) return;
-    const std::string log = testing::read_text(second.workspace + "/rank0.out");
-    EXPECT_NE(log.find("resumed from"), std::string::npos) << description << "\n" << log;
-    expect_same_run(one, read_run(second.workspace), description);
-  }
+  testing::expect_resumes("tp_" + label, with(kVocab, shape), ranks, layout, resumes);
 }
 
 // 4 key/value groups, so that the heads split over 4 tensor-parallel ranks too.

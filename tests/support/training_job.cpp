@@ -7,6 +7,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <fmt/ranges.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -196,6 +198,34 @@ void expect_same_run(const RunResult& one, const RunResult& many, const std::str
 std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
   a.insert(a.end(), b.begin(), b.end());
   return a;
+}
+
+RunResult train(const std::string& label, int ranks, const std::vector<std::string>& overrides) {
+  Job job{temp_dir(label), overrides, ranks};
+  run_job(job);
+  if (::testing::Test::HasFatalFailure()) return {};
+  return read_run(job.workspace);
+}
+
+void expect_resumes(const std::string& label, const std::vector<std::string>& shape, int ranks,
+                    const std::vector<std::string>& layout,
+                    const std::vector<std::pair<int, std::vector<std::string>>>& resumes) {
+  const RunResult one = train(label + "_single", 1, shape);
+  if (::testing::Test::HasFatalFailure()) return;
+  Job first{temp_dir(label + "_first"), with(shape, with(layout, {"train_iters=10"})), ranks};
+  run_job(first);
+  if (::testing::Test::HasFatalFailure()) return;
+  for (const auto& [resume_ranks, resume_layout] : resumes) {
+    const std::string description = fmt::format("{}: {} ranks {}, then {} ranks {}", label, ranks,
+                                                fmt::join(layout, " "), resume_ranks, fmt::join(resume_layout, " "));
+    Job second{temp_dir(label + "_resume"), with(shape, resume_layout), resume_ranks};
+    fs::copy(first.workspace + "/dp", second.workspace + "/dp", fs::copy_options::recursive);
+    run_job(second);
+    if (::testing::Test::HasFatalFailure()) return;
+    const std::string log = read_text(second.workspace + "/rank0.out");
+    EXPECT_NE(log.find("resumed from"), std::string::npos) << description << "\n" << log;
+    expect_same_run(one, read_run(second.workspace), description);
+  }
 }
 
 }  // namespace primus::testing

@@ -7,6 +7,7 @@
 
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace primus::testing {
@@ -40,5 +41,14 @@ void expect_same_run(const RunResult& one, const RunResult& many, const std::str
 
 // a then b.
 std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b);
+
+// One job on `ranks` ranks in a fresh workspace named after `label`, its run read back (empty after a fatal failure).
+RunResult train(const std::string& label, int ranks, const std::vector<std::string>& overrides);
+
+// A run of 10 steps of `shape` in `layout` on `ranks` ranks, then the same run directory resumed to 20 in each of
+// `resumes` (ranks, layout; a copy per resume), each against the uninterrupted 20-step run of `shape` on one rank.
+void expect_resumes(const std::string& label, const std::vector<std::string>& shape, int ranks,
+                    const std::vector<std::string>& layout,
+                    const std::vector<std::pair<int, std::vector<std::string>>>& resumes);
 
 }  // namespace primus::testing
