@@ -3,6 +3,8 @@
 # for SECONDS (default 60) on a copy of its seed corpus, so the seeds in the repository stay small. Fails when any
 # target crashes, leaks, hangs, hits undefined behaviour or allocates past 2 GiB, and prints where the input is.
 #   scripts/fuzz.sh [SECONDS] [TARGET...]     targets: config safetensors indexed_dataset tokenizer report
+# FUZZ_UNIT_TIMEOUT (default 10 s): the wall-clock time one input may take; raise it for long niced runs on a busy
+# machine, where a starved fuzzer otherwise stops on inputs that take milliseconds.
 # A run's corpus, log and crash inputs stay in build-fuzz/runs/TARGET/; a crash replays with
 #   build-fuzz/fuzz/TARGET_fuzzer CRASH_FILE
 set -euo pipefail
@@ -36,7 +38,7 @@ for t in "${targets[@]}"; do
   [[ -f fuzz/$t.dict ]] && dict=(-dict="fuzz/$t.dict")
   echo "fuzz: $t for ${seconds} s"
   if TMPDIR="$scratch" build-fuzz/fuzz/"${t}"_fuzzer "$run/corpus" "${dict[@]}" -max_total_time="$seconds" \
-       -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=2048 -artifact_prefix="$run/crashes/" -print_final_stats=1 \
+       -timeout="${FUZZ_UNIT_TIMEOUT:-10}" -rss_limit_mb=2048 -malloc_limit_mb=2048 -artifact_prefix="$run/crashes/" -print_final_stats=1 \
        >"$run/log" 2>&1; then
     # The last status line: executions, coverage, corpus; then the run's execution count and speed.
     grep -E '^#[0-9]+' "$run/log" | tail -1
