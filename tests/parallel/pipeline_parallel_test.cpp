@@ -9,22 +9,16 @@
 #include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
-#include <filesystem>
 #include <string>
 #include <vector>
 
-#include "support/cli_process.h"
 #include "support/test_support.h"
 #include "support/training_job.h"
 
 namespace primus {
 namespace {
 
-namespace fs = std::filesystem;
 using testing::expect_same_run;
-using testing::Job;
-using testing::read_run;
-using testing::run_job;
 using testing::RunResult;
 using testing::with;
 
