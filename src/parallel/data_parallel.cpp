@@ -150,28 +150,24 @@ bool DataParallel::any(bool flag) {
 }
 
 double DataParallel::grad_norm() {
-  const bool tensor_parallel = options_.tp && options_.tp->size() > 1;
-  if (options_.model && options_.model->size() > 1) {
-    // Pipeline stages (and tensor-parallel ranks) each hold some parameters: Σ g² over what each counts, summed.
-    double local = held_sum_squares(counted_ranges());
-    if (sharded()) local = sum(local);
-    return std::sqrt(all_reduce_value<float>(*options_.model, static_cast<float>(local), ReduceOp::kSum));
-  }
+  // The ranks holding this replica's other parts: pipeline stages with their tensor-parallel slices, or the slices
+  // alone (null: this rank holds the whole model).
+  Communicator* parts = options_.model && options_.model->size() > 1 ? options_.model.get()
+                        : options_.tp && options_.tp->size() > 1   ? options_.tp.get()
+                                                                    : nullptr;
   double local = 0.0;
-  if (!tensor_parallel) {
-    if (fsdp_) {
-      local = fsdp_->local_grad_sum_squares();
-    } else if (!sharded()) {
-      return std::sqrt(ops::sum_squares(params_.flat_grads()));  // reduced full gradients: the same on every rank
-    } else {
-      local = held_sum_squares({FlatRange{0, params_.numel()}});
-    }
-  } else {
-    // One rank of the tensor-parallel group counts each replicated parameter; the others leave it out.
+  if (parts != nullptr) {
+    // Each parameter counted once over the parts: tensor-parallel duplicates and pipeline copies left out.
     local = held_sum_squares(counted_ranges());
+  } else if (fsdp_) {
+    local = fsdp_->local_grad_sum_squares();
+  } else if (!sharded()) {
+    return std::sqrt(ops::sum_squares(params_.flat_grads()));  // reduced full gradients: the same on every rank
+  } else {
+    local = held_sum_squares({FlatRange{0, params_.numel()}});
   }
   if (sharded()) local = sum(local);
-  if (tensor_parallel) local = all_reduce_value<float>(*options_.tp, static_cast<float>(local), ReduceOp::kSum);
+  if (parts != nullptr) local = all_reduce_value<float>(*parts, static_cast<float>(local), ReduceOp::kSum);
   return std::sqrt(local);
 }
 

@@ -91,6 +91,7 @@ void pipeline_forward_backward(Model& model, const Pipeline& pipeline, const std
   const PipelineSchedule schedule = make_pipeline_schedule(PipelineScheduleSpec{
       pipeline.stages->size(), model.num_chunks(), static_cast<int>(batches.size()), false});
   const std::vector<DeviceBatch> inputs = to_device(batches, model.device());
+  const Shape shape = hidden_shape(model, inputs.front().tokens);  // every micro-batch's hidden state
   Inbox inbox;
   std::map<std::pair<int, int>, std::unique_ptr<MicroBatchContext>> contexts;  // (micro-batch, chunk)
   for (const PipelineTick& tick : schedule.stages[static_cast<size_t>(stage)]) {
@@ -114,8 +115,7 @@ void pipeline_forward_backward(Model& model, const Pipeline& pipeline, const std
         contexts.erase(it);
       }
     }
-    const Tensor& any_tokens = inputs.front().tokens;
-    exchange(pipeline, tick, outgoing, inbox, hidden_shape(model, any_tokens), model.compute_dtype(), model.device());
+    exchange(pipeline, tick, outgoing, inbox, shape, model.compute_dtype(), model.device());
   }
   PRIMUS_CHECK(contexts.empty() && inbox.empty(), "[pipeline] stage {}: {} contexts and {} transfers left after the step",
                stage, contexts.size(), inbox.size());
