@@ -483,30 +483,20 @@ std::unique_ptr<MicroBatchContext> LlamaModel::forward_chunk(int chunk, const Te
 
 LossSum LlamaModel::evaluate(const Tensor& tokens, const Tensor& labels, const PackedSequence& packed) {
   check_single_chunk("evaluate");
-  PRIMUS_CHECK(labels.shape() == tokens.shape(), "[model] labels {} must match tokens {}", labels.describe(),
-               tokens.describe());
-  Tensor losses;
-  {
-    Context ctx;  // freed before the sum, as soon as the losses are queued
-    const Tensor hidden = forward_hidden(ctx, 0, tokens, Tensor(), packed, true);
-    check_split(ctx);
-    losses = lm_loss_.forward(hidden, labels.reshape({labels.numel()}));
-    end_head_forward();
-  }
-  Tensor sum = ops::zeros({1}, DType::kF32, device_);
-  ops::sum_into(sum, losses);
-  const Tensor host_labels = labels.device().is_cpu() ? labels : ops::to_device(labels, kCpuDevice);
-  return LossSum{static_cast<double>(ops::to_device(sum, kCpuDevice).f32()[0]), counted_tokens(host_labels)};
+  LossSum loss;
+  evaluate_chunk(0, tokens, labels, Tensor(), loss, packed);
+  return loss;
 }
 
 Tensor LlamaModel::evaluate_chunk(int chunk, const Tensor& tokens, const Tensor& labels, const Tensor& input,
-                                  LossSum& loss) {
+                                  LossSum& loss, const PackedSequence& packed) {
   PRIMUS_CHECK(labels.shape() == tokens.shape(), "[model] labels {} must match tokens {}", labels.describe(),
                tokens.describe());
   Tensor losses;
   {
-    Context ctx;  // nothing is kept
-    const Tensor hidden = forward_hidden(ctx, chunk, tokens, input, PackedSequence(), true);
+    Context ctx;  // nothing is kept; freed before the sum, as soon as the losses are queued
+    const Tensor hidden = forward_hidden(ctx, chunk, tokens, input, packed, true);
+    check_split(ctx);
     if (!chunk_plan(chunk).head) return hidden;
     losses = lm_loss_.forward(hidden, labels.reshape({labels.numel()}));
     end_head_forward();

@@ -59,8 +59,8 @@ class LlamaModel final : public Model {
                                                    const Tensor& input, float grad_scale, Tensor& loss_sum,
                                                    Tensor& output, const PackedSequence& packed = {}) override;
   Tensor backward_chunk(MicroBatchContext& ctx, const Tensor& grad_output) override;
-  Tensor evaluate_chunk(int chunk, const Tensor& tokens, const Tensor& labels, const Tensor& input,
-                        LossSum& loss) override;
+  Tensor evaluate_chunk(int chunk, const Tensor& tokens, const Tensor& labels, const Tensor& input, LossSum& loss,
+                        const PackedSequence& packed = {}) override;
   Tensor logits_chunk(int chunk, const std::vector<int32_t>& context, const Tensor& input,
                       std::vector<float>& logits) override;
 

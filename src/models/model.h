@@ -154,7 +154,7 @@ class Model {
   // Evaluation's forward of one chunk, keeping nothing: the hidden state to send on, or (the loss chunk) an undefined
   // tensor and the micro-batch's losses in `loss` (counted tokens included).
   virtual Tensor evaluate_chunk(int chunk, const Tensor& tokens, const Tensor& labels, const Tensor& input,
-                                LossSum& loss) = 0;
+                                LossSum& loss, const PackedSequence& packed = {}) = 0;
   // Sampling's forward of one chunk over `context` (as next_token_logits): the hidden state [T, C] to send on, or
   // (the loss chunk) an undefined tensor and the last position's logits in `logits`.
   virtual Tensor logits_chunk(int chunk, const std::vector<int32_t>& context, const Tensor& input,

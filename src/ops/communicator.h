@@ -39,6 +39,28 @@ struct PeerTransfer {
 std::string describe_transfers(const std::vector<PeerTransfer>& sends, const std::vector<PeerTransfer>& recvs);
 const char* reduce_op_name(ReduceOp op);
 
+// The transfers of one Communicator::start_batch_send_recv still under way. On a host communicator (Gloo) the waits
+// block this thread until the peers' matching transfers are done, or fail after the communicator's timeout naming
+// them; on a GPU communicator the transfers are queued on the batch's stream, which orders them against later work
+// on it, and the waits return at once (as for the collectives, other streams order through Backend events).
+// Destroying it waits for whatever was not waited for, so no buffer is freed under a transfer.
+class PendingTransfers {
+ public:
+  virtual ~PendingTransfers() = default;
+  // Returns once the receives have landed: their tensors may be read. The sends may still be under way, waiting for a
+  // peer that has not posted its receive yet.
+  virtual void wait_receives() = 0;
+  // Returns once the sends are done with their tensors too.
+  virtual void wait() = 0;
+};
+
+// Transfers that were complete when started (a world of one, the default batch, a GPU stream's order).
+class CompletedTransfers final : public PendingTransfers {
+ public:
+  void wait_receives() override {}
+  void wait() override {}
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -85,15 +107,21 @@ class Communicator {
       send(send_buf, send_peer, stream);
     }
   }
-  // A batch of point-to-point transfers posted together and waited for together: every send goes to its peer's
-  // receive of the same tag (a pipeline stage tags an activation or gradient by its micro-batch, model chunk and
-  // direction, so two of them never mix even when the same two ranks exchange both at once). Every rank named as a
-  // peer calls it in the same round with the matching transfers. Tags below 2^24. The implementations post all the
-  // receives, then all the sends (Gloo; an NCCL group on the stream), so no order among the ranks can deadlock; a
-  // wait past the timeout fails naming the peers and tags. This default, for other communicators, runs the
-  // transfers peer by peer in ascending peer order, the lower rank of each pair sending first (MPI_Ssend's order).
-  virtual void batch_send_recv(const std::vector<PeerTransfer>& sends, const std::vector<PeerTransfer>& recvs,
-                               Stream stream = {});
+  // A batch of point-to-point transfers posted together: every send goes to its peer's receive of the same tag (a
+  // pipeline stage tags an activation or gradient by its micro-batch, model chunk and direction, so two of them never
+  // mix even when the same two ranks exchange both at once). Every rank named as a peer posts the matching transfers
+  // in a batch of its own, and the batches between a pair come in the same order on both sides. Tags below 2^24.
+  // start_batch_send_recv returns without waiting for a peer: the tensors must stay alive, the sends unchanged and
+  // the receives unread until the returned PendingTransfers says so. The implementations post all the receives, then
+  // all the sends (Gloo; an NCCL group on the stream), so no order among the ranks can deadlock; a wait past the
+  // timeout fails naming the peers and tags. This default, for other communicators, runs the transfers at once, peer
+  // by peer in ascending peer order, the lower rank of each pair sending first (MPI_Ssend's order).
+  virtual std::unique_ptr<PendingTransfers> start_batch_send_recv(const std::vector<PeerTransfer>& sends,
+                                                                  const std::vector<PeerTransfer>& recvs,
+                                                                  Stream stream = {});
+  // start_batch_send_recv, then wait for all of it.
+  void batch_send_recv(const std::vector<PeerTransfer>& sends, const std::vector<PeerTransfer>& recvs,
+                       Stream stream = {});
   // Returns once every rank has called it (a host wait, whatever the device).
   virtual void barrier() = 0;
 

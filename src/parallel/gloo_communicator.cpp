@@ -25,6 +25,7 @@
 #include <system_error>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 
 #include "core/bf16.h"
 #include "core/error.h"
@@ -556,8 +557,40 @@ void GlooCommunicator::send_recv(const Tensor& send_buf, int send_peer, Tensor& 
   });
 }
 
-void GlooCommunicator::batch_send_recv(const std::vector<PeerTransfer>& sends, const std::vector<PeerTransfer>& recvs,
-                                       Stream) {
+// A started batch: Gloo's unbound buffers, whose waits block until the peers' matching transfers are done.
+class GlooPendingTransfers final : public PendingTransfers {
+ public:
+  using Buffer = decltype(std::declval<gloo::Context&>().createUnboundBuffer(nullptr, 0));
+  GlooPendingTransfers(GlooCommunicator& comm, std::string op, int64_t elements)
+      : comm_(comm), op_(std::move(op)), elements_(elements) {}
+  ~GlooPendingTransfers() override {
+    try {
+      wait();
+    } catch (const std::exception&) {  // already recorded as the communicator's failure; a destructor cannot throw
+    }
+  }
+  void wait_receives() override {
+    comm_.run(op_.c_str(), elements_, DType::kF32, [&] {
+      for (; !receives_.empty(); receives_.pop_back()) receives_.back()->waitRecv(comm_.timeout_);
+    });
+  }
+  void wait() override {
+    wait_receives();
+    comm_.run(op_.c_str(), elements_, DType::kF32, [&] {
+      for (; !sends_.empty(); sends_.pop_back()) sends_.back()->waitSend(comm_.timeout_);
+    });
+  }
+  std::vector<Buffer> receives_, sends_;
+
+ private:
+  GlooCommunicator& comm_;
+  std::string op_;
+  int64_t elements_;
+};
+
+std::unique_ptr<PendingTransfers> GlooCommunicator::start_batch_send_recv(const std::vector<PeerTransfer>& sends,
+                                                                          const std::vector<PeerTransfer>& recvs,
+                                                                          Stream) {
   check_usable("batch_send_recv");
   for (const PeerTransfer& t : sends) {
     check_cpu("batch_send_recv", t.tensor, "a send");
@@ -578,24 +611,23 @@ void GlooCommunicator::batch_send_recv(const std::vector<PeerTransfer>& sends, c
   int64_t elements = 0;  // for the error: everything the batch moves
   for (const PeerTransfer& t : sends) elements += t.tensor.numel();
   for (const PeerTransfer& t : recvs) elements += t.tensor.numel();
-  const std::string op = "batch_send_recv " + describe_transfers(sends, recvs);
+  auto pending =
+      std::make_unique<GlooPendingTransfers>(*this, "batch_send_recv " + describe_transfers(sends, recvs), elements);
   // Every receive is posted before any send, so a peer's send (which goes out only into a posted receive) never waits
   // on this rank's sends, whatever order the ranks arrive in.
-  run(op.c_str(), elements, DType::kF32, [&] {
-    std::vector<decltype(context_->createUnboundBuffer(nullptr, 0))> in, out;
+  run("batch_send_recv", elements, DType::kF32, [&] {
     for (const PeerTransfer& t : recvs) {
       if (t.peer == rank_) continue;
-      in.push_back(context_->createUnboundBuffer(bytes(t.tensor), t.tensor.nbytes()));
-      in.back()->recv(t.peer, tagged_slot(t.tag));
+      pending->receives_.push_back(context_->createUnboundBuffer(bytes(t.tensor), t.tensor.nbytes()));
+      pending->receives_.back()->recv(t.peer, tagged_slot(t.tag));
     }
     for (const PeerTransfer& t : sends) {
       if (t.peer == rank_) continue;
-      out.push_back(context_->createUnboundBuffer(bytes(t.tensor), t.tensor.nbytes()));
-      out.back()->send(t.peer, tagged_slot(t.tag));
+      pending->sends_.push_back(context_->createUnboundBuffer(bytes(t.tensor), t.tensor.nbytes()));
+      pending->sends_.back()->send(t.peer, tagged_slot(t.tag));
     }
-    for (auto& buf : in) buf->waitRecv(timeout_);
-    for (auto& buf : out) buf->waitSend(timeout_);
   });
+  return pending;
 }
 
 void GlooCommunicator::barrier() {

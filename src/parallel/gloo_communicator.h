@@ -75,8 +75,9 @@ class GlooCommunicator final : public Communicator {
   void send(const Tensor& buf, int peer, Stream stream = {}) override;
   void recv(Tensor& buf, int peer, Stream stream = {}) override;
   void send_recv(const Tensor& send_buf, int send_peer, Tensor& recv_buf, int recv_peer, Stream stream = {}) override;
-  void batch_send_recv(const std::vector<PeerTransfer>& sends, const std::vector<PeerTransfer>& recvs,
-                       Stream stream = {}) override;
+  std::unique_ptr<PendingTransfers> start_batch_send_recv(const std::vector<PeerTransfer>& sends,
+                                                          const std::vector<PeerTransfer>& recvs,
+                                                          Stream stream = {}) override;
   void barrier() override;
   // color >= 0 (a rank outside every group has no NCCL_SPLIT_NOCOLOR here: give it a color of its own).
   std::unique_ptr<Communicator> split(int color, int key) override;
@@ -85,6 +86,7 @@ class GlooCommunicator final : public Communicator {
   // A split's child shares the parent's TCP device (one Gloo event-loop thread per process).
   GlooCommunicator(int rank, int size, std::shared_ptr<Store> store, DistributedTimeout timeout, GlooNetwork network,
                    std::string name, std::shared_ptr<gloo::transport::Device> device);
+  friend class GlooPendingTransfers;
   void connect();
   // Runs one Gloo call; turns Gloo's exceptions into a RuntimeError naming `op`, and remembers it.
   template <typename F>

@@ -13,10 +13,12 @@
 //   micro-batches go through chunk 0, then chunk 1, ...; backward from the last chunk), warm-up
 //   (stages − stage − 1) · 2 + (chunks − 1) · stages forwards. Needs m a multiple of `stages`.
 //   Forward only (evaluation): the forwards of that order.
-// Ticks: in each tick every stage runs its next computation if its input has arrived (else it idles), then all the
-// tick's transfers happen together (Communicator::batch_send_recv): a computation's output goes out in the tick that
-// computed it and is received by its consumer in the same tick, to be used in a later one. Every stage has the same
-// number of ticks, so the stages advance in lockstep and blocking transfers always meet their peer.
+// Ticks: in each tick every stage runs its next computation if its input has arrived (else it idles), then the tick's
+// transfers are posted together (Communicator::start_batch_send_recv): a computation's output goes out in the tick
+// that computed it and its consumer posts the receive in the same tick, to use it in a later one. Every stage has the
+// same number of ticks, so both sides of every transfer post it in batches of the same order (which NCCL's in-order
+// matching needs). The ticks order the posts only: train/pipeline_step.cpp waits for nothing but a computation's own
+// input, so the stages are not held in lockstep.
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,5 @@
 // The point-to-point helpers of communicator.h that need no backend: the error text of a batch and the default
-// batch_send_recv for communicators without a way to post several transfers at once.
+// start_batch_send_recv for communicators without a way to post several transfers at once.
 #include <algorithm>
 #include <fmt/format.h>
 
@@ -20,6 +20,12 @@ std::string describe_transfers(const std::vector<PeerTransfer>& sends, const std
 
 void Communicator::batch_send_recv(const std::vector<PeerTransfer>& sends, const std::vector<PeerTransfer>& recvs,
                                    Stream stream) {
+  start_batch_send_recv(sends, recvs, stream)->wait();
+}
+
+std::unique_ptr<PendingTransfers> Communicator::start_batch_send_recv(const std::vector<PeerTransfer>& sends,
+                                                                      const std::vector<PeerTransfer>& recvs,
+                                                                      Stream stream) {
   // Peer by peer in ascending order, the lower rank of each pair sending first: every pair's exchange is then
   // ordered the same way on both sides, and the pairs in one global order, so blocking sends cannot wait in a cycle.
   std::vector<int> peers;
@@ -47,6 +53,7 @@ void Communicator::batch_send_recv(const std::vector<PeerTransfer>& sends, const
       send_all();
     }
   }
+  return std::make_unique<CompletedTransfers>();
 }
 
 }  // namespace primus

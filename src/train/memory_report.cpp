@@ -60,8 +60,10 @@ std::string format_memory_bytes(int64_t bytes) {
 }
 
 ActivationEstimate estimate_activations(const ModelArgs& m, int64_t micro_batch_size, int64_t seq_length,
-                                        DType activation_dtype, const RecomputeConfig& recompute) {
+                                        DType activation_dtype, const RecomputeConfig& recompute,
+                                        int64_t sequence_parallel_ranks) {
   const int64_t N = micro_batch_size * seq_length;
+  const int64_t R = N / std::max<int64_t>(1, sequence_parallel_ranks);  // rows of the residual stream held here
   const int64_t a = static_cast<int64_t>(dtype_size(activation_dtype));
   constexpr int64_t f32 = 4;
   const int64_t C = m.hidden_size, F = m.ffn_hidden_size, D = m.kv_channels;
@@ -70,10 +72,11 @@ ActivationEstimate estimate_activations(const ModelArgs& m, int64_t micro_batch_
 
   ActivationEstimate e;
   e.tokens = N;
-  e.layer_bytes = N * a * (4 * C + 2 * Hq * D + 2 * Hkv * D + 2 * F + (selective ? 0 : F)) + f32 * N * (2 + Hq);
+  e.layer_bytes = R * a * 2 * C + N * a * (2 * C + 2 * Hq * D + 2 * Hkv * D + 2 * F + (selective ? 0 : F)) +
+                  f32 * (2 * R + N * Hq);
   if (m.qk_layernorm) e.layer_bytes += N * a * (Hq + Hkv) * D + f32 * N * (Hq + Hkv);
-  const int64_t row_block = N * C * a;  // one [N, C] activation: a chunk's input, a norm input, dhidden
-  const int64_t final_norm = row_block + f32 * N;
+  const int64_t row_block = R * C * a;  // one [R, C] activation: a chunk's input, a norm input, dhidden
+  const int64_t final_norm = row_block + f32 * R;
 
   // Forward: each layer keeps all it saved, or (recomputed) only its chunk's input; a recomputed layer still
   // holds everything while its forward runs.
@@ -91,7 +94,7 @@ ActivationEstimate estimate_activations(const ModelArgs& m, int64_t micro_batch_
   // The loss: final norm output, losses and lse, one logits chunk, on top of everything saved.
   const LmLoss loss_layer;
   e.logits_chunk_bytes = logits_chunk_rows(loss_layer.max_logits_bytes, N, m.vocab_size, a) * m.vocab_size * a;
-  peak = std::max(peak, e.saved_bytes + row_block + e.logits_chunk_bytes + 2 * f32 * N);
+  peak = std::max(peak, e.saved_bytes + N * C * a + e.logits_chunk_bytes + 2 * f32 * N);
 
   // Backward, top down: dhidden is used up at once, the final norm's saved tensors stay to the end; entering a
   // recomputed chunk from its top replaces the chunk's input by its layers whole.
@@ -232,6 +235,7 @@ MemoryPlan plan_memory(const ModelArgs& whole, const TrainingArgs& t, Device dev
   }
   plan.micro_batch_size = t.micro_batch_size;
   plan.seq_length = rank_seq_length(t);
+  if (t.sequence_parallel) plan.sequence_parallel_ranks = std::max<int64_t>(1, t.tensor_model_parallel_size);
   plan.activation_dtype = compute_dtype;
   const RecomputeConfig recompute = RecomputeConfig::from(t);
   plan.recompute = describe_recompute(recompute);
@@ -261,14 +265,18 @@ MemoryPlan plan_memory(const ModelArgs& whole, const TrainingArgs& t, Device dev
     plan_fully_sharded(plan, args, strategy == "optim_grads" ? "ZeRO-2" : "ZeRO-3", recompute);
   }
   if (!share) {
-    plan.activations = estimate_activations(args, t.micro_batch_size, plan.seq_length, compute_dtype, recompute);
+    plan.rank_model = args;
+    plan.activations = estimate_activations(args, t.micro_batch_size, plan.seq_length, compute_dtype, recompute,
+                                            plan.sequence_parallel_ranks);
     return plan;
   }
   // A stage's layers, with the output layer's loss counted as if every stage had it (an overestimate off the last
   // stage), kept for as many micro-batches as the schedule has in flight there.
   ModelArgs stage_args = args;
   stage_args.num_layers = share->layers;
-  plan.activations = estimate_activations(stage_args, t.micro_batch_size, plan.seq_length, compute_dtype, recompute);
+  plan.rank_model = stage_args;
+  plan.activations = estimate_activations(stage_args, t.micro_batch_size, plan.seq_length, compute_dtype, recompute,
+                                          plan.sequence_parallel_ranks);
   const int64_t pp = t.pipeline_model_parallel_size, v = share->chunks, m = micro_batches_per_step(t);
   const int64_t virtual_in_flight =
       v == 1 ? std::min(pp - stage, m) : std::min((pp - stage - 1) * 2 + (v - 1) * pp + 1, m * v);
@@ -384,7 +392,7 @@ void log_memory_plan(const MemoryPlan& plan) {
 }
 
 std::string out_of_memory_message(const OutOfMemoryError& error, const MemoryPlan& plan) {
-  const ModelArgs& args = plan.model;
+  const ModelArgs& args = plan.rank_model;
   const TrainingArgs& t = plan.train;
   const std::string device = error.device() == "cuda" ? plan.device : error.device();
   std::string text =
@@ -412,7 +420,7 @@ std::string out_of_memory_message(const OutOfMemoryError& error, const MemoryPla
       changed.recompute_num_layers = 1;
     }
     return format_memory_bytes(estimate_activations(args, micro_batch_size, plan.seq_length, plan.activation_dtype,
-                                                    RecomputeConfig::from(changed))
+                                                    RecomputeConfig::from(changed), plan.sequence_parallel_ranks)
                                    .peak_bytes);
   };
   text += "What to try:\n";
@@ -436,7 +444,7 @@ std::string out_of_memory_message(const OutOfMemoryError& error, const MemoryPla
     text += fmt::format(
         "  - recompute_method: uniform with recompute_num_layers: 1 (every layer, about {} of activations)\n",
         format_memory_bytes(estimate_activations(args, t.micro_batch_size, plan.seq_length, plan.activation_dtype,
-                                                 RecomputeConfig::from(every))
+                                                 RecomputeConfig::from(every), plan.sequence_parallel_ranks)
                                 .peak_bytes));
   }
   text += fmt::format("  - a shorter seq_length (now {}; activations scale with it)\n", t.seq_length);

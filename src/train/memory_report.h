@@ -22,6 +22,8 @@
 //     output      the final norm's input [N, C] and rstd [N], and the loss gradient dhidden [N, C]; while the
 //                 loss runs also the final norm's output [N, C], losses and lse [N] fp32 and one logits chunk
 //                 of at most LmLoss::max_logits_bytes (1 GiB): rows × V × a.
+//     sequence parallel (tp ranks): the norms' inputs and rstd, a chunk's input, the final norm's input and rstd and
+//                 dhidden hold N/tp rows; the gathered inputs of attention, the MLP and the output layer hold N.
 //     peak        the larger of: everything saved plus the output layer's transients at the loss; with full
 //                 recompute, the layers below a chunk plus the chunk's layers whole while backward recomputes
 //                 it (or forward builds it).
@@ -48,11 +50,18 @@ struct ActivationEstimate {
   int64_t peak_bytes = 0;          // the most held at once (see above)
 };
 
+// sequence_parallel_ranks: under sequence parallelism (tensor_model_parallel_size ranks) each rank holds 1/tp of the
+// residual stream's rows: the norms' inputs and rstd, a chunk's input, dhidden; the gathered inputs of attention
+// and the MLP stay whole.
 ActivationEstimate estimate_activations(const ModelArgs& args, int64_t micro_batch_size, int64_t seq_length,
-                                        DType activation_dtype, const RecomputeConfig& recompute);
+                                        DType activation_dtype, const RecomputeConfig& recompute,
+                                        int64_t sequence_parallel_ranks = 1);
 
 struct MemoryPlan {
   ModelArgs model;  // what the plan is for (vocab_size resolved)
+  // One rank's share of it that the activations were estimated for: its tensor-parallel slices, its stage's layers.
+  ModelArgs rank_model;
+  int64_t sequence_parallel_ranks = 1;  // tensor_model_parallel_size under sequence_parallel, else 1
   TrainingArgs train;
   std::string device;  // "cuda:0", "cpu"
   int64_t parameters = 0;

@@ -30,34 +30,65 @@ std::vector<DeviceBatch> to_device(const std::vector<Batch>& batches, Device dev
   return out;
 }
 
-// Hidden states and gradients that arrived, by (micro-batch, chunk that consumes it, gradient).
-using Inbox = std::map<std::tuple<int, int, bool>, Tensor>;
+// A stage's transfers during one step. A tick's transfers start after its computation without waiting for the
+// peers (Communicator::start_batch_send_recv); a computation waits only for its own input. So a stage never waits for
+// a peer to take what it sent, only for what it needs, and the stages run ahead of each other as far as the schedule's
+// dependencies allow instead of in lockstep (the interleaved schedule's bubble depends on it: docs/perf/).
+class StageMailbox {
+ public:
+  StageMailbox(const Pipeline& pipeline, Shape hidden_shape, DType dtype, Device device)
+      : pipeline_(pipeline), shape_(std::move(hidden_shape)), dtype_(dtype), device_(device) {}
 
-Tensor take(Inbox& inbox, int micro_batch, int chunk, bool gradient, int stage) {
-  const auto it = inbox.find({micro_batch, chunk, gradient});
-  PRIMUS_CHECK(it != inbox.end(), "[pipeline] stage {}: the {} of micro-batch {} for chunk {} has not arrived", stage,
-               gradient ? "gradient" : "activation", micro_batch, chunk);
-  Tensor t = it->second;
-  inbox.erase(it);
-  return t;
-}
+  // The activation or gradient of `micro_batch` for `chunk`, once it has landed.
+  Tensor take(int micro_batch, int chunk, bool gradient) {
+    const auto it = inbox_.find({micro_batch, chunk, gradient});
+    PRIMUS_CHECK(it != inbox_.end(), "[pipeline] stage {}: the {} of micro-batch {} for chunk {} was never posted",
+                 pipeline_.stage(), gradient ? "gradient" : "activation", micro_batch, chunk);
+    Arrival arrival = std::move(it->second);
+    inbox_.erase(it);
+    arrival.pending->wait_receives();
+    return arrival.tensor;
+  }
 
-// The tick's transfers: its sends, and fresh buffers for its receives (filed in the inbox).
-void exchange(const Pipeline& pipeline, const PipelineTick& tick, const Tensor& outgoing, Inbox& inbox,
-              const Shape& hidden_shape, DType dtype, Device device) {
-  if (tick.sends.empty() && tick.recvs.empty()) return;
-  std::vector<PeerTransfer> sends, recvs;
-  for (const PipelineTransfer& t : tick.sends) {
-    PRIMUS_CHECK(outgoing.defined(), "[pipeline] stage {}: nothing to send to stage {}", pipeline.stage(), t.peer);
-    sends.push_back({outgoing, t.peer, t.tag});
+  // Starts the tick's sends of `outgoing` and its receives into fresh buffers.
+  void post(const PipelineTick& tick, const Tensor& outgoing) {
+    if (tick.sends.empty() && tick.recvs.empty()) return;
+    std::vector<PeerTransfer> sends, recvs;
+    for (const PipelineTransfer& t : tick.sends) {
+      PRIMUS_CHECK(outgoing.defined(), "[pipeline] stage {}: nothing to send to stage {}", pipeline_.stage(), t.peer);
+      sends.push_back({outgoing, t.peer, t.tag});
+    }
+    for (const PipelineTransfer& t : tick.recvs) {
+      recvs.push_back({Tensor::empty(shape_, dtype_, device_), t.peer, t.tag});
+    }
+    std::shared_ptr<PendingTransfers> pending = pipeline_.stages->start_batch_send_recv(sends, recvs);
+    for (size_t i = 0; i < tick.recvs.size(); ++i) {
+      const PipelineTransfer& t = tick.recvs[i];
+      inbox_[{t.micro_batch, t.chunk, t.gradient}] = Arrival{recvs[i].tensor, pending};
+    }
+    if (!sends.empty()) in_flight_.push_back({outgoing, std::move(pending)});
   }
-  for (const PipelineTransfer& t : tick.recvs) {
-    Tensor buf = Tensor::empty(hidden_shape, dtype, device);
-    inbox[{t.micro_batch, t.chunk, t.gradient}] = buf;
-    recvs.push_back({buf, t.peer, t.tag});
+
+  // Waits for the peers to have taken every send; every receive must have been taken.
+  void finish() {
+    for (Arrival& sent : in_flight_) sent.pending->wait();
+    in_flight_.clear();
+    PRIMUS_CHECK(inbox_.empty(), "[pipeline] stage {}: {} transfers left unused after the step", pipeline_.stage(),
+                 inbox_.size());
   }
-  pipeline.stages->batch_send_recv(sends, recvs);
-}
+
+ private:
+  struct Arrival {
+    Tensor tensor;  // received into, or sent from (kept alive until the peer has it)
+    std::shared_ptr<PendingTransfers> pending;
+  };
+  const Pipeline& pipeline_;
+  Shape shape_;
+  DType dtype_;
+  Device device_;
+  std::map<std::tuple<int, int, bool>, Arrival> inbox_;  // by (micro-batch, consuming chunk, gradient)
+  std::vector<Arrival> in_flight_;
+};
 
 std::string span_name(int stage, bool backward, int micro_batch, int chunk) {
   return fmt::format("stage {} {} micro-batch {} chunk {}", stage, backward ? "backward" : "forward", micro_batch,
@@ -91,34 +122,35 @@ void pipeline_forward_backward(Model& model, const Pipeline& pipeline, const std
   const PipelineSchedule schedule = make_pipeline_schedule(PipelineScheduleSpec{
       pipeline.stages->size(), model.num_chunks(), static_cast<int>(batches.size()), false});
   const std::vector<DeviceBatch> inputs = to_device(batches, model.device());
-  const Shape shape = hidden_shape(model, inputs.front().tokens);  // every micro-batch's hidden state
-  Inbox inbox;
+  // Every micro-batch's hidden state has one shape.
+  StageMailbox mailbox(pipeline, hidden_shape(model, inputs.front().tokens), model.compute_dtype(), model.device());
   std::map<std::pair<int, int>, std::unique_ptr<MicroBatchContext>> contexts;  // (micro-batch, chunk)
   for (const PipelineTick& tick : schedule.stages[static_cast<size_t>(stage)]) {
     Tensor outgoing;
     if (tick.compute) {
       const PipelineCompute& c = *tick.compute;
       const DeviceBatch& in = inputs[static_cast<size_t>(c.micro_batch)];
-      const ops::ProfileScope scope(span_name(stage, c.backward, c.micro_batch, c.chunk));
       if (!c.backward) {
         const bool embeds = stage == 0 && c.chunk == 0;
-        const Tensor input = embeds ? Tensor() : take(inbox, c.micro_batch, c.chunk, false, stage);
+        const Tensor input = embeds ? Tensor() : mailbox.take(c.micro_batch, c.chunk, false);
+        const ops::ProfileScope scope(span_name(stage, false, c.micro_batch, c.chunk));
         contexts[{c.micro_batch, c.chunk}] =
             model.forward_chunk(c.chunk, in.tokens, in.labels, input, grad_scale, loss_sum, outgoing, in.packed);
       } else {
         const bool loss_chunk = pipeline.last() && c.chunk + 1 == model.num_chunks();
-        const Tensor grad = loss_chunk ? Tensor() : take(inbox, c.micro_batch, c.chunk, true, stage);
+        const Tensor grad = loss_chunk ? Tensor() : mailbox.take(c.micro_batch, c.chunk, true);
         auto it = contexts.find({c.micro_batch, c.chunk});
         PRIMUS_CHECK(it != contexts.end(), "[pipeline] stage {}: backward of micro-batch {} chunk {} before its forward",
                      stage, c.micro_batch, c.chunk);
+        const ops::ProfileScope scope(span_name(stage, true, c.micro_batch, c.chunk));
         outgoing = model.backward_chunk(*it->second, grad);
         contexts.erase(it);
       }
     }
-    exchange(pipeline, tick, outgoing, inbox, shape, model.compute_dtype(), model.device());
+    mailbox.post(tick, outgoing);
   }
-  PRIMUS_CHECK(contexts.empty() && inbox.empty(), "[pipeline] stage {}: {} contexts and {} transfers left after the step",
-               stage, contexts.size(), inbox.size());
+  mailbox.finish();
+  PRIMUS_CHECK(contexts.empty(), "[pipeline] stage {}: {} contexts left after the step", stage, contexts.size());
 }
 
 LossSum pipeline_evaluate(Model& model, const Pipeline& pipeline, const std::vector<Batch>& batches) {
@@ -126,23 +158,23 @@ LossSum pipeline_evaluate(Model& model, const Pipeline& pipeline, const std::vec
   const PipelineSchedule schedule = make_pipeline_schedule(PipelineScheduleSpec{
       pipeline.stages->size(), model.num_chunks(), static_cast<int>(batches.size()), true});
   const std::vector<DeviceBatch> inputs = to_device(batches, model.device());
-  Inbox inbox;
+  StageMailbox mailbox(pipeline, hidden_shape(model, inputs.front().tokens), model.compute_dtype(), model.device());
   LossSum total;
   for (const PipelineTick& tick : schedule.stages[static_cast<size_t>(stage)]) {
     Tensor outgoing;
     if (tick.compute) {
       const PipelineCompute& c = *tick.compute;
       const DeviceBatch& in = inputs[static_cast<size_t>(c.micro_batch)];
+      const Tensor input = stage == 0 && c.chunk == 0 ? Tensor() : mailbox.take(c.micro_batch, c.chunk, false);
       const ops::ProfileScope scope(span_name(stage, false, c.micro_batch, c.chunk));
-      const Tensor input = stage == 0 && c.chunk == 0 ? Tensor() : take(inbox, c.micro_batch, c.chunk, false, stage);
       LossSum loss;
-      outgoing = model.evaluate_chunk(c.chunk, in.tokens, in.labels, input, loss);
+      outgoing = model.evaluate_chunk(c.chunk, in.tokens, in.labels, input, loss, in.packed);
       total.loss_sum += loss.loss_sum;
       total.tokens += loss.tokens;
     }
-    exchange(pipeline, tick, outgoing, inbox, hidden_shape(model, inputs.front().tokens), model.compute_dtype(),
-             model.device());
+    mailbox.post(tick, outgoing);
   }
+  mailbox.finish();
   // The losses from the last stage; the token counts every stage knows from its labels.
   Tensor loss = Tensor::empty({1}, DType::kF32);
   loss.f32()[0] = static_cast<float>(total.loss_sum);

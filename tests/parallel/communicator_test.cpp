@@ -153,7 +153,7 @@ void tagged_ring(int size, bool base) {
                                     {Tensor::empty({3}, DType::kF32), next, 3},
                                     {Tensor::empty({5}, DType::kF32), next, 4}};
     if (base) {
-      comm->Communicator::batch_send_recv(sends, recvs);
+      comm->Communicator::start_batch_send_recv(sends, recvs)->wait();
     } else {
       comm->batch_send_recv(sends, recvs);
     }
@@ -178,6 +178,50 @@ TEST(Communicator, TaggedBatchesPairByTagOnTwoAndThreeRanks) {
 TEST(Communicator, TheDefaultBatchOrdersPairsWithoutDeadlock) {
   tagged_ring(2, true);
   tagged_ring(3, true);
+}
+
+// A started batch returns without waiting for the peer, and its receives can be waited for apart from its sends:
+// rank 0 starts a batch that sends to rank 1 and receives from it; rank 1 sends at once but posts its receive only
+// after a pause. Rank 0's start and wait_receives must return before that pause is over, its wait after.
+TEST(Communicator, StartedBatchesWaitOnlyForWhatIsWaitedFor) {
+  const int port = testing::free_port();
+  constexpr auto kPause = 1500ms;
+  auto results = run_ranks(2, 60s, [&](int rank) -> std::string {
+    auto comm = make_world_communicator(torchrun_env(rank, 2, port), kCpuDevice, 20s);
+    Tensor out = Tensor::empty({1000}, DType::kF32), in = Tensor::empty({1000}, DType::kF32);
+    for (int64_t k = 0; k < out.numel(); ++k) out.f32()[k] = static_cast<float>(rank * 10000 + k);
+    auto expect_received = [&](int from) {
+      for (int64_t k = 0; k < in.numel(); ++k) {
+        if (in.f32()[k] != static_cast<float>(from * 10000 + k)) {
+          throw std::runtime_error(fmt::format("rank {}: element {} is {}", rank, k, in.f32()[k]));
+        }
+      }
+    };
+    comm->barrier();
+    if (rank == 1) {
+      auto sent = comm->start_batch_send_recv({PeerTransfer{out, 0, 5}}, {});
+      std::this_thread::sleep_for(kPause);
+      comm->batch_send_recv({}, {PeerTransfer{in, 0, 6}});
+      sent->wait();
+      expect_received(0);
+      return std::string();
+    }
+    const Clock::time_point start = Clock::now();
+    auto pending = comm->start_batch_send_recv({PeerTransfer{out, 1, 6}}, {PeerTransfer{in, 1, 5}});
+    const double started = seconds_since(start);
+    pending->wait_receives();
+    const double received = seconds_since(start);
+    expect_received(1);
+    pending->wait();
+    const double sent = seconds_since(start);
+    if (started > 0.5 || received > 0.5 || sent < 1.0) {
+      throw std::runtime_error(fmt::format("start returned after {:.2f} s, wait_receives after {:.2f} s, wait after "
+                                           "{:.2f} s (the peer posted its receive after 1.5 s)",
+                                           started, received, sent));
+    }
+    return std::string();
+  });
+  expect_all_ok(results, 0);
 }
 
 TEST(Communicator, BatchWaitingForAnAbsentPeerNamesItsTransfers) {

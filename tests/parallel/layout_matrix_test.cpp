@@ -12,6 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "core/rng.h"
+#include "data/indexed_dataset.h"
+#include "data/tokenizer.h"
 #include "support/test_support.h"
 #include "support/training_job.h"
 
@@ -71,6 +74,38 @@ TEST_P(LayoutMatrix, EqualsOneRank) {
 
 INSTANTIATE_TEST_SUITE_P(Layouts, LayoutMatrix, ::testing::ValuesIn(kLayouts),
                          [](const ::testing::TestParamInfo<Layout>& info) { return std::string(info.param.name); });
+
+// 600 documents of 5 to 34 random bytes, each ending with the byte tokenizer's EOD (256): a sample of 32 tokens holds
+// one or two document boundaries.
+std::string write_documents(const std::string& prefix) {
+  Rng rng(53);
+  IndexedDatasetWriter writer(prefix, TokenDType::kU16);
+  for (int d = 0; d < 600; ++d) {
+    std::vector<int32_t> doc(static_cast<size_t>(5 + rng.below(30)));
+    for (int32_t& id : doc) id = static_cast<int32_t>(rng.below(256));
+    doc.push_back(ByteLevelTokenizer::kEodId);
+    writer.add_document(doc);
+  }
+  writer.finish();
+  return prefix;
+}
+
+// Packed documents through sequence parallelism and the interleaved pipeline: the masks and positions follow each
+// micro-batch to every stage and each rank's rows. The control: packing changes the one-rank run, so the masks act.
+TEST(LayoutMatrixPackedDocuments, Tp2SpPp2InterleavedEqualsOneRank) {
+  const std::string data = write_documents(testing::temp_dir("matrix_documents") + "/documents");
+  const std::vector<std::string> documents = with(kShape, {"mock_data=false", "data_path=" + data, "split=90,10,0"});
+  const std::vector<std::string> packed{"reset_attention_mask=true", "reset_position_ids=true", "eod_mask_loss=true"};
+  const RunResult plain = testing::train("matrix_unpacked_single", 1, documents);
+  const RunResult single = testing::train("matrix_packed_single", 1, with(documents, packed));
+  if (HasFatalFailure()) return;
+  ASSERT_EQ(plain.losses.size(), single.losses.size());
+  EXPECT_NE(plain.losses, single.losses) << "packing changed nothing";
+  const RunResult run = testing::train("matrix_packed_tp2_sp_pp2_interleaved", 4,
+                                       with(documents, with(packed, with(tp(2), with(kSp, with(pp(2), kVirtual))))));
+  if (HasFatalFailure()) return;
+  testing::expect_same_run(single, run, "packed documents at tp2_sp_pp2_interleaved on 4 ranks");
+}
 
 TEST(LayoutMatrixCheckpoints, Tp2Pp2Dp2ResumesAtOneRankAtTp4AndAtPp4) {
   testing::expect_resumes("matrix_reshard", kShape, 8, with(tp(2), with(pp(2), kDistOpt)),

@@ -136,6 +136,40 @@ TEST(MemoryEstimate, MatchesAHandComputationForATinyModel) {
   EXPECT_EQ(bf16.layer_bytes, 32 * 368 + 384);
 }
 
+// Sequence parallelism over 2 ranks: the tiny model's tensor-parallel half (2 q heads and 1 kv head of 8, F 24, V 25)
+// holds 8 of the 16 rows of the residual stream.
+TEST(MemoryEstimate, SequenceParallelRanksHoldTheirRowsOfTheResidualStream) {
+  ModelArgs half = testing::tiny_llama_args();
+  half.num_attention_heads = 2;
+  half.num_query_groups = 1;
+  half.ffn_hidden_size = 24;
+  half.vocab_size = 25;
+  // A layer: 8 rows x 4 bytes x 2·32 [the norms' inputs] + 16 x 4 x (2·32 [attention and MLP inputs, gathered]
+  // + 2·2·8 [q, out] + 2·1·8 [k, v] + 3·24) + 4 x (2·8 [rstd] + 16·2 [lse]) = 2048 + 11776 + 192 = 14,016.
+  const ActivationEstimate sp = estimate_activations(half, 2, 8, DType::kF32, recompute(G::kNone), 2);
+  EXPECT_EQ(sp.layer_bytes, 14016);
+  // Saved: 2 layers + the final norm's input (8·32·4 = 1024) and rstd (32) + dhidden (1024) = 30,112.
+  EXPECT_EQ(sp.saved_bytes, 30112);
+  // Peak at the loss: + the gathered final norm output 16·32·4 = 2048, logits 16·25·4 = 1600, losses and lse 128.
+  EXPECT_EQ(sp.peak_bytes, 33888);
+  // Without sequence parallelism every rank holds all 16 rows: 2048 + 64 more per layer.
+  EXPECT_EQ(estimate_activations(half, 2, 8, DType::kF32, recompute(G::kNone)).layer_bytes, 14016 + 2112);
+
+  // The plan passes the split on: tensor_model_parallel_size 2 with sequence_parallel.
+  TrainingArgs t;
+  t.micro_batch_size = 2;
+  t.seq_length = 8;
+  t.tensor_model_parallel_size = 2;
+  const ModelArgs whole = testing::tiny_llama_args();
+  const MemoryPlan without = plan_memory(whole, t, kCpuDevice, DType::kF32);
+  t.sequence_parallel = true;
+  const MemoryPlan with = plan_memory(whole, t, kCpuDevice, DType::kF32);
+  const ModelArgs rank = tensor_parallel_shapes(whole, 2);
+  EXPECT_EQ(with.activations.peak_bytes,
+            estimate_activations(rank, 2, 8, DType::kF32, RecomputeConfig::from(t), 2).peak_bytes);
+  EXPECT_LT(with.activations.peak_bytes, without.activations.peak_bytes);
+}
+
 // The estimate against what the CPU engine holds: after forward exactly what forward keeps; at the peak at
 // least the estimate, and above it only by the gradient temporaries of one layer's backward.
 TEST(MemoryEstimate, MatchesTheBytesTheEngineHolds) {

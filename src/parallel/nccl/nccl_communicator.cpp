@@ -228,9 +228,11 @@ class NcclCommunicator final : public Communicator {
   }
 
   // One group of every send and receive on the stream: NCCL matches a pair's transfers in the order they were
-  // issued, and both sides list them in the order of their tags (the sender's sends, the receiver's receives).
-  void batch_send_recv(const std::vector<PeerTransfer>& sends, const std::vector<PeerTransfer>& recvs,
-                       Stream stream) override {
+  // issued, and both sides list them in the order of their tags (the sender's sends, the receiver's receives). The
+  // stream orders them against later work (communicator.h), so the batch is complete as far as the host is concerned.
+  std::unique_ptr<PendingTransfers> start_batch_send_recv(const std::vector<PeerTransfer>& sends,
+                                                          const std::vector<PeerTransfer>& recvs,
+                                                          Stream stream) override {
     check_usable("batch_send_recv");
     std::vector<const Tensor*> buffers;
     for (const PeerTransfer& t : sends) {
@@ -243,7 +245,7 @@ class NcclCommunicator final : public Communicator {
       check_point_to_point_peer(t.peer, "batch_send_recv");
       buffers.push_back(&t.tensor);
     }
-    if (buffers.empty()) return;
+    if (buffers.empty()) return std::make_unique<CompletedTransfers>();
     auto by_tag = [](const PeerTransfer& a, const PeerTransfer& b) { return a.tag < b.tag; };
     std::vector<PeerTransfer> ordered_sends = sends, ordered_recvs = recvs;
     std::stable_sort(ordered_sends.begin(), ordered_sends.end(), by_tag);
@@ -265,6 +267,7 @@ class NcclCommunicator final : public Communicator {
                                  t.peer, comm_, s));
     }
     PRIMUS_NCCL_CHECK(ncclGroupEnd());
+    return std::make_unique<CompletedTransfers>();
   }
 
   // A one-element all-reduce on the compute stream, then a host wait on its event with the deadline: the
