@@ -235,14 +235,15 @@ OpCase embedding_vocab_parallel_case(int ranks) {
 
 // ---- rmsnorm ---------------------------------------------------------------------------------------------------
 
-// x [1, n, 2, C] normalised over C (Qwen3's q/k norm over heads), or x [n, C] of a wide row; eps 1e-5.
+// x [1, n, 2, 40] normalised over the last dimension (Qwen3's q/k norm over heads), or three wide rows x [3, 2000 + n]
+// (a model's width, awkward by the size); eps 1e-5.
 OpCase rmsnorm_case(bool wide) {
   const double eps = 1e-5;
   OpCase c;
   c.name = wide ? "rmsnorm_wide" : "rmsnorm";
   c.make_inputs = [=](int64_t n, Rng& rng) {
     const int64_t width = wide ? 2000 + n : 40;
-    return std::vector<Input>{act("x", random_tensor(wide ? Shape{n, width} : Shape{1, n, 2, width}, rng, 2.0f)),
+    return std::vector<Input>{act("x", random_tensor(wide ? Shape{3, width} : Shape{1, n, 2, width}, rng, 2.0f)),
                               act("w", random_tensor({width}, rng))};
   };
   c.forward = [=](const Tensors& in, OpEnv& env) {
@@ -910,6 +911,10 @@ std::vector<OpCase> build_cases() {
       return Tensors{{"out", all["out"]}, {"lse", all["lse"]}, {"dv", all["dv"]}};
     };
     large.reference_tol = 1e-4;  // scores of ~300 rounded to fp32 move each p by ~300 · 2^-24 ≈ 2e-5
+    // On devices in f32 only, with the same conditioning allowance for dq and dk (bf16 inputs at this scale would
+    // test cuDNN's rounding of a saturated P, not overflow).
+    large.dtypes = {DType::kF32};
+    large.device_tol.f32 = 1e-3;
     cases.push_back(large);
   }
   cases.push_back(attention_blocks_merged_case("attention_blocks_merged", {1, 4, 2, 8}));
