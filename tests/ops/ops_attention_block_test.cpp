@@ -1,9 +1,9 @@
 // Ring attention's ops on the CPU backend: a query block against a key/value block (causal or unmasked) with its
 // log-sum-exp, the merge of partial results through their log-sum-exps, and the backward of a block from the merged
-// output and log-sum-exp. Checked against a naive double-precision reference, and against the whole causal attention
-// that the blocks of a sequence split in two (as the load-balanced split of context parallelism cuts it) make up:
-// merged forward blocks must give the whole's out and lse, and the blocks' gradient contributions must sum to the
-// whole's dq, dk and dv. GQA (Hq 6, Hkv 2) and plain heads; outputs are poisoned with NaN first.
+// output and log-sum-exp (each op alone: the attention_block_* cases of support/op_cases.cpp). Checked here against
+// the whole causal attention that the blocks of a sequence split in two (as the load-balanced split of context
+// parallelism cuts it) make up: merged forward blocks must give the whole's out and lse, and the blocks' gradient
+// contributions must sum to the whole's dq, dk and dv. GQA (Hq 6, Hkv 2) and plain heads; outputs are poisoned with NaN first.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -90,95 +90,9 @@ Tensor sum(const Tensor& a, const Tensor& b) {
   return s;
 }
 
-struct Reference {
-  std::vector<double> out, lse, dq, dk, dv;
-};
-
-// In double, row by row: query t of the block attends to keys j ≤ t (causal) or to all keys of the block; the
-// softmax gradient (backward) from the block's own probabilities.
-Reference block_reference(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout, bool causal) {
-  const int64_t B = q.dim(0), T = q.dim(1), hq = q.dim(2), hkv = k.dim(2), D = q.dim(3);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
-  auto at = [&](const Tensor& x, int64_t b, int64_t t, int64_t h, int64_t i) {
-    return static_cast<double>(x.f32()[((b * T + t) * x.dim(2) + h) * D + i]);
-  };
-  Reference r;
-  r.out.assign(q.numel(), 0.0);
-  r.dq.assign(q.numel(), 0.0);
-  r.dk.assign(k.numel(), 0.0);
-  r.dv.assign(k.numel(), 0.0);
-  r.lse.assign(B * hq * T, 0.0);
-  std::vector<double> s(T), p(T), dp(T);
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t h = 0; h < hq; ++h) {
-      const int64_t kvh = h / (hq / hkv);
-      for (int64_t t = 0; t < T; ++t) {
-        const int64_t end = causal ? t + 1 : T;
-        double max = -1e300;
-        for (int64_t j = 0; j < end; ++j) {
-          s[j] = 0.0;
-          for (int64_t i = 0; i < D; ++i) s[j] += at(q, b, t, h, i) * at(k, b, j, kvh, i);
-          s[j] *= scale;
-          max = std::max(max, s[j]);
-        }
-        double total = 0.0;
-        for (int64_t j = 0; j < end; ++j) total += std::exp(s[j] - max);
-        r.lse[(b * hq + h) * T + t] = max + std::log(total);
-        const int64_t orow = ((b * T + t) * hq + h) * D;
-        double delta = 0.0;
-        for (int64_t j = 0; j < end; ++j) {
-          p[j] = std::exp(s[j] - max) / total;
-          dp[j] = 0.0;
-          for (int64_t i = 0; i < D; ++i) {
-            r.out[orow + i] += p[j] * at(v, b, j, kvh, i);
-            dp[j] += at(dout, b, t, h, i) * at(v, b, j, kvh, i);
-          }
-          delta += p[j] * dp[j];
-        }
-        for (int64_t j = 0; j < end; ++j) {
-          const double ds = p[j] * (dp[j] - delta);
-          const int64_t krow = ((b * T + j) * hkv + kvh) * D;
-          for (int64_t i = 0; i < D; ++i) {
-            r.dq[orow + i] += scale * ds * at(k, b, j, kvh, i);
-            r.dk[krow + i] += scale * ds * at(q, b, t, h, i);
-            r.dv[krow + i] += p[j] * at(dout, b, t, h, i);
-          }
-        }
-      }
-    }
-  }
-  return r;
-}
-
 struct Heads {
   int64_t hq, hkv;
 };
-
-TEST(OpsAttentionBlock, UnmaskedAndCausalBlocksMatchNaiveReference) {
-  Rng rng(901);
-  for (const Heads heads : {Heads{6, 2}, Heads{3, 3}}) {
-    for (const int64_t T : {1, 13}) {
-      for (const bool causal : {false, true}) {
-        SCOPED_TRACE(fmt::format("Hq={} Hkv={} T={} {}", heads.hq, heads.hkv, T, causal ? "causal" : "unmasked"));
-        const int64_t B = 2, D = 8;
-        const AttentionMask mask = causal ? AttentionMask::kCausal : AttentionMask::kNone;
-        Tensor q = random_tensor({B, T, heads.hq, D}, rng), k = random_tensor({B, T, heads.hkv, D}, rng);
-        Tensor v = random_tensor(k.shape(), rng), dout = random_tensor(q.shape(), rng);
-        Tensor out = poisoned(q.shape()), lse = poisoned({B, heads.hq, T});
-        ops::attention_block_forward(q, k, v, mask, out, lse);
-        const Reference want = block_reference(q, k, v, dout, causal);
-        EXPECT_LE(relative_error(out, want.out), 1e-5);
-        EXPECT_LE(relative_error(lse, want.lse), 1e-6);
-        Tensor dq = poisoned(q.shape()), dk = poisoned(k.shape()), dv = poisoned(k.shape());
-        ops::attention_block_backward(q, k, v, mask, out, lse, dout, dq, dk, dv);
-        const double floor = T == 1 ? 1.0 : 1e-30;
-        EXPECT_LE(relative_error(dq, want.dq, floor), 1e-5) << "dq";
-        EXPECT_LE(relative_error(dk, want.dk, floor), 1e-5) << "dk";
-        EXPECT_LE(relative_error(dv, want.dv), 1e-5) << "dv";
-      }
-    }
-  }
-}
 
 // The causal attention of a sequence of 2C tokens from blocks of C, as the load-balanced split cuts it (the first
 // half against itself, causal; the second half against the first, unmasked, then against itself, causal), merged in
