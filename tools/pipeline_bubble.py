@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
-"""The pipeline bubble of a profiled run, read off its Perfetto traces (docs/parallel.md, pipeline parallelism).
+"""The pipeline bubble of a profiled run, read off its Perfetto traces (docs/perf/pipeline-bubble.md).
 
 Usage: tools/pipeline_bubble.py RUN_DIR/profile [--stages P --micro-batches M [--virtual V]]
 
-For every rank's trace (trace_rank<R>.json, written with profile: true and profile_ranks naming the ranks) and every
-profiled step, the host track's "pipeline" span is the schedule's wall time and the spans "stage S forward|backward
-micro-batch M chunk C" inside it are the stage's compute; the bubble is the rest, as a fraction of the compute:
-(wall - compute) / compute, which Megatron's formula puts at (p - 1) / m for 1F1B and (p - 1) / (v m) interleaved.
-Prints each rank's per-step fractions and the mean, and the formula's value when the layout is given.
+Every rank's trace (trace_rank<R>.json, written with profile: true and profile_ranks naming every rank) holds, per
+profiled step, a host-track "pipeline" span (the schedule of one global batch on that rank) and the spans
+"stage S forward|backward micro-batch M chunk C" (that rank's compute; waits for inputs lie outside them). The ranks
+of one host share its monotonic clock (otherData.host_monotonic_origin_us), so a step's flush is laid out across
+them: from the earliest rank's start of the step to the latest rank's end, the time every stage is held for, as in
+Megatron's formula. A rank's bubble is the rest of the flush beyond its compute, as a fraction of the compute:
+(flush - compute) / compute, which the formula puts at (p - 1) / m for 1F1B and (p - 1) / (v m) interleaved.
+Also printed: the bubble inside the rank's own span (which leaves out waiting for the other stages to start or end).
 """
 import argparse
 import glob
@@ -20,16 +23,20 @@ import sys
 STAGE_SPAN = re.compile(r"^stage \d+ (forward|backward) micro-batch \d+ chunk \d+$")
 
 
-def bubbles(path):
-    events = [e for e in json.load(open(path))["traceEvents"] if e.get("ph") == "X" and e.get("pid") == 1]
-    steps = sorted((e for e in events if e["name"] == "pipeline"), key=lambda e: e["ts"])
+def steps_of(path):
+    """[(begin, end, compute)] per profiled step, in µs on the host's monotonic clock."""
+    doc = json.load(open(path))
+    origin = float(doc.get("otherData", {}).get("host_monotonic_origin_us", "nan"))
+    if origin != origin:
+        sys.exit(f"{path}: no otherData.host_monotonic_origin_us (a trace from before it was recorded)")
+    events = [e for e in doc["traceEvents"] if e.get("ph") == "X" and e.get("pid") == 1]
     out = []
-    for step in steps:
+    for step in sorted((e for e in events if e["name"] == "pipeline"), key=lambda e: e["ts"]):
         begin, end = step["ts"], step["ts"] + step["dur"]
         compute = sum(e["dur"] for e in events
                       if STAGE_SPAN.match(e["name"]) and begin <= e["ts"] and e["ts"] + e["dur"] <= end)
         if compute > 0:
-            out.append((step["dur"] - compute) / compute)
+            out.append((origin + begin, origin + end, compute))
     return out
 
 
@@ -44,18 +51,22 @@ def main():
                    key=lambda p: int(re.search(r"(\d+)\.json$", p).group(1)))
     if not paths:
         sys.exit(f"{args.profile_dir}: no trace_rank*.json (profile: true, profile_ranks naming every rank)")
+    ranks = [steps_of(p) for p in paths]
+    if any(not r for r in ranks):
+        sys.exit("a trace has no 'pipeline' span with stage spans inside (pipeline_model_parallel_size > 1?)")
+    steps = min(len(r) for r in ranks)
+    flush = [max(r[k][1] for r in ranks) - min(r[k][0] for r in ranks) for k in range(steps)]
     means = []
-    for path in paths:
-        fractions = bubbles(path)
-        if not fractions:
-            sys.exit(f"{path}: no 'pipeline' span with stage spans inside (pipeline_model_parallel_size > 1?)")
+    for path, r in zip(paths, ranks):
+        fractions = [(flush[k] - r[k][2]) / r[k][2] for k in range(steps)]
+        own = [(r[k][1] - r[k][0] - r[k][2]) / r[k][2] for k in range(steps)]
         means.append(statistics.mean(fractions))
         print(f"{os.path.basename(path)}: bubble {means[-1]:.3f} of compute "
-              f"(steps: {', '.join(f'{f:.3f}' for f in fractions)})")
-    print(f"mean over ranks: {statistics.mean(means):.3f}")
+              f"(steps: {', '.join(f'{f:.3f}' for f in fractions)}; inside its own span {statistics.mean(own):.3f})")
+    mean = statistics.mean(means)
+    print(f"mean over ranks: {mean:.3f}")
     if args.stages and args.micro_batches:
         expected = (args.stages - 1) / (args.virtual * args.micro_batches)
-        mean = statistics.mean(means)
         print(f"formula (p-1)/(v m) = ({args.stages}-1)/({args.virtual}*{args.micro_batches}) = {expected:.3f}; "
               f"measured/formula = {mean / expected:.2f}")
 

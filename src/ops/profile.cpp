@@ -135,7 +135,13 @@ int64_t Trace::stop_and_write(const std::string& path) {
     }
     t.spans.clear();
   }
-  const nlohmann::json doc = {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}};
+  // Where ts 0 lies on the host's monotonic clock (µs): the ranks of one host share that clock, so their traces can
+  // be laid side by side (tools/pipeline_bubble.py measures a pipeline flush across the stages so).
+  const nlohmann::json other = {
+      {"host_monotonic_origin_us",
+       fmt::format("{}", std::chrono::duration_cast<std::chrono::microseconds>(t.host_start.time_since_epoch())
+                             .count())}};
+  const nlohmann::json doc = {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}, {"otherData", other}};
   write_file_atomic(path, doc.dump());
   t.records.clear();
   t.device_start.reset();
