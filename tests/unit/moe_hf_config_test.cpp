@@ -1,0 +1,93 @@
+// config.json of the MoE families: Mixtral's and Qwen3-MoE's fields written and read back to the same model, the
+// published Qwen3-30B-A3B style file read as Megatron's keys, and routing Hugging Face's config cannot state refused
+// naming the key.
+#include <gtest/gtest.h>
+
+#include "checkpoint/hf_config.h"
+#include "core/error.h"
+#include "models/model.h"
+#include "support/test_support.h"
+#include "support/tiny_models.h"
+
+namespace primus {
+namespace {
+
+using nlohmann::json;
+
+ModelArgs mixtral() {
+  ModelArgs a = testing::tiny_llama_args();
+  a.num_experts = 4;
+  a.moe_router_topk = 2;
+  a.moe_ffn_hidden_size = a.ffn_hidden_size;
+  a.moe_aux_loss_coeff = 0.02;
+  return a;
+}
+
+ModelArgs qwen3_moe() {
+  ModelArgs a = testing::tiny_qwen3_args();
+  a.num_layers = 3;
+  a.num_experts = 8;
+  a.moe_router_topk = 3;
+  a.moe_ffn_hidden_size = 16;
+  a.moe_first_k_dense_replace = 1;
+  a.moe_router_pre_softmax = true;
+  return a;
+}
+
+TEST(MoeHfConfig, MixtralRoundTrip) {
+  const json j = hf_config_from_model(mixtral());
+  EXPECT_EQ(j.at("model_type"), "mixtral");
+  EXPECT_EQ(j.at("architectures").at(0), "MixtralForCausalLM");
+  EXPECT_EQ(j.at("num_local_experts"), 4);
+  EXPECT_EQ(j.at("num_experts_per_tok"), 2);
+  const ModelArgs back = model_args_from_hf_config(j, "config.json");
+  EXPECT_EQ(back.num_experts, 4);
+  EXPECT_EQ(back.moe_router_topk, 2);
+  EXPECT_EQ(back.moe_ffn_hidden_size, mixtral().ffn_hidden_size);
+  EXPECT_DOUBLE_EQ(back.moe_aux_loss_coeff, 0.02);
+  EXPECT_NO_THROW(require_same_model(back, mixtral(), "config.json"));
+}
+
+TEST(MoeHfConfig, Qwen3MoeRoundTripKeepsDenseLayersAndNormTopkProb) {
+  const json j = hf_config_from_model(qwen3_moe());
+  EXPECT_EQ(j.at("model_type"), "qwen3_moe");
+  EXPECT_EQ(j.at("norm_topk_prob"), false);
+  EXPECT_EQ(j.at("mlp_only_layers"), json::array({0}));
+  const ModelArgs back = model_args_from_hf_config(j, "config.json");
+  for (int64_t i = 0; i < 3; ++i) EXPECT_EQ(back.is_moe_layer(i), qwen3_moe().is_moe_layer(i)) << i;
+  EXPECT_TRUE(back.moe_router_pre_softmax);
+  EXPECT_EQ(model_family_name(back), "qwen3_moe");
+  EXPECT_NO_THROW(require_same_model(back, qwen3_moe(), "config.json"));
+  ModelArgs other = qwen3_moe();
+  other.num_experts = 16;
+  EXPECT_NE(testing::message_of<UsageError>([&] { require_same_model(back, other, "config.json"); }).find("num_experts is 8"),
+            std::string::npos);
+}
+
+TEST(MoeHfConfig, PublishedQwen3MoeFieldsReadAsMegatronKeys) {
+  const json j = {{"model_type", "qwen3_moe"}, {"hidden_size", 2048},          {"intermediate_size", 6144},
+                  {"num_hidden_layers", 48},   {"num_attention_heads", 32},    {"num_key_value_heads", 4},
+                  {"head_dim", 128},           {"vocab_size", 151936},         {"num_experts", 128},
+                  {"num_experts_per_tok", 8},  {"moe_intermediate_size", 768}, {"norm_topk_prob", true},
+                  {"decoder_sparse_step", 1},  {"mlp_only_layers", json::array()}, {"router_aux_loss_coef", 0.001}};
+  const ModelArgs m = model_args_from_hf_config(j, "config.json");
+  EXPECT_EQ(m.num_experts, 128);
+  EXPECT_EQ(m.moe_router_topk, 8);
+  EXPECT_EQ(m.moe_ffn_hidden_size, 768);
+  EXPECT_FALSE(m.moe_router_pre_softmax);
+  for (int64_t i = 0; i < 48; ++i) EXPECT_TRUE(m.is_moe_layer(i));
+}
+
+TEST(MoeHfConfig, RoutingHuggingFaceCannotStateIsRefusedNamingTheKey) {
+  ModelArgs sigmoid = mixtral();
+  sigmoid.moe_router_score_function = "sigmoid";
+  EXPECT_NE(testing::message_of<UsageError>([&] { hf_config_from_model(sigmoid); }).find("moe_router_score_function"),
+            std::string::npos);
+  ModelArgs shared = qwen3_moe();
+  shared.moe_shared_expert_intermediate_size = 32;
+  EXPECT_NE(testing::message_of<UsageError>([&] { hf_config_from_model(shared); }).find("moe_shared_expert_intermediate_size"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace primus
