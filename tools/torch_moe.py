@@ -166,8 +166,9 @@ def run(args):
     (ce + aux_weight * router_losses).backward()
     out = {"loss": np.array(ce.item(), dtype=np.float32),
            "router_losses": np.array(router_losses.item(), dtype=np.float32)}
-    for n, p in params.items():
-        out["grad." + n] = p.grad.detach().numpy().astype(np.float32)
+    for n, p in params.items():  # an expert no token chose is not in the graph: its gradient is zero
+        grad = p.grad if p.grad is not None else torch.zeros_like(p)
+        out["grad." + n] = grad.detach().numpy().astype(np.float32)
     base.write_safetensors(args.out, out)
 
 
