@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include "checkpoint/safetensors.h"
+#include "core/error.h"
 #include "models/llama.h"
 #include "optim/adamw.h"
 #include "support/test_support.h"
@@ -162,6 +163,17 @@ TEST(MoeModel, MatmulParamsCountActiveExperts) {
   const int64_t expert = 3 * moe.moe_ffn_hidden_size * moe.hidden_size;
   EXPECT_EQ(LlamaModel::matmul_params(top_all) - LlamaModel::matmul_params(moe),
             moe.num_layers * (moe.num_experts - moe.moe_router_topk) * expert);
+}
+
+// MoE runs on the CPU engine in fp32 only for now: anything else is refused naming num_experts, never approximated.
+TEST(MoeModel, MixedPrecisionIsRefusedNamingNumExperts) {
+  try {
+    make_model(tiny_mixtral_args(), 8, kCpuDevice, DType::kBF16);
+    FAIL() << "a bf16 MoE model was built";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("num_experts: MoE runs on the CPU engine only"), std::string::npos)
+        << e.what();
+  }
 }
 
 // A short run on one batch: 30 AdamW steps lower the loss well below where it started.

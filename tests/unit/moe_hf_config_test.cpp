@@ -78,14 +78,50 @@ TEST(MoeHfConfig, PublishedQwen3MoeFieldsReadAsMegatronKeys) {
   for (int64_t i = 0; i < 48; ++i) EXPECT_TRUE(m.is_moe_layer(i));
 }
 
-TEST(MoeHfConfig, RoutingHuggingFaceCannotStateIsRefusedNamingTheKey) {
+// Routing Hugging Face's config cannot state: model_type primus_moe (transformers refuses it rather than load another
+// model), and the primus_moe block reads back to exactly the model.
+TEST(MoeHfConfig, RoutingHuggingFaceCannotStateBecomesPrimusMoeAndRoundTrips) {
   ModelArgs sigmoid = mixtral();
+  sigmoid.num_layers = 3;
+  sigmoid.num_experts = 8;
+  sigmoid.moe_layer_freq = {1, 0, 1};
+  sigmoid.moe_ffn_hidden_size = 24;
   sigmoid.moe_router_score_function = "sigmoid";
-  EXPECT_NE(testing::message_of<UsageError>([&] { hf_config_from_model(sigmoid); }).find("moe_router_score_function"),
-            std::string::npos);
+  sigmoid.moe_router_num_groups = 4;
+  sigmoid.moe_router_group_topk = 2;
+  sigmoid.moe_router_topk_scaling_factor = 2.5;
+  sigmoid.moe_z_loss_coeff = 0.001;
+  const json j = hf_config_from_model(sigmoid);
+  EXPECT_EQ(j.at("model_type"), "primus_moe");
+  EXPECT_NE(j.at("primus_moe_note").get<std::string>().find("moe_router_score_function"), std::string::npos);
+  const ModelArgs back = model_args_from_hf_config(j, "config.json");
+  EXPECT_EQ(model_family_name(back), "mixtral");
+  EXPECT_EQ(back.ffn_hidden_size, sigmoid.ffn_hidden_size);
+  EXPECT_EQ(back.moe_ffn_hidden_size, 24);
+  EXPECT_EQ(back.moe_layer_freq, sigmoid.moe_layer_freq);
+  EXPECT_EQ(back.moe_router_score_function, "sigmoid");
+  EXPECT_EQ(back.moe_router_num_groups, 4);
+  EXPECT_EQ(back.moe_router_group_topk, 2);
+  EXPECT_DOUBLE_EQ(back.moe_router_topk_scaling_factor, 2.5);
+  EXPECT_DOUBLE_EQ(back.moe_z_loss_coeff, 0.001);
+  EXPECT_NO_THROW(require_same_model(back, sigmoid, "config.json"));
+
   ModelArgs shared = qwen3_moe();
   shared.moe_shared_expert_intermediate_size = 32;
-  EXPECT_NE(testing::message_of<UsageError>([&] { hf_config_from_model(shared); }).find("moe_shared_expert_intermediate_size"),
+  const json q = hf_config_from_model(shared);
+  EXPECT_EQ(q.at("model_type"), "primus_moe");
+  const ModelArgs shared_back = model_args_from_hf_config(q, "config.json");
+  EXPECT_EQ(model_family_name(shared_back), "qwen3_moe");
+  EXPECT_EQ(shared_back.moe_shared_expert_intermediate_size, 32);
+  EXPECT_EQ(shared_back.kv_channels, shared.kv_channels);
+}
+
+TEST(MoeHfConfig, PrimusMoeWithoutItsBlockIsRefused) {
+  json j = hf_config_from_model(mixtral());
+  j["model_type"] = "primus_moe";
+  j.erase("primus_moe");
+  EXPECT_NE(testing::message_of<UsageError>([&] { model_args_from_hf_config(j, "config.json"); })
+                .find("primus_moe is required with model_type primus_moe"),
             std::string::npos);
 }
 
