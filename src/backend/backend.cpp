@@ -18,6 +18,17 @@ void Backend::rope_backward(const RopeArgs&) { unimplemented("rope_backward"); }
 void Backend::attention_forward(const AttentionArgs&) { unimplemented("attention_forward"); }
 void Backend::attention_backward(const AttentionArgs&) { unimplemented("attention_backward"); }
 void Backend::attention_merge(const AttentionMergeArgs&) { unimplemented("attention_merge"); }
+void Backend::moe_router_forward(const MoeRouterArgs&) { unimplemented("moe_router_forward"); }
+void Backend::moe_router_backward(const MoeRouterArgs&) { unimplemented("moe_router_backward"); }
+void Backend::moe_sort(const MoeSortArgs&) { unimplemented("moe_sort"); }
+void Backend::moe_permute(const MoePermuteArgs&) { unimplemented("moe_permute"); }
+void Backend::moe_permute_backward(const MoePermuteArgs&) { unimplemented("moe_permute_backward"); }
+void Backend::moe_unpermute(const MoePermuteArgs&) { unimplemented("moe_unpermute"); }
+void Backend::moe_unpermute_backward(const MoePermuteArgs&) { unimplemented("moe_unpermute_backward"); }
+void Backend::grouped_linear_forward(const GroupedLinearArgs&) { unimplemented("grouped_linear_forward"); }
+void Backend::grouped_linear_backward(const GroupedLinearArgs&) { unimplemented("grouped_linear_backward"); }
+void Backend::moe_aux_loss(const MoeAuxLossArgs&) { unimplemented("moe_aux_loss"); }
+void Backend::moe_z_loss(const MoeAuxLossArgs&) { unimplemented("moe_z_loss"); }
 void Backend::swiglu_forward(const SwiGluArgs&) { unimplemented("swiglu_forward"); }
 void Backend::swiglu_backward(const SwiGluArgs&) { unimplemented("swiglu_backward"); }
 void Backend::cross_entropy_forward(const CrossEntropyArgs&) { unimplemented("cross_entropy_forward"); }

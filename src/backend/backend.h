@@ -152,6 +152,96 @@ struct CrossEntropyArgs {
   Tensor* target_logit = nullptr;
 };
 
+// ---- Mixture of experts (Megatron's TopKRouter, token permutation and grouped GEMM) ----
+// Every MoE tensor is f32 (routing stays in fp32 everywhere; the CPU engine is the only one running MoE so far).
+
+enum class MoeScoreFunction { kSoftmax, kSigmoid };
+
+// How a router turns logits into each token's top-k experts and their weights:
+//   scores   = softmax(logits) or sigmoid(logits)                          [N, E]
+//   selected = the k experts of the largest scores + expert_bias (the bias only ranks; with num_groups > 1 only the
+//              experts of the group_topk groups of the largest Σ of their topk / group_topk best biased scores)
+//   weights  = scores[selected], divided by their sum when `normalize`, times scaling_factor
+// Mixtral and Qwen3-MoE with norm_topk_prob (Megatron's softmax after top-k): softmax, normalize. Qwen3-MoE without
+// it (Megatron's moe_router_pre_softmax): softmax, no normalize. DeepSeek-V3: sigmoid, normalize (Σ + 1e-20).
+// Ties go to the lower expert index, so every backend selects the same experts.
+struct MoeRouting {
+  int64_t topk = 1;
+  MoeScoreFunction score_function = MoeScoreFunction::kSoftmax;
+  bool normalize = true;
+  float scaling_factor = 1.0f;
+  int64_t num_groups = 1;  // 1: no grouped selection
+  int64_t group_topk = 1;
+};
+
+struct MoeRouterArgs {
+  MoeRouting routing;
+  const Tensor* logits = nullptr;       // [N, E]
+  const Tensor* expert_bias = nullptr;  // [E], optional (selection only)
+  Tensor* scores = nullptr;             // [N, E] (forward writes, backward reads)
+  Tensor* topk_experts = nullptr;       // [N, k] i32 (forward writes, backward reads), best first
+  Tensor* topk_weights = nullptr;       // [N, k] (forward)
+  const Tensor* dweights = nullptr;     // [N, k] (backward)
+  const Tensor* dscores = nullptr;      // [N, E] (backward, optional): a further gradient of the scores (aux loss)
+  Tensor* dlogits = nullptr;            // [N, E] (backward, overwritten)
+};
+
+// The routing entries (token t's j-th choice is entry t·k + j) in expert order, tokens ascending within an expert:
+// row s of the permuted tokens is entry slots[s]; expert e's rows are [offsets[e], offsets[e + 1]). The counts stay
+// on the device as offsets, so a device never needs the host to size the experts' GEMMs.
+struct MoeSortArgs {
+  const Tensor* topk_experts = nullptr;  // [N, k] i32, each in [0, E) (a backend reports others)
+  Tensor* slots = nullptr;               // [N·k] i32
+  Tensor* offsets = nullptr;             // [E + 1] i32
+};
+
+// Permutation: out[s] = x[slots[s] / k]; backward: dx[t] = Σ over s with slots[s] / k = t of dout[s] (overwritten).
+// Un-permutation: out[t] = Σ_j weights[t, j] · y[s(t, j)], s(t, j) the row holding entry t·k + j (overwritten);
+// backward: dy[s] = weights[slot] · dout[t], dweights[slot] = y[s] · dout[t] (both overwritten).
+struct MoePermuteArgs {
+  int64_t topk = 1;
+  const Tensor* slots = nullptr;    // [M = N·k] i32
+  const Tensor* x = nullptr;        // [N, C]  (permute)
+  Tensor* out = nullptr;            // [M, C] (permute) or [N, C] (unpermute)
+  const Tensor* dout = nullptr;     // [M, C] (permute backward) or [N, C] (unpermute backward)
+  Tensor* dx = nullptr;             // [N, C] (permute backward)
+  const Tensor* y = nullptr;        // [M, C] (unpermute, its backward)
+  const Tensor* weights = nullptr;  // [N, k] (unpermute, its backward)
+  Tensor* dy = nullptr;             // [M, C] (unpermute backward)
+  Tensor* dweights = nullptr;       // [N, k] (unpermute backward)
+};
+
+// One GEMM per expert over its rows: y[r] = x[r] · w[e]ᵀ for r in [offsets[e], offsets[e + 1]). Backward:
+// dx[r] = dy[r] · w[e] (overwritten), dw[e] += dy[rows]ᵀ · x[rows] (accumulated). offsets as MoeSortArgs's.
+struct GroupedLinearArgs {
+  const Tensor* x = nullptr;        // [M, in]
+  const Tensor* w = nullptr;        // [E, out, in]
+  const Tensor* offsets = nullptr;  // [E + 1] i32, 0 = offsets[0] ≤ ... ≤ offsets[E] = M
+  Tensor* y = nullptr;              // [M, out] (forward)
+  const Tensor* dy = nullptr;       // [M, out] (backward)
+  Tensor* dx = nullptr;             // [M, in]  (backward, optional)
+  Tensor* dw = nullptr;             // [E, out, in] (backward, accumulate, optional)
+};
+
+// Megatron's load-balancing losses of one router over N tokens and E experts.
+// Aux loss (switch_load_balancing_loss_func): coeff · E / (k · N²) · Σ_e count_e · Σ_t p[t, e], count_e the routing
+// entries of expert e (offsets), p the scores (softmax), or each row's sigmoid scores over their sum (+1e-20).
+// z-loss: coeff / N · Σ_t logsumexp(logits[t])².
+// Each writes its value into loss[0] and grad_scale × its gradient: aux into dscores (overwritten), z into dlogits
+// (accumulated).
+struct MoeAuxLossArgs {
+  int64_t topk = 1;
+  float coeff = 0.0f;
+  float grad_scale = 1.0f;
+  bool sigmoid_scores = false;      // aux: p = scores / Σ_e scores per row
+  const Tensor* scores = nullptr;   // [N, E] (aux)
+  const Tensor* offsets = nullptr;  // [E + 1] i32 (aux)
+  const Tensor* logits = nullptr;   // [N, E] (z)
+  Tensor* loss = nullptr;           // [1]
+  Tensor* dscores = nullptr;        // [N, E] (aux)
+  Tensor* dlogits = nullptr;        // [N, E] (z)
+};
+
 // Decoupled-weight-decay Adam (Loshchilov & Hutter), one step, in place, with bias correction. Folding the clip
 // factor and the bf16 copy in saves two passes over the parameters per step.
 struct AdamWArgs {
@@ -221,6 +311,18 @@ class Backend {
   // max[r] = max over the row x[r, :] (x [N, C] act, C ≥ 1; max [N] f32).
   virtual void row_max(const Tensor& x, Tensor& max);
   virtual void adamw_step(const AdamWArgs& args);
+  // Mixture of experts (MoeRouterArgs ... MoeAuxLossArgs above).
+  virtual void moe_router_forward(const MoeRouterArgs& args);
+  virtual void moe_router_backward(const MoeRouterArgs& args);
+  virtual void moe_sort(const MoeSortArgs& args);
+  virtual void moe_permute(const MoePermuteArgs& args);
+  virtual void moe_permute_backward(const MoePermuteArgs& args);
+  virtual void moe_unpermute(const MoePermuteArgs& args);
+  virtual void moe_unpermute_backward(const MoePermuteArgs& args);
+  virtual void grouped_linear_forward(const GroupedLinearArgs& args);
+  virtual void grouped_linear_backward(const GroupedLinearArgs& args);
+  virtual void moe_aux_loss(const MoeAuxLossArgs& args);
+  virtual void moe_z_loss(const MoeAuxLossArgs& args);
   // y += x (same shape, same dtype: act)
   virtual void add_inplace(Tensor& y, const Tensor& x);
   // x *= s (f32)

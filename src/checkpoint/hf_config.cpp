@@ -1,4 +1,4 @@
-// config.json export/import for Llama and Qwen3; defaults for absent keys follow transformers' LlamaConfig and
+// config.json export/import for Llama, Qwen3, Mixtral and Qwen3-MoE; defaults for absent keys follow transformers' LlamaConfig and
 // Qwen3Config so a file means the same model here as it does there.
 #include "checkpoint/hf_config.h"
 
@@ -92,6 +92,139 @@ void read_rope(const json& rope, const std::string& source, const char* key, Mod
   m.rope_scaling_original_max_position_embeddings = r.positive_int("original_max_position_embeddings");
 }
 
+// The first of `m`'s MoE settings that Hugging Face's config of its model type cannot state, or "" when all can.
+const char* inexpressible_moe_key(const ModelArgs& m) {
+  if (m.moe_shared_expert_intermediate_size > 0) return "moe_shared_expert_intermediate_size";
+  if (m.moe_router_score_function != "softmax") return "moe_router_score_function";
+  if (m.moe_router_num_groups > 1) return "moe_router_num_groups";
+  if (m.moe_router_topk_scaling_factor != 1.0) return "moe_router_topk_scaling_factor";
+  if (m.qk_layernorm) return "";
+  if (m.moe_router_pre_softmax) return "moe_router_pre_softmax";
+  for (int64_t i = 0; i < m.num_layers; ++i) {
+    if (!m.is_moe_layer(i)) return "moe_layer_freq";
+  }
+  return "";
+}
+
+// The MoE fields of Mixtral's and Qwen3-MoE's config.json, and every MoE key under "primus_moe" so that a checkpoint
+// reads back to exactly its model. Routing that Hugging Face's config of that type cannot state makes the file's
+// model_type "primus_moe": transformers then refuses it instead of loading a different model.
+void write_moe_fields(const ModelArgs& m, json& j) {
+  const bool qwen3 = m.qk_layernorm;
+  j["num_experts_per_tok"] = m.moe_router_topk;
+  j["router_aux_loss_coef"] = m.moe_router_load_balancing_type == "aux_loss" ? m.moe_aux_loss_coeff : 0.0;
+  j["output_router_logits"] = false;
+  if (qwen3) {
+    j["num_experts"] = m.num_experts;
+    j["moe_intermediate_size"] = m.moe_ffn_hidden_size;
+    j["norm_topk_prob"] = !m.moe_router_pre_softmax;
+    j["decoder_sparse_step"] = 1;
+    json dense = json::array();
+    for (int64_t i = 0; i < m.num_layers; ++i) {
+      if (!m.is_moe_layer(i)) dense.push_back(i);
+    }
+    j["mlp_only_layers"] = dense;
+  } else {
+    j["num_local_experts"] = m.num_experts;
+    j["intermediate_size"] = m.moe_ffn_hidden_size;  // Mixtral's is each expert's
+    j["sliding_window"] = nullptr;
+  }
+  j["primus_moe"] = {{"qk_layernorm", m.qk_layernorm},
+                     {"ffn_hidden_size", m.ffn_hidden_size},
+                     {"num_experts", m.num_experts},
+                     {"moe_router_topk", m.moe_router_topk},
+                     {"moe_ffn_hidden_size", m.moe_ffn_hidden_size},
+                     {"moe_shared_expert_intermediate_size", m.moe_shared_expert_intermediate_size},
+                     {"moe_layer_freq", m.moe_layer_freq},
+                     {"moe_first_k_dense_replace", m.moe_first_k_dense_replace},
+                     {"moe_router_score_function", m.moe_router_score_function},
+                     {"moe_router_pre_softmax", m.moe_router_pre_softmax},
+                     {"moe_router_topk_scaling_factor", m.moe_router_topk_scaling_factor},
+                     {"moe_aux_loss_coeff", m.moe_aux_loss_coeff},
+                     {"moe_z_loss_coeff", m.moe_z_loss_coeff},
+                     {"moe_router_load_balancing_type", m.moe_router_load_balancing_type},
+                     {"moe_router_num_groups", m.moe_router_num_groups},
+                     {"moe_router_group_topk", m.moe_router_group_topk}};
+  if (const char* key = inexpressible_moe_key(m); *key != '\0') {
+    j["model_type"] = "primus_moe";
+    j["architectures"] = json::array({"PrimusMoeForCausalLM"});
+    j["primus_moe_note"] = fmt::format("{} has no {} equivalent in Hugging Face's config; the primus_moe keys are the "
+                                       "model",
+                                       key, qwen3 ? "Qwen3-MoE" : "Mixtral");
+  }
+}
+
+// The "primus_moe" block of a config.json this engine wrote: every MoE key as it was.
+void read_primus_moe(const json& block, const std::string& source_name, ModelArgs& m) {
+  FieldReader r(block, source_name, "primus_moe.");
+  auto get_int = [&](const char* key) {
+    if (!block.contains(key) || !block.at(key).is_number_integer()) r.fail(key, "must be an integer");
+    return block.at(key).get<int64_t>();
+  };
+  m.ffn_hidden_size = r.positive_int("ffn_hidden_size");
+  m.num_experts = r.positive_int("num_experts");
+  m.moe_router_topk = r.positive_int("moe_router_topk");
+  if (m.moe_router_topk > m.num_experts) {
+    r.fail("moe_router_topk", fmt::format("({}) exceeds the {} experts", m.moe_router_topk, m.num_experts));
+  }
+  m.moe_ffn_hidden_size = r.positive_int("moe_ffn_hidden_size");
+  m.moe_shared_expert_intermediate_size = get_int("moe_shared_expert_intermediate_size");
+  const json& freq = block.contains("moe_layer_freq") ? block.at("moe_layer_freq") : json();
+  if (!freq.is_array() || freq.empty()) r.fail("moe_layer_freq", "must be a non-empty list of integers");
+  m.moe_layer_freq.clear();
+  for (const json& v : freq) {
+    if (!v.is_number_integer() || v.get<int64_t>() < 0) r.fail("moe_layer_freq", fmt::format("entry {}", v.dump()));
+    m.moe_layer_freq.push_back(v.get<int64_t>());
+  }
+  if (m.moe_layer_freq.size() != 1 && static_cast<int64_t>(m.moe_layer_freq.size()) != m.num_layers) {
+    r.fail("moe_layer_freq", fmt::format("lists {} layers of {}", m.moe_layer_freq.size(), m.num_layers));
+  }
+  m.moe_first_k_dense_replace = get_int("moe_first_k_dense_replace");
+  m.moe_router_score_function = r.string("moe_router_score_function", "softmax");
+  if (m.moe_router_score_function != "softmax" && m.moe_router_score_function != "sigmoid") {
+    r.fail("moe_router_score_function", fmt::format("\"{}\" is not softmax or sigmoid", m.moe_router_score_function));
+  }
+  m.moe_router_pre_softmax = r.boolean("moe_router_pre_softmax", false);
+  m.moe_router_topk_scaling_factor = r.positive_number("moe_router_topk_scaling_factor", 1.0);
+  m.moe_aux_loss_coeff = r.number("moe_aux_loss_coeff", 0.0);
+  m.moe_z_loss_coeff = r.number("moe_z_loss_coeff", 0.0);
+  m.moe_router_load_balancing_type = r.string("moe_router_load_balancing_type", "aux_loss");
+  m.moe_router_num_groups = r.positive_int("moe_router_num_groups", 1);
+  m.moe_router_group_topk = r.positive_int("moe_router_group_topk", 1);
+  if (m.num_experts % m.moe_router_num_groups != 0 || m.moe_router_group_topk > m.moe_router_num_groups) {
+    r.fail("moe_router_num_groups", fmt::format("({}, top {}) do not split {} experts", m.moe_router_num_groups,
+                                                m.moe_router_group_topk, m.num_experts));
+  }
+}
+
+// The MoE keys of a Mixtral or Qwen3-MoE config.json (transformers' defaults where absent).
+void read_moe_fields(const json& j, FieldReader& r, bool qwen3, ModelArgs& m) {
+  m.num_experts = r.positive_int(qwen3 ? "num_experts" : "num_local_experts", qwen3 ? 128 : 8);
+  m.moe_router_topk = r.positive_int("num_experts_per_tok", qwen3 ? 8 : 2);
+  if (m.moe_router_topk > m.num_experts) {
+    r.fail("num_experts_per_tok", fmt::format("({}) exceeds the {} experts", m.moe_router_topk, m.num_experts));
+  }
+  m.moe_aux_loss_coeff = r.number("router_aux_loss_coef", 0.001);
+  m.moe_ffn_hidden_size = qwen3 ? r.positive_int("moe_intermediate_size", 768) : m.ffn_hidden_size;
+  if (!qwen3) return;
+  m.moe_router_pre_softmax = !r.boolean("norm_topk_prob", false);
+  // transformers: layer i is sparse unless listed in mlp_only_layers, when (i + 1) % decoder_sparse_step == 0.
+  const int64_t step = r.positive_int("decoder_sparse_step", 1);
+  std::vector<int64_t> pattern(static_cast<size_t>(m.num_layers), 0);
+  for (int64_t i = 0; i < m.num_layers; ++i) pattern[static_cast<size_t>(i)] = (i + 1) % step == 0 ? 1 : 0;
+  if (r.has("mlp_only_layers")) {
+    const json& dense = j.at("mlp_only_layers");
+    if (!dense.is_array()) r.fail("mlp_only_layers", fmt::format("must be a list of layer indices, got {}", dense.dump()));
+    for (const json& v : dense) {
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= m.num_layers) {
+        r.fail("mlp_only_layers", fmt::format("entry {} is not a layer index below {}", v.dump(), m.num_layers));
+      }
+      pattern[static_cast<size_t>(v.get<int64_t>())] = 0;
+    }
+  }
+  if (std::find(pattern.begin(), pattern.end(), 0) != pattern.end()) m.moe_layer_freq = pattern;
+}
+
 }  // namespace
 
 json hf_config_from_model(const ModelArgs& m, const std::string& torch_dtype) {
@@ -101,10 +234,11 @@ json hf_config_from_model(const ModelArgs& m, const std::string& torch_dtype) {
                "max positions {})",
                m.num_layers, m.hidden_size, m.ffn_hidden_size, m.num_attention_heads, m.vocab_size,
                m.max_position_embeddings);
-  const bool qwen3 = m.qk_layernorm;
+  const bool qwen3 = m.qk_layernorm, moe = m.num_experts > 0;
   json j = json::object();
-  j["architectures"] = json::array({qwen3 ? "Qwen3ForCausalLM" : "LlamaForCausalLM"});
-  j["model_type"] = qwen3 ? "qwen3" : "llama";
+  j["architectures"] = json::array({moe ? (qwen3 ? "Qwen3MoeForCausalLM" : "MixtralForCausalLM")
+                                        : (qwen3 ? "Qwen3ForCausalLM" : "LlamaForCausalLM")});
+  j["model_type"] = std::string(model_family_name(m));
   j["hidden_size"] = m.hidden_size;
   j["intermediate_size"] = m.ffn_hidden_size;
   j["num_hidden_layers"] = m.num_layers;
@@ -132,9 +266,10 @@ json hf_config_from_model(const ModelArgs& m, const std::string& torch_dtype) {
     j["use_sliding_window"] = false;
     j["sliding_window"] = nullptr;
     j["max_window_layers"] = m.num_layers;
-  } else {
+  } else if (!moe) {
     j["mlp_bias"] = false;
   }
+  if (moe) write_moe_fields(m, j);
   j["initializer_range"] = m.init_method_std;
   j["torch_dtype"] = torch_dtype;
   j["use_cache"] = true;
@@ -148,10 +283,16 @@ ModelArgs model_args_from_hf_config(const json& j, const std::string& source_nam
   FieldReader r(j, source_name);
   if (!r.has("model_type")) r.fail("model_type", "is required but missing");
   const std::string model_type = r.string("model_type", "");
-  if (model_type != "llama" && model_type != "qwen3") {
-    r.fail("model_type", fmt::format("\"{}\" is not supported (supported: llama, qwen3)", model_type));
+  if (model_type != "llama" && model_type != "qwen3" && model_type != "mixtral" && model_type != "qwen3_moe" &&
+      model_type != "primus_moe") {
+    r.fail("model_type",
+           fmt::format("\"{}\" is not supported (supported: llama, qwen3, mixtral, qwen3_moe, primus_moe)", model_type));
   }
-  const bool qwen3 = model_type == "qwen3";
+  const bool primus_moe = r.has("primus_moe");
+  if (model_type == "primus_moe" && !primus_moe) r.fail("primus_moe", "is required with model_type primus_moe");
+  if (primus_moe && !j.at("primus_moe").is_object()) r.fail("primus_moe", "must be an object");
+  const bool qwen3 = model_type == "qwen3" || model_type == "qwen3_moe" ||
+                     (model_type == "primus_moe" && j.at("primus_moe").value("qk_layernorm", false) == true);
 
   ModelArgs m;
   m.preset = source_name;
@@ -191,6 +332,11 @@ ModelArgs model_args_from_hf_config(const json& j, const std::string& source_nam
     read_rope(j.at("rope_parameters"), source_name, "rope_parameters", m);
   }
   if (r.has("rope_scaling")) read_rope(j.at("rope_scaling"), source_name, "rope_scaling", m);
+  if (primus_moe) {
+    read_primus_moe(j.at("primus_moe"), source_name, m);
+  } else if (model_type == "mixtral" || model_type == "qwen3_moe") {
+    read_moe_fields(j, r, qwen3, m);
+  }
   return m;
 }
 
@@ -228,6 +374,9 @@ void require_same_model(const ModelArgs& theirs, const ModelArgs& ours, const st
       {"num_key_value_heads", {kv_heads(theirs), kv_heads(ours)}},
       {"head_dim", {head_dim(theirs), head_dim(ours)}},
       {"vocab_size", {theirs.vocab_size, ours.vocab_size}},
+      {"num_experts", {theirs.num_experts, ours.num_experts}},
+      {"num_experts_per_tok", {theirs.moe_router_topk, ours.moe_router_topk}},
+      {"moe_intermediate_size", {theirs.moe_ffn_hidden_size, ours.moe_ffn_hidden_size}},
   };
   for (const auto& [key, values] : sizes) {
     if (values.first != values.second && std::string_view(key) == "vocab_size") {

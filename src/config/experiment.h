@@ -32,6 +32,30 @@ struct ModelArgs {
   bool qk_layernorm = false;           // Qwen3: RMSNorm over head_dim on q and k before RoPE
   bool untie_embeddings_and_output_weights = false;
   double init_method_std = 0.02;
+  // Mixture of experts (Megatron's keys; num_experts 0: a dense model). Validated by the config loader.
+  int64_t num_experts = 0;
+  int64_t moe_router_topk = 2;
+  int64_t moe_ffn_hidden_size = 0;                  // resolved: ffn_hidden_size when not given
+  int64_t moe_shared_expert_intermediate_size = 0;  // 0: no shared expert
+  std::vector<int64_t> moe_layer_freq = {1};        // one frequency (layer i % f == 0), or 0/1 per layer
+  int64_t moe_first_k_dense_replace = 0;            // the first k layers stay dense
+  std::string moe_router_score_function = "softmax";  // softmax | sigmoid
+  bool moe_router_pre_softmax = false;              // softmax over all experts, weights not renormalised
+  double moe_router_topk_scaling_factor = 1.0;
+  double moe_aux_loss_coeff = 0.0;
+  double moe_z_loss_coeff = 0.0;
+  std::string moe_router_load_balancing_type = "aux_loss";  // aux_loss | none
+  bool moe_router_enable_expert_bias = false;
+  int64_t moe_router_num_groups = 1;                // 1: no grouped selection
+  int64_t moe_router_group_topk = 1;
+
+  // Whether layer i's MLP is a mixture of experts (num_experts > 0, past the first dense layers, and marked by
+  // moe_layer_freq).
+  bool is_moe_layer(int64_t i) const {
+    if (num_experts == 0 || i < moe_first_k_dense_replace) return false;
+    if (moe_layer_freq.size() == 1) return moe_layer_freq[0] > 0 && i % moe_layer_freq[0] == 0;
+    return moe_layer_freq[static_cast<size_t>(i)] != 0;
+  }
 };
 
 // Training keys (Megatron-LM argument names).

@@ -174,11 +174,95 @@ void check_parallel_keys(const ModuleKeys& keys, const Origin& module_origin) {
   }
 }
 
+// The MoE keys among themselves and with the model and parallel keys: each bad value names its key.
+void check_moe_keys(const ModuleKeys& keys, const Origin& module_origin) {
+  const ModuleKey& experts = get(keys, "num_experts");
+  const ModuleKey& groups = get(keys, "moe_router_num_groups");
+  const ModuleKey& group_topk = get(keys, "moe_router_group_topk");
+  if (!experts.value.is_set) {
+    // Keys that only shape experts would silently do nothing in a dense model.
+    for (const char* name : {"moe_ffn_hidden_size", "moe_shared_expert_intermediate_size", "moe_router_num_groups",
+                             "moe_router_group_topk", "moe_router_topk_scaling_factor"}) {
+      const ModuleKey& key = get(keys, name);
+      if (key.value.is_set) {
+        config_error(place(key, module_origin),
+                     fmt::format("{} is set but num_experts is not: a dense model has no experts; set num_experts "
+                                 "or remove {}",
+                                 name, name));
+      }
+    }
+    return;
+  }
+  const int64_t e = experts.value.i;
+  const ModuleKey& topk = get(keys, "moe_router_topk");
+  if (topk.value.i > e) {
+    config_error(place(topk, module_origin),
+                 fmt::format("moe_router_topk ({}) exceeds num_experts ({})", topk.value.i, describe(experts)));
+  }
+  if (group_topk.value.is_set && !groups.value.is_set) {
+    config_error(place(group_topk, module_origin), "moe_router_group_topk needs moe_router_num_groups");
+  }
+  if (groups.value.is_set) {
+    if (e % groups.value.i != 0) {
+      config_error(place(groups, module_origin),
+                   fmt::format("moe_router_num_groups ({}) must divide num_experts ({})", groups.value.i,
+                               describe(experts)));
+    }
+    if (!group_topk.value.is_set) {
+      config_error(place(groups, module_origin), "moe_router_num_groups needs moe_router_group_topk");
+    }
+    const int64_t g = group_topk.value.i;
+    if (g > groups.value.i) {
+      config_error(place(group_topk, module_origin),
+                   fmt::format("moe_router_group_topk ({}) exceeds moe_router_num_groups ({})", g, describe(groups)));
+    }
+    if (topk.value.i % g != 0 || topk.value.i / g > e / groups.value.i) {
+      config_error(place(group_topk, module_origin),
+                   fmt::format("moe_router_group_topk ({}) must divide moe_router_topk ({}) into at most {} experts "
+                               "a group (num_experts / moe_router_num_groups)",
+                               g, describe(topk), e / groups.value.i));
+    }
+  }
+  const ModuleKey& pre_softmax = get(keys, "moe_router_pre_softmax");
+  const ModuleKey& score = get(keys, "moe_router_score_function");
+  if (pre_softmax.value.b && score.value.s != "softmax") {
+    config_error(place(pre_softmax, module_origin),
+                 fmt::format("moe_router_pre_softmax applies to softmax scores only ({})", describe(score)));
+  }
+  const ModuleKey& layers = get(keys, "num_layers");
+  const ModuleKey& freq = get(keys, "moe_layer_freq");
+  if (freq.value.list.size() > 1 && static_cast<int64_t>(freq.value.list.size()) != layers.value.i) {
+    config_error(place(freq, module_origin),
+                 fmt::format("moe_layer_freq lists {} layers but the model has {} ({})", freq.value.list.size(),
+                             layers.value.i, describe(layers)));
+  }
+  const ModuleKey& first_dense = get(keys, "moe_first_k_dense_replace");
+  if (first_dense.value.i >= layers.value.i) {
+    config_error(place(first_dense, module_origin),
+                 fmt::format("moe_first_k_dense_replace ({}) leaves no MoE layer of {}", first_dense.value.i,
+                             describe(layers)));
+  }
+  const ModuleKey& tp = get(keys, "tensor_model_parallel_size");
+  if (tp.value.i > 1) {
+    config_error(place(experts, module_origin),
+                 fmt::format("num_experts: MoE layers are not split over tensor-parallel ranks yet ({}); set "
+                             "tensor_model_parallel_size: 1",
+                             describe(tp)));
+  }
+  const ModuleKey& device = get(keys, "device");
+  if (device.value.s == "cuda") {
+    config_error(place(experts, module_origin),
+                 fmt::format("num_experts: MoE runs on the CPU engine only for now ({}); set device: cpu",
+                             describe(device)));
+  }
+}
+
 }  // namespace
 
 void check_module_keys(const ModuleKeys& keys, const Origin& module_origin) {
   check_model_size(keys, module_origin);
   check_parallel_keys(keys, module_origin);
+  check_moe_keys(keys, module_origin);
   const ModuleKey& heads = get(keys, "num_attention_heads");
   const ModuleKey& hidden = get(keys, "hidden_size");
   const ModuleKey& gqa = get(keys, "group_query_attention");
@@ -329,6 +413,10 @@ void resolve_module_keys(const ModuleKeys& keys, ExperimentConfig& config, std::
     derived.emplace_back("kv_channels", std::to_string(m.kv_channels));
   }
   if (!get(keys, "vocab_size").value.is_set) m.vocab_size = 0;
+  if (m.num_experts > 0 && !get(keys, "moe_ffn_hidden_size").value.is_set) {
+    m.moe_ffn_hidden_size = m.ffn_hidden_size;
+    derived.emplace_back("moe_ffn_hidden_size", std::to_string(m.moe_ffn_hidden_size));
+  }
   if (!get(keys, "lr_decay_iters").value.is_set) {
     t.lr_decay_iters = t.train_iters;
     derived.emplace_back("lr_decay_iters", std::to_string(t.lr_decay_iters));

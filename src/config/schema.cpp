@@ -74,6 +74,23 @@ std::string check_split(const TypedValue& v) {
   return "";
 }
 
+// moe_layer_freq: one positive integer, or a list of 0/1 entries (its length is checked against num_layers later).
+std::string check_layer_freq(const TypedValue& v) {
+  auto digits = [](const std::string& s) {
+    return !s.empty() && s.size() <= 9 && s.find_first_not_of("0123456789") == std::string::npos;
+  };
+  if (v.list.size() == 1) {
+    if (!digits(v.list[0]) || std::stoll(v.list[0]) < 1) {
+      return fmt::format("'{}' is not a layer frequency (a positive integer, or a list of 0/1 per layer)", v.list[0]);
+    }
+    return "";
+  }
+  for (const std::string& s : v.list) {
+    if (s != "0" && s != "1") return fmt::format("entry '{}' of the per-layer list must be 0 (dense) or 1 (MoE)", s);
+  }
+  return "";
+}
+
 std::vector<KeySpec> build_specs() {
   using enum KeyType;
   using enum KeyGroup;
@@ -266,6 +283,135 @@ std::vector<KeySpec> build_specs() {
        .help = "Standard deviation of the normal weight initialisation.",
        .aliases = {"initializer_range"},
        .apply = model_field<&ModelArgs::init_method_std>},
+      // ---- mixture of experts (Megatron's keys) ----
+      {.name = "num_experts",
+       .type = kInt,
+       .group = kModel,
+       .presence = kOptional,
+       .min = 1,
+       .max = 65536,
+       .why = "far beyond any published model",
+       .help = "Routed experts per MoE layer; unset: a dense model. MoE runs on the CPU engine only for now "
+               "(device: cpu), without tensor parallelism.",
+       .aliases = {"num_local_experts", "n_routed_experts"},
+       .apply = model_field<&ModelArgs::num_experts>},
+      {.name = "moe_router_topk",
+       .type = kInt,
+       .group = kModel,
+       .default_yaml = "2",
+       .min = 1,
+       .help = "Experts each token is routed to; at most num_experts.",
+       .aliases = {"num_experts_per_tok"},
+       .apply = model_field<&ModelArgs::moe_router_topk>},
+      {.name = "moe_ffn_hidden_size",
+       .type = kInt,
+       .group = kModel,
+       .presence = kOptional,
+       .min = 1,
+       .help = "Inner size of each routed expert's SwiGLU MLP. Derived: ffn_hidden_size (which dense layers keep).",
+       .aliases = {"moe_intermediate_size"},
+       .apply = model_field<&ModelArgs::moe_ffn_hidden_size>},
+      {.name = "moe_shared_expert_intermediate_size",
+       .type = kInt,
+       .group = kModel,
+       .presence = kOptional,
+       .min = 1,
+       .help = "Inner size of a shared expert (a SwiGLU MLP every token passes through beside its routed experts, "
+               "parameters mlp.shared_experts.*); unset: none.",
+       .aliases = {"shared_expert_intermediate_size"},
+       .apply = model_field<&ModelArgs::moe_shared_expert_intermediate_size>},
+      {.name = "moe_layer_freq",
+       .type = kStringList,
+       .group = kModel,
+       .default_yaml = "1",
+       .help = "Which layers are MoE: one integer f (layer i is MoE when i % f == 0), or a list of num_layers "
+               "0/1 entries (1: MoE). Layers below moe_first_k_dense_replace stay dense either way.",
+       .apply = model_field<&ModelArgs::moe_layer_freq>,
+       .check = check_layer_freq},
+      {.name = "moe_first_k_dense_replace",
+       .type = kInt,
+       .group = kModel,
+       .default_yaml = "0",
+       .min = 0,
+       .help = "The first k layers keep a dense MLP of ffn_hidden_size (DeepSeek's first_k_dense_replace).",
+       .aliases = {"first_k_dense_replace"},
+       .apply = model_field<&ModelArgs::moe_first_k_dense_replace>},
+      {.name = "moe_router_score_function",
+       .type = kString,
+       .group = kModel,
+       .default_yaml = "softmax",
+       .choices = {"softmax", "sigmoid"},
+       .help = "Router scores from its logits: softmax (Mixtral, Qwen3-MoE) or sigmoid (DeepSeek-V3).",
+       .aliases = {"scoring_func"},
+       .apply = model_field<&ModelArgs::moe_router_score_function>},
+      {.name = "moe_router_pre_softmax",
+       .type = kBool,
+       .group = kModel,
+       .default_yaml = "false",
+       .help = "Softmax over all experts before the top-k, and the chosen scores are the weights as they are "
+               "(Qwen3-MoE with norm_topk_prob: false). false: the weights are renormalised over the top-k (the same "
+               "as a softmax over the top-k logits: Mixtral, Qwen3-MoE with norm_topk_prob: true).",
+       .apply = model_field<&ModelArgs::moe_router_pre_softmax>},
+      {.name = "moe_router_topk_scaling_factor",
+       .type = kFloat,
+       .group = kModel,
+       .presence = kOptional,
+       .min = 0,
+       .min_exclusive = true,
+       .help = "Multiplies the routing weights (DeepSeek's routed_scaling_factor); unset: 1.",
+       .aliases = {"routed_scaling_factor"},
+       .apply = model_field<&ModelArgs::moe_router_topk_scaling_factor>},
+      {.name = "moe_aux_loss_coeff",
+       .type = kFloat,
+       .group = kModel,
+       .default_yaml = "0.0",
+       .min = 0,
+       .help = "Weight of the load-balancing loss E / (k N^2) x sum_e count_e x sum_t p[t, e] per MoE layer "
+               "(Megatron's switch loss; with moe_router_load_balancing_type: aux_loss). A micro-batch's losses "
+               "weigh as its share of the step's tokens.",
+       .aliases = {"router_aux_loss_coef"},
+       .apply = model_field<&ModelArgs::moe_aux_loss_coeff>},
+      {.name = "moe_z_loss_coeff",
+       .type = kFloat,
+       .group = kModel,
+       .default_yaml = "0.0",
+       .min = 0,
+       .help = "Weight of the router z-loss mean_t logsumexp(logits[t])^2 per MoE layer; 0: none.",
+       .apply = model_field<&ModelArgs::moe_z_loss_coeff>},
+      {.name = "moe_router_load_balancing_type",
+       .type = kString,
+       .group = kModel,
+       .default_yaml = "aux_loss",
+       .choices = {"aux_loss", "none"},
+       .why = "seq_aux_loss and sinkhorn are not implemented",
+       .help = "aux_loss: the switch load-balancing loss weighted by moe_aux_loss_coeff; none: no balancing loss.",
+       .apply = model_field<&ModelArgs::moe_router_load_balancing_type>},
+      {.name = "moe_router_enable_expert_bias",
+       .type = kBool,
+       .group = kModel,
+       .default_yaml = "false",
+       .choices = {"false"},
+       .why = "the bias update of aux-loss-free balancing (moe_router_bias_update_rate) is not implemented yet",
+       .help = "DeepSeek-V3's aux-loss-free balancing: a per-expert bias added to the scores for the selection only.",
+       .apply = model_field<&ModelArgs::moe_router_enable_expert_bias>},
+      {.name = "moe_router_num_groups",
+       .type = kInt,
+       .group = kModel,
+       .presence = kOptional,
+       .min = 1,
+       .help = "Grouped routing (DeepSeek): experts in this many equal groups, tokens choose only from the "
+               "moe_router_group_topk groups of the best scores; must divide num_experts. Unset: no groups.",
+       .aliases = {"n_group"},
+       .apply = model_field<&ModelArgs::moe_router_num_groups>},
+      {.name = "moe_router_group_topk",
+       .type = kInt,
+       .group = kModel,
+       .presence = kOptional,
+       .min = 1,
+       .help = "Groups each token chooses from with moe_router_num_groups (a group scores the sum of its "
+               "moe_router_topk / moe_router_group_topk best scores); must divide moe_router_topk.",
+       .aliases = {"topk_group"},
+       .apply = model_field<&ModelArgs::moe_router_group_topk>},
       {.name = "attention_dropout",
        .type = kFloat,
        .group = kModel,

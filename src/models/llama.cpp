@@ -19,11 +19,30 @@ RopeConfig rope_config(const ModelArgs& a) {
 
 }  // namespace
 
+MoeParamNames moe_param_names(const ModelArgs& a, const std::string& pre) {
+  const bool qwen3 = a.qk_layernorm;
+  const std::string block = pre + (qwen3 ? "mlp." : "block_sparse_moe.");
+  MoeParamNames names;
+  names.gate = block + "gate.weight";
+  for (int64_t e = 0; e < a.num_experts; ++e) {
+    const std::string expert = fmt::format("{}experts.{}.", block, e);
+    names.gate_proj.push_back(expert + (qwen3 ? "gate_proj.weight" : "w1.weight"));
+    names.up_proj.push_back(expert + (qwen3 ? "up_proj.weight" : "w3.weight"));
+    names.down_proj.push_back(expert + (qwen3 ? "down_proj.weight" : "w2.weight"));
+  }
+  names.shared = block + "shared_experts.";
+  names.shared_gate = names.shared + "gate_proj.weight";
+  names.shared_up = names.shared + "up_proj.weight";
+  names.shared_down = names.shared + "down_proj.weight";
+  return names;
+}
+
 struct LlamaModel::BlockSaved {
   RmsNormSaved input_norm;
   AttentionSaved attention;
   RmsNormSaved post_norm;
   MlpSaved mlp;
+  MoeSaved moe;
   Tensor chunk_input;  // full recompute: the input of the chunk this block starts, else undefined
 
   void release_activations() {  // all but chunk_input
@@ -31,6 +50,7 @@ struct LlamaModel::BlockSaved {
     attention = AttentionSaved();
     post_norm = RmsNormSaved();
     mlp = MlpSaved();
+    moe = MoeSaved();
   }
 };
 
@@ -41,6 +61,7 @@ struct LlamaModel::Context final : MicroBatchContext {
   int chunk = 0;                      // the model chunk it ran (pipeline parallelism; 0 otherwise)
   bool awaiting_backward = false;     // a training forward's, not yet consumed by backward
   RecomputeConfig recompute;          // as set when the forward ran
+  float aux_grad_scale = 0.0f;        // the MoE aux and z losses' weight: this micro-batch's share of the step's tokens
   int64_t batch = 0;                  // B of [B, T]
   Tensor tokens;                      // [N] ids
   PackedSequence packed;              // undefined tensors when not packed (context parallel: the chunks' positions)
@@ -59,6 +80,8 @@ std::vector<ParamSpec> LlamaModel::param_specs(const ModelArgs& a, int tp_size, 
 std::vector<ParamSpec> LlamaModel::param_specs(const ModelArgs& a, int tp_size, int tp_rank,
                                                const PipelineStage& stage) {
   PRIMUS_CHECK(a.vocab_size > 0, "model vocab_size must be resolved before building the model");
+  PRIMUS_CHECK(a.num_experts == 0 || tp_size == 1,
+               "[model] num_experts: MoE layers are not split over {} tensor-parallel ranks yet", tp_size);
   const int64_t C = a.hidden_size, D = a.kv_channels;
   const bool kv_replicated = a.num_query_groups < tp_size;  // each key/value group on tp / groups ranks
   PRIMUS_CHECK(tp_size >= 1 && tp_rank >= 0 && tp_rank < tp_size && a.num_attention_heads % tp_size == 0 &&
@@ -118,6 +141,24 @@ std::vector<ParamSpec> LlamaModel::param_specs(const ModelArgs& a, int tp_size, 
       specs.push_back(norm(p + "self_attn.k_norm.weight", D));
     }
     specs.push_back(norm(p + "post_attention_layernorm.weight", C));
+    if (a.is_moe_layer(i)) {
+      // Each expert's gate_proj then up_proj, expert after expert, then every down_proj: the [E, 2F, C] and
+      // [E, C, F] weights of the grouped GEMMs are then views of the flat buffer.
+      const MoeParamNames n = moe_param_names(a, p);
+      const int64_t Fe = a.moe_ffn_hidden_size;
+      specs.push_back(weight(n.gate, a.num_experts, C, kRows, std));
+      for (int64_t e = 0; e < a.num_experts; ++e) {
+        specs.push_back(weight(n.gate_proj[e], Fe, C, kRows, std));
+        specs.push_back(weight(n.up_proj[e], Fe, C, kRows, std));
+      }
+      for (int64_t e = 0; e < a.num_experts; ++e) specs.push_back(weight(n.down_proj[e], C, Fe, kColumns, out_std));
+      if (const int64_t S = a.moe_shared_expert_intermediate_size; S > 0) {
+        specs.push_back(weight(n.shared_gate, S, C, kRows, std));
+        specs.push_back(weight(n.shared_up, S, C, kRows, std));
+        specs.push_back(weight(n.shared_down, C, S, kColumns, out_std));
+      }
+      continue;
+    }
     specs.push_back(weight(p + "mlp.gate_proj.weight", F, C, kRows, std));
     specs.push_back(weight(p + "mlp.up_proj.weight", F, C, kRows, std));
     specs.push_back(weight(p + "mlp.down_proj.weight", C, F, kColumns, out_std));
@@ -141,6 +182,11 @@ int64_t LlamaModel::matmul_params(const ModelArgs& a) {
     if (s.shape.size() == 2 && s.name != "model.embed_tokens.weight") total += shape_numel(s.shape);
   }
   if (!a.untie_embeddings_and_output_weights) total += a.vocab_size * a.hidden_size;  // tied head still multiplies
+  // A token passes through k of the E experts of a MoE layer: the others' weights do no work for it.
+  const int64_t idle_experts = std::max<int64_t>(a.num_experts - a.moe_router_topk, 0);
+  for (int64_t i = 0; i < a.num_layers; ++i) {
+    if (a.is_moe_layer(i)) total -= idle_experts * 3 * a.moe_ffn_hidden_size * a.hidden_size;
+  }
   return total;
 }
 
@@ -172,6 +218,11 @@ LlamaModel::LlamaModel(const ModelArgs& args, int64_t max_seq_length, Device dev
   head_unit_ = unit;
   PRIMUS_CHECK(compute_dtype == DType::kF32 || compute_dtype == DType::kBF16, "[model] compute dtype {} unsupported",
                dtype_name(compute_dtype));
+  if (args_.num_experts > 0 && (!device_.is_cpu() || compute_dtype_ != DType::kF32)) {
+    throw UsageError(fmt::format("[config] num_experts: MoE runs on the CPU engine only for now (fp32), not on {}; "
+                                 "set device: cpu",
+                                 device_.is_cpu() ? "bf16" : "a GPU"));
+  }
   if (compute_dtype_ != DType::kF32) compute_weights_ = Tensor::empty({params_.numel()}, compute_dtype_, device_);
   RopeTable host_rope = make_rope_table(args_.kv_channels, max_seq_length_, rope_config(args_));
   rope_ = RopeTable{ops::to_device(host_rope.cos, device_), ops::to_device(host_rope.sin, device_)};
@@ -248,6 +299,46 @@ void LlamaModel::bind_layers(const UnitBuffers& buffers) {
                  "[model] {} and {} must be adjacent for one GEMM", a, b);
     return sa[0] + sb[0];
   };
+  // One MoE layer: the router, the experts' weights as [E, 2F, C] and [E, C, F] (param_specs keeps each kind
+  // contiguous), the shared expert.
+  auto bind_moe = [&](MoeLayer& moe, const std::string& pre) {
+    const MoeParamNames n = moe_param_names(args_, pre);
+    const int64_t E = args_.num_experts, C = args_.hidden_size, F = args_.moe_ffn_hidden_size;
+    auto shaped = [&](const std::vector<Tensor>& unit_buffers, const std::string& name, const Shape& shape) {
+      const size_t i = params_.index_of(name);
+      const size_t u = unit_of(i, units);
+      return unit_buffers[u].slice_elements(params_.offset(i) - units[u].begin, shape);
+    };
+    auto at = [&](const std::string& name) { return params_.offset(params_.index_of(name)); };
+    for (int64_t e = 0; e < E; ++e) {
+      PRIMUS_CHECK(at(n.gate_proj[e]) == at(n.gate_proj[0]) + e * 2 * F * C &&
+                       at(n.up_proj[e]) == at(n.gate_proj[e]) + F * C &&
+                       at(n.down_proj[e]) == at(n.down_proj[0]) + e * C * F,
+                   "[model] the experts of {} must be contiguous for the grouped GEMMs", pre);
+    }
+    moe.gate = std::make_unique<Linear>(p(n.gate), g(n.gate));
+    moe.gate_up_weight = shaped(buffers.compute, n.gate_proj[0], {E, 2 * F, C});
+    moe.gate_up_grad = shaped(buffers.grads, n.gate_proj[0], {E, 2 * F, C});
+    moe.down_weight = shaped(buffers.compute, n.down_proj[0], {E, C, F});
+    moe.down_grad = shaped(buffers.grads, n.down_proj[0], {E, C, F});
+    moe.routing = MoeRouting{
+        args_.moe_router_topk,
+        args_.moe_router_score_function == "sigmoid" ? MoeScoreFunction::kSigmoid : MoeScoreFunction::kSoftmax,
+        args_.moe_router_score_function == "sigmoid" || !args_.moe_router_pre_softmax,
+        static_cast<float>(args_.moe_router_topk_scaling_factor), args_.moe_router_num_groups,
+        args_.moe_router_group_topk};
+    moe.balancing = MoeBalancing{
+        args_.moe_router_load_balancing_type == "aux_loss" ? static_cast<float>(args_.moe_aux_loss_coeff) : 0.0f,
+        static_cast<float>(args_.moe_z_loss_coeff)};
+    moe.shared_expert = nullptr;
+    if (args_.moe_shared_expert_intermediate_size > 0) {
+      moe.shared_expert = std::make_unique<SwiGluMlp>();
+      moe.shared_expert->gate_up_proj =
+          std::make_unique<Linear>(view(buffers.compute, n.shared_gate, joined_rows(n.shared_gate, n.shared_up)),
+                                   view(buffers.grads, n.shared_gate, joined_rows(n.shared_gate, n.shared_up)));
+      moe.shared_expert->down_proj = std::make_unique<Linear>(p(n.shared_down), g(n.shared_down));
+    }
+  };
   auto p2 = [&](const std::string& a, const std::string& b) { return view(buffers.compute, a, joined_rows(a, b)); };
   auto g2 = [&](const std::string& a, const std::string& b) { return view(buffers.grads, a, joined_rows(a, b)); };
   // This rank's rows of the vocabulary (all of it on one rank), for the embedding and the output layer.
@@ -279,6 +370,11 @@ void LlamaModel::bind_layers(const UnitBuffers& buffers) {
       // group once per step (tensor_parallel_grad_sums).
       at.q_norm = RmsNorm{p(pre + "self_attn.q_norm.weight"), g(pre + "self_attn.q_norm.weight"), eps};
       at.k_norm = RmsNorm{p(pre + "self_attn.k_norm.weight"), g(pre + "self_attn.k_norm.weight"), eps};
+    }
+    b.is_moe = args_.is_moe_layer(i);
+    if (b.is_moe) {
+      bind_moe(b.moe, pre);
+      continue;
     }
     SwiGluMlp& m = b.mlp;
     const std::string gate = pre + "mlp.gate_proj.weight", up = pre + "mlp.up_proj.weight";
@@ -421,7 +517,8 @@ Tensor LlamaModel::block_forward(Block& b, BlockSaved& saved, const Tensor& x, c
   }
   const ops::ProfileScope scope(b.name + ".mlp");
   Tensor h2 = gathered(b.post_attention_norm.forward(a, saved.post_norm), ctx);
-  Tensor m = summed(b.mlp.forward(h2, saved.mlp), ctx);  // down_proj is row-parallel
+  // down_proj is row-parallel (MoE layers run on one tensor-parallel rank only: the sum is the identity)
+  Tensor m = summed(b.is_moe ? b.moe.forward(h2, ctx.aux_grad_scale, saved.moe) : b.mlp.forward(h2, saved.mlp), ctx);
   ops::add_inplace(m, a);
   return m;
 }
@@ -433,7 +530,8 @@ Tensor LlamaModel::block_backward(Block& b, BlockSaved& saved, const Tensor& dx,
   {
     const ops::ProfileScope scope(b.name + ".mlp (backward)");
     // gate/up are column-parallel: each rank's columns give part of their input's gradient
-    Tensor dh2 = summed(b.mlp.backward(gathered(dx, ctx), saved.mlp), ctx);
+    const Tensor dmlp = gathered(dx, ctx);
+    Tensor dh2 = summed(b.is_moe ? b.moe.backward(dmlp, saved.moe) : b.mlp.backward(dmlp, saved.mlp), ctx);
     dmid = b.post_attention_norm.backward(dh2, saved.post_norm);
     ops::add_inplace(dmid, dx);
   }
@@ -449,7 +547,11 @@ Tensor LlamaModel::block_backward(Block& b, BlockSaved& saved, const Tensor& dx,
 void LlamaModel::set_recompute(const RecomputeConfig& recompute) {
   PRIMUS_CHECK(recompute.num_layers >= 1, "[model] recompute_num_layers {} must be >= 1", recompute.num_layers);
   recompute_ = recompute;
-  for (Block& b : blocks_) b.mlp.recompute_act = recompute.granularity == RecomputeConfig::Granularity::kSelective;
+  const bool selective = recompute.granularity == RecomputeConfig::Granularity::kSelective;
+  for (Block& b : blocks_) {
+    b.mlp.recompute_act = selective;
+    if (b.moe.shared_expert != nullptr) b.moe.shared_expert->recompute_act = selective;
+  }
 }
 
 std::unique_ptr<MicroBatchContext> LlamaModel::forward(const Tensor& tokens, const Tensor& labels, float grad_scale,
@@ -465,6 +567,9 @@ std::unique_ptr<MicroBatchContext> LlamaModel::forward_chunk(int chunk, const Te
   PRIMUS_CHECK(labels.shape() == tokens.shape(), "[model] labels {} must match tokens {}", labels.describe(),
                tokens.describe());
   auto ctx = std::make_unique<Context>();
+  // Σ over the step's micro-batches of their tokens × grad_scale is 1 (every label counted): the aux losses of the
+  // micro-batches average, weighted by their tokens.
+  ctx->aux_grad_scale = static_cast<float>(tokens.numel()) * grad_scale;
   const Tensor hidden = forward_hidden(*ctx, chunk, tokens, input, packed, true);
   check_split(*ctx);
   ctx->awaiting_backward = true;
@@ -625,6 +730,14 @@ void LlamaModel::for_each_linear(const LinearVisitor& visit) {
     each(pre + "self_attn.k_proj", at.k_proj);
     each(pre + "self_attn.v_proj", at.v_proj);
     each(pre + "self_attn.o_proj", at.o_proj);
+    if (blocks_[i].is_moe) {  // the router and the grouped experts are no Linear modules; a shared expert is
+      SwiGluMlp* shared = blocks_[i].moe.shared_expert.get();
+      if (shared == nullptr) continue;
+      const std::string shared_pre = moe_param_names(args_, pre).shared;
+      each(shared_pre + "gate_up_proj", shared->gate_up_proj);
+      each(shared_pre + "down_proj", shared->down_proj);
+      continue;
+    }
     each(pre + "mlp.gate_up_proj", blocks_[i].mlp.gate_up_proj);
     each(pre + "mlp.down_proj", blocks_[i].mlp.down_proj);
   }

@@ -1,4 +1,5 @@
-// The dense decoder family: Llama 2/3/3.1/3.2 and Qwen3 (q/k RMSNorm, explicit head_dim).
+// The decoder family: Llama 2/3/3.1/3.2 and Qwen3 (q/k RMSNorm, explicit head_dim), dense or with mixture-of-experts
+// MLPs in some layers (Mixtral, Qwen3-MoE: num_experts; parameter names in moe_param_names below).
 // Builds the parameter table with Hugging Face names, owns the flat ParamStore and the modules that view it,
 // and runs an explicit forward (into a per-micro-batch context) and backward over one micro-batch.
 #pragma once
@@ -7,9 +8,21 @@
 #include <string>
 #include <vector>
 
+#include "layers/moe.h"
 #include "models/model.h"
 
 namespace primus {
+
+// The Hugging Face names of one MoE layer's parameters ("model.layers.{i}." given): Mixtral's
+// block_sparse_moe.{gate, experts.E.w1 (gate), w3 (up), w2 (down)} or, for Qwen3-MoE (qk_layernorm),
+// mlp.{gate, experts.E.gate_proj, up_proj, down_proj}; a shared expert's {prefix}shared_experts.{gate,up,down}_proj.
+struct MoeParamNames {
+  std::string gate;                                        // router [E, C]
+  std::vector<std::string> gate_proj, up_proj, down_proj;  // per expert: [F, C], [F, C], [C, F]
+  std::string shared;                                      // "....shared_experts."
+  std::string shared_gate, shared_up, shared_down;         // [S, C], [S, C], [C, S]
+};
+MoeParamNames moe_param_names(const ModelArgs& args, const std::string& layer_prefix);
 
 class LlamaModel final : public Model {
  public:
@@ -79,7 +92,9 @@ class LlamaModel final : public Model {
     RmsNorm input_norm;
     Attention attention;
     RmsNorm post_attention_norm;
-    SwiGluMlp mlp;
+    SwiGluMlp mlp;  // dense layers
+    bool is_moe = false;
+    MoeLayer moe;   // MoE layers (ModelArgs::is_moe_layer)
   };
   struct BlockSaved;  // one block's activations in a Context
   // What chunk `chunk` of this stage runs: layers [begin, end), whether it embeds the tokens (the first stage's

@@ -13,15 +13,21 @@ std::unique_ptr<Model> make_llama(const ModelArgs& args, int64_t max_seq_length,
   return std::make_unique<LlamaModel>(args, max_seq_length, device, compute_dtype, parallel);
 }
 
-// Llama and Qwen3 differ only in what the shape keys already say (q/k norms, head_dim, tied head): one class.
+// Llama and Qwen3 differ only in what the shape keys already say (q/k norms, head_dim, tied head), and their MoE
+// variants Mixtral and Qwen3-MoE in the MoE keys (num_experts ...) and parameter names: one class.
 constexpr ModelFamily kFamilies[] = {
     {"llama", &LlamaModel::param_specs, &LlamaModel::matmul_params, &LlamaModel::flops_per_token, &make_llama},
     {"qwen3", &LlamaModel::param_specs, &LlamaModel::matmul_params, &LlamaModel::flops_per_token, &make_llama},
+    {"mixtral", &LlamaModel::param_specs, &LlamaModel::matmul_params, &LlamaModel::flops_per_token, &make_llama},
+    {"qwen3_moe", &LlamaModel::param_specs, &LlamaModel::matmul_params, &LlamaModel::flops_per_token, &make_llama},
 };
 
 }  // namespace
 
-std::string_view model_family_name(const ModelArgs& args) { return args.qk_layernorm ? "qwen3" : "llama"; }
+std::string_view model_family_name(const ModelArgs& args) {
+  if (args.num_experts > 0) return args.qk_layernorm ? "qwen3_moe" : "mixtral";
+  return args.qk_layernorm ? "qwen3" : "llama";
+}
 
 const ModelFamily& find_model_family(std::string_view name) {
   std::string known;

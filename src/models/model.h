@@ -84,7 +84,7 @@ class Model {
  public:
   virtual ~Model() = default;
 
-  // The family key: "llama" (Llama 2/3/3.1/3.2) or "qwen3".
+  // The family key: "llama" (Llama 2/3/3.1/3.2), "qwen3", "mixtral" or "qwen3_moe".
   virtual std::string_view family() const = 0;
   virtual const ModelArgs& args() const = 0;
   // The longest sequence forward takes (the rows of its RoPE table): pretrained weights must know positions as far.
@@ -193,8 +193,9 @@ struct ModelFamily {
                                  const ModelParallel& parallel);
 };
 
-// The family of a config: "qwen3" when it has Qwen3's q/k RMSNorm, else "llama" (the shape keys carry no model
-// type; hf_config.cpp maps Hugging Face's model_type the same way).
+// The family of a config: "qwen3" when it has Qwen3's q/k RMSNorm, else "llama"; with experts (num_experts)
+// "qwen3_moe" or "mixtral" (the shape keys carry no model type; hf_config.cpp maps Hugging Face's model_type the
+// same way).
 std::string_view model_family_name(const ModelArgs& args);
 // A family by key; throws UsageError naming an unknown one and the known ones.
 const ModelFamily& find_model_family(std::string_view name);

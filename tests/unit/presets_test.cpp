@@ -52,7 +52,8 @@ TEST(Presets, ParameterCountsMatchThePublishedModels) {
       {"llama3_70B", 70553706496},   {"llama3.1_8B", 8030261248},   {"llama3.1_70B", 70553706496},
       {"llama3.1_405B", 405853388800}, {"llama3.2_1B", 1235814400},  {"llama3.2_3B", 3212749824},
       {"qwen3_0.6B", 596049920},     {"qwen3_1.7B", 1720574976},    {"qwen3_4B", 4022468096},
-      {"qwen3_8B", 8190735360},      {"qwen3_14B", 14768307200},
+      {"qwen3_8B", 8190735360},      {"qwen3_14B", 14768307200},    {"mixtral_8x7B", 46702792704},
+      {"qwen3_30B_A3B", 30532122624},
   };
   for (const auto& [name, count] : published) EXPECT_EQ(parameter_count(load_preset(name)), count) << name;
 }

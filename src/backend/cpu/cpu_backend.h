@@ -1,6 +1,6 @@
 // The CPU reference backend: plain fp32 kernels that define the numerics of every op. A device kernel is
 // accepted only by comparison with these. One .cpp per op family (gemm, embedding, rmsnorm, rope, attention,
-// swiglu, cross_entropy, adamw, elementwise, memory).
+// swiglu, cross_entropy, adamw, elementwise, memory, moe_router, moe_permute).
 //
 // Contract: arguments arrive validated by src/ops (dtypes, shapes, one device); the kernels only check values
 // that need reading the data (token ids, targets).
@@ -45,6 +45,17 @@ class CpuBackend : public Backend {
   void cross_entropy_finish(const CrossEntropyArgs& args) override;
   void row_max(const Tensor& x, Tensor& max) override;
   void adamw_step(const AdamWArgs& args) override;
+  void moe_router_forward(const MoeRouterArgs& args) override;
+  void moe_router_backward(const MoeRouterArgs& args) override;
+  void moe_sort(const MoeSortArgs& args) override;
+  void moe_permute(const MoePermuteArgs& args) override;
+  void moe_permute_backward(const MoePermuteArgs& args) override;
+  void moe_unpermute(const MoePermuteArgs& args) override;
+  void moe_unpermute_backward(const MoePermuteArgs& args) override;
+  void grouped_linear_forward(const GroupedLinearArgs& args) override;
+  void grouped_linear_backward(const GroupedLinearArgs& args) override;
+  void moe_aux_loss(const MoeAuxLossArgs& args) override;
+  void moe_z_loss(const MoeAuxLossArgs& args) override;
   void add_inplace(Tensor& y, const Tensor& x) override;
   void scale_inplace(Tensor& x, float s) override;
   double sum_squares(const Tensor& x) override;

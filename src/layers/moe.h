@@ -1,0 +1,92 @@
+// The mixture-of-experts block that replaces the dense MLP in the MoE layers of Mixtral, Qwen3-MoE and the like:
+// a router (gate Linear, top-k over softmax or sigmoid scores), dropless routed experts (SwiGLU each, all experts'
+// GEMMs as grouped GEMMs over expert-contiguous rows) and an optional shared expert that sees every token.
+//
+// Model code stays single-device: the tokens reach the experts through a TokenDispatcher. The local one (here)
+// permutes rows within the process; expert parallelism will inject one that sends rows to the ranks holding their
+// experts (all-to-all) behind the same interface.
+#pragma once
+
+#include <memory>
+
+#include "layers/attention.h"
+#include "layers/linear.h"
+#include "ops/moe_ops.h"
+
+namespace primus {
+
+// Where the routed rows of one forward went, for the combine and both backwards.
+struct DispatchState {
+  int64_t tokens = 0;  // N
+  int64_t topk = 1;
+  Tensor slots;        // [N·k] i32: routing entries in expert order
+  Tensor offsets;      // [E_local + 1] i32: each local expert's rows
+};
+
+// Moves token rows to the experts and back. dispatch: x [N, C] and each token's experts [N, k] → the rows the local
+// experts compute on, expert-contiguous [M, C], state.offsets their ranges. combine: the experts' outputs [M, C] →
+// [N, C], each token's k outputs weighted by topk_weights [N, k]. The backwards take the gradients the other way.
+class TokenDispatcher {
+ public:
+  virtual ~TokenDispatcher() = default;
+  virtual Tensor dispatch(const Tensor& x, const Tensor& topk_experts, int64_t experts, DispatchState& state) = 0;
+  virtual Tensor combine(const Tensor& expert_out, const Tensor& topk_weights, const DispatchState& state) = 0;
+  // -> d expert_out [M, C]; dweights [N, k] (overwritten).
+  virtual Tensor combine_backward(const Tensor& dout, const Tensor& expert_out, const Tensor& topk_weights,
+                                  const DispatchState& state, Tensor& dweights) = 0;
+  // -> dx [N, C].
+  virtual Tensor dispatch_backward(const Tensor& drows, const DispatchState& state) = 0;
+};
+
+// Every expert in this process: a permutation of the rows (moe_sort, moe_permute, moe_unpermute).
+class LocalTokenDispatcher final : public TokenDispatcher {
+ public:
+  Tensor dispatch(const Tensor& x, const Tensor& topk_experts, int64_t experts, DispatchState& state) override;
+  Tensor combine(const Tensor& expert_out, const Tensor& topk_weights, const DispatchState& state) override;
+  Tensor combine_backward(const Tensor& dout, const Tensor& expert_out, const Tensor& topk_weights,
+                          const DispatchState& state, Tensor& dweights) override;
+  Tensor dispatch_backward(const Tensor& drows, const DispatchState& state) override;
+};
+
+// The load-balancing settings (Megatron's keys).
+struct MoeBalancing {
+  float aux_loss_coeff = 0.0f;  // 0 or load_balancing_type none: no aux loss
+  float z_loss_coeff = 0.0f;    // 0: no z-loss
+};
+
+struct MoeSaved {
+  Tensor input;                    // [N, C]
+  Tensor logits, scores;           // [N, E]
+  Tensor topk_experts;             // [N, k] i32
+  Tensor topk_weights;             // [N, k]
+  DispatchState dispatch;
+  Tensor rows;                     // [M, C] the dispatched rows
+  Tensor gate_up;                  // [M, 2F]
+  Tensor act;                      // [M, F]
+  Tensor expert_out;               // [M, C]
+  Tensor dscores_aux;              // [N, E] grad_scale × the aux loss's gradient (undefined without it)
+  Tensor dlogits_z;                // [N, E] grad_scale × the z-loss's gradient (undefined without it)
+  MlpSaved shared;                 // the shared expert's
+  Tensor aux_loss, z_loss;         // [1] each: this forward's loss values (for metrics), undefined when off
+};
+
+struct MoeLayer {
+  std::unique_ptr<Linear> gate;  // router [E, C]
+  Tensor expert_bias;            // [E] or undefined: added to the scores for selection only
+  Tensor gate_up_weight;         // [E, 2F, C]: expert e's gate_proj (w1) rows then up_proj (w3) rows
+  Tensor gate_up_grad;           // [E, 2F, C]
+  Tensor down_weight;            // [E, C, F] (w2)
+  Tensor down_grad;              // [E, C, F]
+  std::unique_ptr<SwiGluMlp> shared_expert;  // null without one
+  MoeRouting routing;
+  MoeBalancing balancing;
+  std::shared_ptr<TokenDispatcher> dispatcher = std::make_shared<LocalTokenDispatcher>();
+
+  int64_t experts() const { return gate_up_weight.dim(0); }
+  // x [N, C] -> [N, C]. aux_grad_scale: the weight of this micro-batch's aux and z losses in the step's objective
+  // (their gradients are formed here and kept for backward, as LmLoss does).
+  Tensor forward(const Tensor& x, float aux_grad_scale, MoeSaved& saved);
+  Tensor backward(const Tensor& dy, MoeSaved& saved);  // -> dx [N, C]; releases `saved`
+};
+
+}  // namespace primus

@@ -1,0 +1,264 @@
+// Mixture-of-experts op entry points: shape, dtype and device checks naming the op and its tensors, then dispatch to
+// the backend of the tensors' device (moe_ops.h).
+#include "ops/moe_ops.h"
+
+#include <initializer_list>
+
+#include "ops/ops.h"
+#include "ops/profile.h"
+
+namespace primus::ops {
+
+namespace {
+
+#define MOE_CHECK(cond, ...) PRIMUS_CHECK(cond, "[op {}] {}", op, fmt::format(__VA_ARGS__))
+
+struct Arg {
+  const char* name;
+  const Tensor* tensor;
+  DType dtype;
+  Shape shape;
+};
+
+// Every tensor defined, of its dtype and shape, on one device; returns that device's started backend.
+Backend& checked_backend(const char* op, std::initializer_list<Arg> args) {
+  const Arg& first = *args.begin();
+  for (const Arg& arg : args) {
+    MOE_CHECK(arg.tensor->defined(), "{} is undefined", arg.name);
+    MOE_CHECK(arg.tensor->dtype() == arg.dtype && arg.tensor->shape() == arg.shape, "{} is {} but must be {} {}",
+              arg.name, arg.tensor->describe(), dtype_name(arg.dtype), shape_str(arg.shape));
+    MOE_CHECK(arg.tensor->device() == first.tensor->device(), "{} is {} but {} is {}", arg.name,
+              arg.tensor->describe(), first.name, first.tensor->describe());
+  }
+  start_device(first.tensor->device());
+  return backend_for(first.tensor->device());
+}
+
+void check_matrix(const char* op, const char* name, const Tensor& t) {
+  MOE_CHECK(t.defined() && t.ndim() == 2, "{} is {} but must be a matrix", name, t.describe());
+}
+
+void check_routing(const char* op, const MoeRouting& r, int64_t experts) {
+  MOE_CHECK(r.topk >= 1 && r.topk <= experts, "top-k {} of {} experts", r.topk, experts);
+  MOE_CHECK(r.num_groups >= 1 && experts % r.num_groups == 0 && r.group_topk >= 1 && r.group_topk <= r.num_groups,
+            "{} expert groups (top {}) over {} experts", r.num_groups, r.group_topk, experts);
+  MOE_CHECK(r.num_groups == 1 || (r.topk % r.group_topk == 0 && r.topk / r.group_topk <= experts / r.num_groups &&
+                                  r.topk <= r.group_topk * (experts / r.num_groups)),
+            "top-k {} from {} of {} groups of {} experts", r.topk, r.group_topk, r.num_groups, experts / r.num_groups);
+}
+
+}  // namespace
+
+void moe_router_forward(const Tensor& logits, const Tensor& expert_bias, const MoeRouting& routing, Tensor& scores,
+                        Tensor& topk_experts, Tensor& topk_weights) {
+  const char* op = "moe_router_forward";
+  const ProfileScope profile_scope(op);
+  check_matrix(op, "logits", logits);
+  const int64_t n = logits.dim(0), e = logits.dim(1), k = routing.topk;
+  check_routing(op, routing, e);
+  Backend& b = checked_backend(op, {{"logits", &logits, DType::kF32, {n, e}},
+                                    {"scores", &scores, DType::kF32, {n, e}},
+                                    {"topk_experts", &topk_experts, DType::kI32, {n, k}},
+                                    {"topk_weights", &topk_weights, DType::kF32, {n, k}}});
+  if (expert_bias.defined()) checked_backend(op, {{"logits", &logits, DType::kF32, {n, e}}, {"expert_bias", &expert_bias, DType::kF32, {e}}});
+  MoeRouterArgs args;
+  args.routing = routing;
+  args.logits = &logits;
+  args.expert_bias = expert_bias.defined() ? &expert_bias : nullptr;
+  args.scores = &scores;
+  args.topk_experts = &topk_experts;
+  args.topk_weights = &topk_weights;
+  b.moe_router_forward(args);
+}
+
+void moe_router_backward(const Tensor& scores, const Tensor& topk_experts, const MoeRouting& routing,
+                         const Tensor& dweights, const Tensor& dscores, Tensor& dlogits) {
+  const char* op = "moe_router_backward";
+  const ProfileScope profile_scope(op);
+  check_matrix(op, "scores", scores);
+  const int64_t n = scores.dim(0), e = scores.dim(1), k = routing.topk;
+  check_routing(op, routing, e);
+  Backend& b = checked_backend(op, {{"scores", &scores, DType::kF32, {n, e}},
+                                    {"topk_experts", &topk_experts, DType::kI32, {n, k}},
+                                    {"dweights", &dweights, DType::kF32, {n, k}},
+                                    {"dlogits", &dlogits, DType::kF32, {n, e}}});
+  if (dscores.defined()) checked_backend(op, {{"scores", &scores, DType::kF32, {n, e}}, {"dscores", &dscores, DType::kF32, {n, e}}});
+  MoeRouterArgs args;
+  args.routing = routing;
+  args.scores = const_cast<Tensor*>(&scores);  // read only in backward
+  args.topk_experts = const_cast<Tensor*>(&topk_experts);
+  args.dweights = &dweights;
+  args.dscores = dscores.defined() ? &dscores : nullptr;
+  args.dlogits = &dlogits;
+  b.moe_router_backward(args);
+}
+
+void moe_sort(const Tensor& topk_experts, Tensor& slots, Tensor& offsets) {
+  const char* op = "moe_sort";
+  const ProfileScope profile_scope(op);
+  check_matrix(op, "topk_experts", topk_experts);
+  MOE_CHECK(offsets.defined() && offsets.ndim() == 1 && offsets.numel() >= 2, "offsets is {} but must be [E + 1]",
+            offsets.describe());
+  Backend& b = checked_backend(op, {{"topk_experts", &topk_experts, DType::kI32, topk_experts.shape()},
+                                    {"slots", &slots, DType::kI32, {topk_experts.numel()}},
+                                    {"offsets", &offsets, DType::kI32, offsets.shape()}});
+  b.moe_sort(MoeSortArgs{&topk_experts, &slots, &offsets});
+}
+
+void moe_permute(const Tensor& x, const Tensor& slots, int64_t topk, Tensor& out) {
+  const char* op = "moe_permute";
+  const ProfileScope profile_scope(op);
+  check_matrix(op, "x", x);
+  MOE_CHECK(topk >= 1 && slots.defined() && slots.numel() == x.dim(0) * topk, "slots {} must hold {} × {} entries",
+            slots.describe(), x.dim(0), topk);
+  Backend& b = checked_backend(op, {{"x", &x, DType::kF32, x.shape()},
+                                    {"slots", &slots, DType::kI32, {x.dim(0) * topk}},
+                                    {"out", &out, DType::kF32, {x.dim(0) * topk, x.dim(1)}}});
+  MoePermuteArgs args;
+  args.topk = topk;
+  args.slots = &slots;
+  args.x = &x;
+  args.out = &out;
+  b.moe_permute(args);
+}
+
+void moe_permute_backward(const Tensor& dout, const Tensor& slots, int64_t topk, Tensor& dx) {
+  const char* op = "moe_permute_backward";
+  const ProfileScope profile_scope(op);
+  check_matrix(op, "dx", dx);
+  Backend& b = checked_backend(op, {{"dx", &dx, DType::kF32, dx.shape()},
+                                    {"slots", &slots, DType::kI32, {dx.dim(0) * topk}},
+                                    {"dout", &dout, DType::kF32, {dx.dim(0) * topk, dx.dim(1)}}});
+  MoePermuteArgs args;
+  args.topk = topk;
+  args.slots = &slots;
+  args.dout = &dout;
+  args.dx = &dx;
+  b.moe_permute_backward(args);
+}
+
+void moe_unpermute(const Tensor& y, const Tensor& slots, const Tensor& weights, Tensor& out) {
+  const char* op = "moe_unpermute";
+  const ProfileScope profile_scope(op);
+  check_matrix(op, "y", y);
+  check_matrix(op, "weights", weights);
+  const int64_t n = weights.dim(0), k = weights.dim(1);
+  Backend& b = checked_backend(op, {{"y", &y, DType::kF32, {n * k, y.dim(1)}},
+                                    {"slots", &slots, DType::kI32, {n * k}},
+                                    {"weights", &weights, DType::kF32, {n, k}},
+                                    {"out", &out, DType::kF32, {n, y.dim(1)}}});
+  MoePermuteArgs args;
+  args.topk = k;
+  args.slots = &slots;
+  args.y = &y;
+  args.weights = &weights;
+  args.out = &out;
+  b.moe_unpermute(args);
+}
+
+void moe_unpermute_backward(const Tensor& y, const Tensor& slots, const Tensor& weights, const Tensor& dout, Tensor& dy,
+                            Tensor& dweights) {
+  const char* op = "moe_unpermute_backward";
+  const ProfileScope profile_scope(op);
+  check_matrix(op, "y", y);
+  check_matrix(op, "weights", weights);
+  const int64_t n = weights.dim(0), k = weights.dim(1), c = y.dim(1);
+  Backend& b = checked_backend(op, {{"y", &y, DType::kF32, {n * k, c}},
+                                    {"slots", &slots, DType::kI32, {n * k}},
+                                    {"weights", &weights, DType::kF32, {n, k}},
+                                    {"dout", &dout, DType::kF32, {n, c}},
+                                    {"dy", &dy, DType::kF32, {n * k, c}},
+                                    {"dweights", &dweights, DType::kF32, {n, k}}});
+  MoePermuteArgs args;
+  args.topk = k;
+  args.slots = &slots;
+  args.y = &y;
+  args.weights = &weights;
+  args.dout = &dout;
+  args.dy = &dy;
+  args.dweights = &dweights;
+  b.moe_unpermute_backward(args);
+}
+
+void grouped_linear_forward(const Tensor& x, const Tensor& w, const Tensor& offsets, Tensor& y) {
+  const char* op = "grouped_linear_forward";
+  const ProfileScope profile_scope(op);
+  check_matrix(op, "x", x);
+  MOE_CHECK(w.defined() && w.ndim() == 3, "w is {} but must be [E, out, in]", w.describe());
+  Backend& b = checked_backend(op, {{"x", &x, DType::kF32, {x.dim(0), w.dim(2)}},
+                                    {"w", &w, DType::kF32, w.shape()},
+                                    {"offsets", &offsets, DType::kI32, {w.dim(0) + 1}},
+                                    {"y", &y, DType::kF32, {x.dim(0), w.dim(1)}}});
+  GroupedLinearArgs args;
+  args.x = &x;
+  args.w = &w;
+  args.offsets = &offsets;
+  args.y = &y;
+  b.grouped_linear_forward(args);
+}
+
+void grouped_linear_backward(const Tensor& x, const Tensor& w, const Tensor& offsets, const Tensor& dy, Tensor& dx,
+                             Tensor& dw) {
+  const char* op = "grouped_linear_backward";
+  const ProfileScope profile_scope(op);
+  check_matrix(op, "x", x);
+  MOE_CHECK(w.defined() && w.ndim() == 3, "w is {} but must be [E, out, in]", w.describe());
+  const int64_t m = x.dim(0);
+  Backend& b = checked_backend(op, {{"x", &x, DType::kF32, {m, w.dim(2)}},
+                                    {"w", &w, DType::kF32, w.shape()},
+                                    {"offsets", &offsets, DType::kI32, {w.dim(0) + 1}},
+                                    {"dy", &dy, DType::kF32, {m, w.dim(1)}}});
+  if (dx.defined()) checked_backend(op, {{"x", &x, DType::kF32, x.shape()}, {"dx", &dx, DType::kF32, x.shape()}});
+  if (dw.defined()) checked_backend(op, {{"w", &w, DType::kF32, w.shape()}, {"dw", &dw, DType::kF32, w.shape()}});
+  GroupedLinearArgs args;
+  args.x = &x;
+  args.w = &w;
+  args.offsets = &offsets;
+  args.dy = &dy;
+  args.dx = dx.defined() ? &dx : nullptr;
+  args.dw = dw.defined() ? &dw : nullptr;
+  b.grouped_linear_backward(args);
+}
+
+void moe_aux_loss(const Tensor& scores, const Tensor& offsets, int64_t topk, float coeff, bool sigmoid_scores,
+                  float grad_scale, Tensor& loss, Tensor& dscores) {
+  const char* op = "moe_aux_loss";
+  const ProfileScope profile_scope(op);
+  check_matrix(op, "scores", scores);
+  MOE_CHECK(topk >= 1 && topk <= scores.dim(1), "top-k {} of {} experts", topk, scores.dim(1));
+  Backend& b = checked_backend(op, {{"scores", &scores, DType::kF32, scores.shape()},
+                                    {"offsets", &offsets, DType::kI32, {scores.dim(1) + 1}},
+                                    {"loss", &loss, DType::kF32, {1}}});
+  if (dscores.defined()) {
+    checked_backend(op, {{"scores", &scores, DType::kF32, scores.shape()}, {"dscores", &dscores, DType::kF32, scores.shape()}});
+  }
+  MoeAuxLossArgs args;
+  args.topk = topk;
+  args.coeff = coeff;
+  args.grad_scale = grad_scale;
+  args.sigmoid_scores = sigmoid_scores;
+  args.scores = &scores;
+  args.offsets = &offsets;
+  args.loss = &loss;
+  args.dscores = dscores.defined() ? &dscores : nullptr;
+  b.moe_aux_loss(args);
+}
+
+void moe_z_loss(const Tensor& logits, float coeff, float grad_scale, Tensor& loss, Tensor& dlogits) {
+  const char* op = "moe_z_loss";
+  const ProfileScope profile_scope(op);
+  check_matrix(op, "logits", logits);
+  Backend& b = checked_backend(op, {{"logits", &logits, DType::kF32, logits.shape()}, {"loss", &loss, DType::kF32, {1}}});
+  if (dlogits.defined()) {
+    checked_backend(op, {{"logits", &logits, DType::kF32, logits.shape()}, {"dlogits", &dlogits, DType::kF32, logits.shape()}});
+  }
+  MoeAuxLossArgs args;
+  args.coeff = coeff;
+  args.grad_scale = grad_scale;
+  args.logits = &logits;
+  args.loss = &loss;
+  args.dlogits = dlogits.defined() ? &dlogits : nullptr;
+  b.moe_z_loss(args);
+}
+
+}  // namespace primus::ops

@@ -1,0 +1,193 @@
+#!/usr/bin/env python3
+"""PyTorch reference for the mixture-of-experts models (Mixtral, Qwen3-MoE): the golden side of the MoE parity test.
+
+Reads a model directory with moe.json (the engine's model keys: the shape keys and the MoE keys with Megatron's
+names) and model.safetensors (F32, Hugging Face parameter names), and a batch (input_ids, labels); writes the loss
+and the gradient of every parameter of
+
+    objective = mean cross-entropy + aux_weight * sum over MoE layers of (aux loss + z-loss)
+
+where aux_weight = tokens / counted tokens (the engine weighs a micro-batch's router losses by its share of the
+step's tokens). The routing follows Megatron's TopKRouter: softmax or sigmoid scores, optional grouped selection,
+top-k, renormalisation, scaling; the experts are dropless SwiGLU MLPs, written out as a loop over experts.
+Attention, norms and RoPE are tools/torch_llama.py's.
+
+Exit codes: 0 ok, 2 bad arguments or unsupported config, 3 unreadable or corrupt input file.
+"""
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_llama as base  # noqa: E402  (reads safetensors, attention, norms and RoPE)
+
+
+class MoeConfig:
+    """The attention config of torch_llama plus the MoE keys, from moe.json."""
+
+    def __init__(self, path):
+        try:
+            with open(path, encoding="utf-8") as f:
+                c = json.load(f)
+        except OSError as e:
+            raise base.FileFormatError(f"{path}: cannot read: {e.strerror}") from None
+        except ValueError as e:
+            raise base.FileFormatError(f"{path}: not valid JSON: {e}") from None
+        try:
+            self.vocab_size = int(c["vocab_size"])
+            self.hidden = int(c["hidden_size"])
+            self.ffn = int(c["ffn_hidden_size"])
+            self.layers = int(c["num_layers"])
+            self.heads = int(c["num_attention_heads"])
+            self.kv_heads = int(c["num_query_groups"])
+            self.head_dim = int(c["kv_channels"])
+            self.eps = float(c["norm_epsilon"])
+            self.theta = float(c["rotary_base"])
+            self.tied = not bool(c["untie_embeddings_and_output_weights"])
+            self.qk_norm = bool(c["qk_layernorm"])
+            self.experts = int(c["num_experts"])
+            self.topk = int(c["moe_router_topk"])
+            self.moe_ffn = int(c["moe_ffn_hidden_size"])
+            self.shared = int(c["moe_shared_expert_intermediate_size"])
+            self.layer_is_moe = [bool(v) for v in c["moe_layers"]]
+            self.sigmoid = c["moe_router_score_function"] == "sigmoid"
+            self.pre_softmax = bool(c["moe_router_pre_softmax"])
+            self.scaling = float(c["moe_router_topk_scaling_factor"])
+            self.aux_coeff = float(c["moe_aux_loss_coeff"])
+            self.z_coeff = float(c["moe_z_loss_coeff"])
+            self.groups = int(c["moe_router_num_groups"])
+            self.group_topk = int(c["moe_router_group_topk"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise base.UsageError(f"{path}: bad or missing key: {e}") from None
+        if len(self.layer_is_moe) != self.layers:
+            raise base.UsageError(f"{path}: moe_layers lists {len(self.layer_is_moe)} layers, not {self.layers}")
+        self.rope_scaling = None
+
+
+def moe_names(cfg, pre):
+    """(router, [(gate_proj, up_proj, down_proj) per expert], shared prefix) in Hugging Face names."""
+    block = pre + ("mlp." if cfg.qk_norm else "block_sparse_moe.")
+    if cfg.qk_norm:
+        experts = [tuple(f"{block}experts.{e}.{n}.weight" for n in ("gate_proj", "up_proj", "down_proj"))
+                   for e in range(cfg.experts)]
+    else:
+        experts = [tuple(f"{block}experts.{e}.{n}.weight" for n in ("w1", "w3", "w2")) for e in range(cfg.experts)]
+    return block + "gate.weight", experts, block + "shared_experts."
+
+
+def swiglu(x, gate, up, down):
+    return (torch.nn.functional.silu(x @ gate.T) * (x @ up.T)) @ down.T
+
+
+def route(cfg, logits):
+    """Scores [N, E], chosen experts [N, k] and their weights [N, k] (Megatron's TopKRouter)."""
+    scores = torch.sigmoid(logits) if cfg.sigmoid else torch.softmax(logits, dim=-1)
+    ranked = scores.detach().clone()
+    n, e = ranked.shape
+    if cfg.groups > 1:
+        per = e // cfg.groups
+        group_scores = ranked.view(n, cfg.groups, per).topk(cfg.topk // cfg.group_topk, dim=-1).values.sum(-1)
+        best = group_scores.topk(cfg.group_topk, dim=-1).indices  # [N, group_topk]
+        keep = torch.zeros(n, cfg.groups, dtype=torch.bool).scatter(1, best, True)
+        ranked = ranked.masked_fill(~keep.unsqueeze(-1).expand(n, cfg.groups, per).reshape(n, e), float("-inf"))
+    chosen = ranked.topk(cfg.topk, dim=-1).indices
+    weights = scores.gather(1, chosen)
+    if cfg.sigmoid or not cfg.pre_softmax:
+        weights = weights / (weights.sum(-1, keepdim=True) + (1e-20 if cfg.sigmoid else 0.0))
+    return scores, chosen, weights * cfg.scaling
+
+
+def moe_block(cfg, params, pre, x):
+    """x [B, T, C] -> (the block's output [B, T, C], its aux + z losses)."""
+    b, t, c = x.shape
+    h = x.reshape(-1, c)
+    n = h.shape[0]
+    gate, experts, shared = moe_names(cfg, pre)
+    logits = h @ params[gate].T  # [N, E]
+    scores, chosen, weights = route(cfg, logits)
+    out = torch.zeros_like(h)
+    for e, (w1, w3, w2) in enumerate(experts):
+        rows, slot = (chosen == e).nonzero(as_tuple=True)
+        if rows.numel() == 0:
+            continue
+        y = swiglu(h[rows], params[w1], params[w3], params[w2])
+        out = out.index_add(0, rows, weights[rows, slot].unsqueeze(-1) * y)
+    if cfg.shared > 0:
+        out = out + swiglu(h, params[shared + "gate_proj.weight"], params[shared + "up_proj.weight"],
+                           params[shared + "down_proj.weight"])
+    losses = torch.zeros((), dtype=h.dtype)
+    if cfg.aux_coeff > 0:
+        counts = torch.bincount(chosen.flatten(), minlength=cfg.experts).to(h.dtype)
+        p = scores / (scores.sum(-1, keepdim=True) + 1e-20) if cfg.sigmoid else scores
+        losses = losses + cfg.aux_coeff * cfg.experts / (cfg.topk * n * n) * (counts * p.sum(0)).sum()
+    if cfg.z_coeff > 0:
+        losses = losses + cfg.z_coeff * torch.logsumexp(logits, dim=-1).pow(2).mean()
+    return out.view(b, t, c), losses
+
+
+def forward(cfg, params, input_ids, labels):
+    """(mean cross-entropy, Σ router losses); labels as torch_llama's (no shift, -100 ignored)."""
+    _, t = input_ids.shape
+    dtype = params["model.embed_tokens.weight"].dtype
+    cos, sin = base.rope_tables(cfg, t, dtype)
+    x = params["model.embed_tokens.weight"][input_ids]
+    router_losses = torch.zeros((), dtype=dtype)
+    for i in range(cfg.layers):
+        pre = f"model.layers.{i}."
+        p = {k[len(pre):]: v for k, v in params.items() if k.startswith(pre)}
+        x = x + base.attention(cfg, p, base.rms_norm(x, p["input_layernorm.weight"], cfg.eps), cos, sin)
+        h = base.rms_norm(x, p["post_attention_layernorm.weight"], cfg.eps)
+        if cfg.layer_is_moe[i]:
+            m, losses = moe_block(cfg, params, pre, h)
+            router_losses = router_losses + losses
+        else:
+            m = base.mlp(p, h)
+        x = x + m
+    x = base.rms_norm(x, params["model.norm.weight"], cfg.eps)
+    head = params["model.embed_tokens.weight" if cfg.tied else "lm_head.weight"]
+    logits = x @ head.T
+    ce = torch.nn.functional.cross_entropy(logits.reshape(-1, cfg.vocab_size), labels.reshape(-1),
+                                           ignore_index=-100, reduction="mean")
+    return ce, router_losses
+
+
+def run(args):
+    cfg = MoeConfig(os.path.join(args.model_dir, "moe.json"))
+    tensors = base.read_safetensors(os.path.join(args.model_dir, "model.safetensors"))
+    params = {n: torch.tensor(v, dtype=torch.float64, requires_grad=True) for n, v in tensors.items()}
+    input_ids, labels = base.load_batch(args.batch, cfg)
+    ce, router_losses = forward(cfg, params, input_ids, labels)
+    aux_weight = labels.numel() / int((labels >= 0).sum())
+    (ce + aux_weight * router_losses).backward()
+    out = {"loss": np.array(ce.item(), dtype=np.float32),
+           "router_losses": np.array(router_losses.item(), dtype=np.float32)}
+    for n, p in params.items():  # an expert no token chose is not in the graph: its gradient is zero
+        grad = p.grad if p.grad is not None else torch.zeros_like(p)
+        out["grad." + n] = grad.detach().numpy().astype(np.float32)
+    base.write_safetensors(args.out, out)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model-dir", required=True, help="directory with moe.json and model.safetensors (F32)")
+    ap.add_argument("--batch", required=True, help="safetensors with input_ids [B,T] and labels [B,T] (I32)")
+    ap.add_argument("--out", required=True, help="safetensors to write: loss, router_losses, grad.<name>")
+    args = ap.parse_args(argv)
+    try:
+        run(args)
+    except base.UsageError as e:
+        print(f"torch_moe: {e}", file=sys.stderr)
+        return 2
+    except base.FileFormatError as e:
+        print(f"torch_moe: {e}", file=sys.stderr)
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
