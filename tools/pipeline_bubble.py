@@ -11,6 +11,11 @@ them: from the earliest rank's start of the step to the latest rank's end, the t
 Megatron's formula. A rank's bubble is the rest of the flush beyond its compute, as a fraction of the compute:
 (flush - compute) / compute, which the formula puts at (p - 1) / m for 1F1B and (p - 1) / (v m) interleaved.
 Also printed: the bubble inside the rank's own span (which leaves out waiting for the other stages to start or end).
+
+The formula assumes stages of equal compute. When they differ (the first stage holds the embedding, the last the
+output layer and loss), the pipeline runs at the pace of the heaviest stage and the lighter ones idle for the
+difference as well: that is imbalance, not the schedule's bubble. So the schedule is judged on the stage with the
+most compute, and the other stages' compute is printed relative to it.
 """
 import argparse
 import glob
@@ -64,11 +69,16 @@ def main():
         print(f"{os.path.basename(path)}: bubble {means[-1]:.3f} of compute "
               f"(steps: {', '.join(f'{f:.3f}' for f in fractions)}; inside its own span {statistics.mean(own):.3f})")
     mean = statistics.mean(means)
-    print(f"mean over ranks: {mean:.3f}")
+    computes = [statistics.mean(step[2] for step in r[:steps]) for r in ranks]
+    heaviest = max(range(len(ranks)), key=lambda i: computes[i])
+    print(f"mean over ranks: {mean:.3f}; compute of each rank relative to the heaviest: "
+          f"{', '.join(f'{c / computes[heaviest]:.3f}' for c in computes)}")
+    print(f"bubble of the heaviest stage (rank {heaviest}): {means[heaviest]:.3f}")
     if args.stages and args.micro_batches:
         expected = (args.stages - 1) / (args.virtual * args.micro_batches)
         print(f"formula (p-1)/(v m) = ({args.stages}-1)/({args.virtual}*{args.micro_batches}) = {expected:.3f}; "
-              f"measured/formula = {mean / expected:.2f}")
+              f"heaviest stage/formula = {means[heaviest] / expected:.2f}; mean over ranks/formula = "
+              f"{mean / expected:.2f}")
 
 
 if __name__ == "__main__":
