@@ -12,9 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "core/rng.h"
-#include "data/indexed_dataset.h"
-#include "data/tokenizer.h"
+#include "support/random_documents.h"
 #include "support/test_support.h"
 #include "support/training_job.h"
 
@@ -75,25 +73,10 @@ TEST_P(LayoutMatrix, EqualsOneRank) {
 INSTANTIATE_TEST_SUITE_P(Layouts, LayoutMatrix, ::testing::ValuesIn(kLayouts),
                          [](const ::testing::TestParamInfo<Layout>& info) { return std::string(info.param.name); });
 
-// 600 documents of 5 to 34 random bytes, each ending with the byte tokenizer's EOD (256): a sample of 32 tokens holds
-// one or two document boundaries.
-std::string write_documents(const std::string& prefix) {
-  Rng rng(53);
-  IndexedDatasetWriter writer(prefix, TokenDType::kU16);
-  for (int d = 0; d < 600; ++d) {
-    std::vector<int32_t> doc(static_cast<size_t>(5 + rng.below(30)));
-    for (int32_t& id : doc) id = static_cast<int32_t>(rng.below(256));
-    doc.push_back(ByteLevelTokenizer::kEodId);
-    writer.add_document(doc);
-  }
-  writer.finish();
-  return prefix;
-}
-
 // Packed documents through sequence parallelism and the interleaved pipeline: the masks and positions follow each
 // micro-batch to every stage and each rank's rows. The control: packing changes the one-rank run, so the masks act.
 TEST(LayoutMatrixPackedDocuments, Tp2SpPp2InterleavedEqualsOneRank) {
-  const std::string data = write_documents(testing::temp_dir("matrix_documents") + "/documents");
+  const std::string data = testing::write_random_documents(testing::temp_dir("matrix_documents") + "/documents", 600, 53, true);
   const std::vector<std::string> documents = with(kShape, {"mock_data=false", "data_path=" + data, "split=90,10,0"});
   const std::vector<std::string> packed{"reset_attention_mask=true", "reset_position_ids=true", "eod_mask_loss=true"};
   const RunResult plain = testing::train("matrix_unpacked_single", 1, documents);

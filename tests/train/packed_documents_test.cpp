@@ -22,6 +22,7 @@
 #include "data/tokenizer.h"
 #include "models/model.h"
 #include "support/fixed_samples.h"
+#include "support/random_documents.h"
 #include "support/test_support.h"
 #include "support/tiny_models.h"
 #include "train/benchmark.h"
@@ -295,25 +296,11 @@ TEST(PackedDocuments, ATokenizerWithoutEodIsAConfigError) {
   EXPECT_TRUE(ok.reset_attention_mask);
 }
 
-// An indexed dataset of 200 documents of random bytes, each ending with the EOD or not.
-std::string write_dataset(const std::string& prefix, bool append_eod) {
-  Rng rng(37);
-  IndexedDatasetWriter writer(prefix, TokenDType::kU16);
-  for (int d = 0; d < 200; ++d) {
-    std::vector<int32_t> doc(static_cast<size_t>(5 + rng.below(30)));
-    for (int32_t& id : doc) id = static_cast<int32_t>(rng.below(256));
-    if (append_eod) doc.push_back(ByteLevelTokenizer::kEodId);
-    writer.add_document(doc);
-  }
-  writer.finish();
-  return prefix;
-}
-
 TEST(PackedDocuments, IndexedDataWithoutEodIsAConfigError) {
   // Preprocessed without --append-eod, a dataset has no document boundaries: the switches would do nothing.
   const std::string dir = testing::temp_dir("packed_indexed");
-  const std::string with = write_dataset(dir + "/with_eod", true);
-  const std::string without = write_dataset(dir + "/without_eod", false);
+  const std::string with = testing::write_random_documents(dir + "/with_eod", 200, 37, true);
+  const std::string without = testing::write_random_documents(dir + "/without_eod", 200, 37, false);
   const int32_t eod = ByteLevelTokenizer::kEodId;
   EXPECT_TRUE(datasets_without_eod({with}, eod).empty());
   EXPECT_EQ(datasets_without_eod({"0.5", with, "0.5", without}, eod), std::vector<std::string>{without});
