@@ -91,6 +91,22 @@ std::string check_layer_freq(const TypedValue& v) {
   return "";
 }
 
+// The shape keys of multi-head latent attention: accepted by name (so DeepSeek configs fail on what is missing, not
+// on an unknown key), refused when set because the engine has no MLA layer yet.
+std::string refuse_latent_attention(const TypedValue& v) {
+  return v.is_set ? "multi-head latent attention (DeepSeek-V2/V3) is not implemented yet" : "";
+}
+
+// Sliding-window attention (Megatron's window_size "(left, right)"), refused when set.
+std::string refuse_window(const TypedValue& v) {
+  return v.is_set ? "sliding-window attention is not implemented; leave window_size unset" : "";
+}
+
+// GPT-OSS's clamped SwiGLU, refused when set.
+std::string refuse_clamp(const TypedValue& v) {
+  return v.is_set ? "the clamped SwiGLU of GPT-OSS is not implemented; leave activation_func_clamp_value unset" : "";
+}
+
 std::vector<KeySpec> build_specs() {
   using enum KeyType;
   using enum KeyGroup;
@@ -283,6 +299,75 @@ std::vector<KeySpec> build_specs() {
        .help = "Standard deviation of the normal weight initialisation.",
        .aliases = {"initializer_range"},
        .apply = model_field<&ModelArgs::init_method_std>},
+      // ---- features of other model families, named so that their presets fail on what the engine lacks ----
+      {.name = "multi_latent_attention",
+       .type = kBool,
+       .group = kModel,
+       .default_yaml = "false",
+       .choices = {"false"},
+       .why = "multi-head latent attention (DeepSeek-V2/V3) is not implemented yet",
+       .help = "DeepSeek's multi-head latent attention (low-rank q and kv projections, decoupled RoPE key)."},
+      {.name = "q_lora_rank",
+       .type = kInt,
+       .group = kModel,
+       .presence = kOptional,
+       .help = "MLA: rank of the query's low-rank projection (unset: a full-rank query).",
+       .check = refuse_latent_attention},
+      {.name = "kv_lora_rank",
+       .type = kInt,
+       .group = kModel,
+       .presence = kOptional,
+       .help = "MLA: rank of the joint key/value compression.",
+       .check = refuse_latent_attention},
+      {.name = "qk_head_dim",
+       .type = kInt,
+       .group = kModel,
+       .presence = kOptional,
+       .help = "MLA: the per-head query/key width without RoPE (qk_nope_head_dim).",
+       .aliases = {"qk_nope_head_dim"},
+       .check = refuse_latent_attention},
+      {.name = "qk_pos_emb_head_dim",
+       .type = kInt,
+       .group = kModel,
+       .presence = kOptional,
+       .help = "MLA: the per-head width of the decoupled RoPE query/key (qk_rope_head_dim).",
+       .aliases = {"qk_rope_head_dim"},
+       .check = refuse_latent_attention},
+      {.name = "v_head_dim",
+       .type = kInt,
+       .group = kModel,
+       .presence = kOptional,
+       .help = "MLA: the per-head value width.",
+       .check = refuse_latent_attention},
+      {.name = "mtp_num_layers",
+       .type = kInt,
+       .group = kModel,
+       .presence = kOptional,
+       .min = 0,
+       .max = 0,
+       .why = "multi-token prediction (DeepSeek-V3) is not implemented yet",
+       .help = "Multi-token prediction modules after the last layer (DeepSeek-V3: 1); unset or 0: none.",
+       .aliases = {"num_nextn_predict_layers"}},
+      {.name = "softmax_type",
+       .type = kString,
+       .group = kModel,
+       .default_yaml = "vanilla",
+       .choices = {"vanilla"},
+       .why = "off-by-one and learnable softmax offsets (GPT-OSS's attention sinks) are not implemented",
+       .help = "Attention softmax: vanilla, off-by-one, or learnable (a learned per-head sink logit)."},
+      {.name = "window_size",
+       .type = kString,
+       .group = kModel,
+       .presence = kOptional,
+       .help = "Sliding-window attention as \"(left, right)\" tokens; unset: full causal attention.",
+       .aliases = {"sliding_window"},
+       .check = refuse_window},
+      {.name = "activation_func_clamp_value",
+       .type = kFloat,
+       .group = kModel,
+       .presence = kOptional,
+       .help = "Clamp of the gated MLP's pre-activations (GPT-OSS: 7.0); unset: no clamp.",
+       .check = refuse_clamp},
       // ---- mixture of experts (Megatron's keys) ----
       {.name = "num_experts",
        .type = kInt,

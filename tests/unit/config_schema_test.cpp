@@ -48,15 +48,20 @@ TEST(ConfigSchemaTest, EveryKeyIsWellFormed) {
     // Defaults parse and satisfy their own limits.
     config::TypedValue def = config::default_value(spec);
     EXPECT_EQ(def.is_set, spec.presence == config::Presence::kDefault);
-    // A key that fills no field must be pinned to one value (a feature not implemented yet) or steer resolution.
+    // A key that fills no field must be pinned to one value or be refused whenever it is set (a feature not
+    // implemented yet), or steer resolution.
     if (spec.apply == nullptr) {
-      bool pinned = spec.choices.size() == 1 || (spec.min && spec.max && *spec.min == *spec.max);
+      config::TypedValue set;
+      set.is_set = true;
+      const bool refused_when_set =
+          spec.presence == config::Presence::kOptional && spec.check != nullptr && !spec.check(set).empty();
+      bool pinned = spec.choices.size() == 1 || (spec.min && spec.max && *spec.min == *spec.max) || refused_when_set;
       EXPECT_TRUE(pinned || std::string(spec.name) == "group_query_attention");
     }
     EXPECT_TRUE(spec.choices.empty() || spec.type == KeyType::kString || spec.type == KeyType::kBool);
     for (const std::string& alias : spec.aliases) EXPECT_EQ(config::find_key_spec(alias), nullptr) << alias;
   }
-  EXPECT_EQ(names.size(), 109u);  // 41 model keys (15 of them MoE), 68 training keys
+  EXPECT_EQ(names.size(), 119u);  // 51 model keys (15 of them MoE, 10 naming missing features), 68 training keys
   EXPECT_EQ(config::find_key_spec("no_such_key"), nullptr);
 }
 
