@@ -120,6 +120,8 @@ struct TrainingArgs {
   bool log_timers_to_tensorboard = false;
   bool log_memory_to_tensorboard = false;
   bool log_validation_ppl_to_tensorboard = false;
+  bool moe_per_layer_logging = false;  // TensorBoard: MoE figures per layer too
+  double moe_router_bias_update_rate = 1e-3;  // the expert bias's step per training step
   std::string mlflow_tracking_dir;     // MLflow file store (mlruns/) to log the run into; empty: none
   std::string mlflow_experiment_name;  // resolved: exp_name when not given
   bool bf16 = false;                   // mixed precision (CUDA only)

@@ -223,6 +223,12 @@ void check_moe_keys(const ModuleKeys& keys, const Origin& module_origin) {
                                g, describe(topk), e / groups.value.i));
     }
   }
+  const ModuleKey& expert_bias = get(keys, "moe_router_enable_expert_bias");
+  if (expert_bias.value.b && get(keys, "use_megatron_fsdp").value.b) {
+    config_error(place(expert_bias, module_origin),
+                 "moe_router_enable_expert_bias with use_megatron_fsdp is not implemented (the bias is updated in the "
+                 "replicated fp32 weights): use the distributed optimizer (use_distributed_optimizer: true)");
+  }
   const ModuleKey& pre_softmax = get(keys, "moe_router_pre_softmax");
   const ModuleKey& score = get(keys, "moe_router_score_function");
   if (pre_softmax.value.b && score.value.s != "softmax") {

@@ -475,9 +475,10 @@ std::vector<KeySpec> build_specs() {
        .type = kBool,
        .group = kModel,
        .default_yaml = "false",
-       .choices = {"false"},
-       .why = "the bias update of aux-loss-free balancing (moe_router_bias_update_rate) is not implemented yet",
-       .help = "DeepSeek-V3's aux-loss-free balancing: a per-expert bias added to the scores for the selection only.",
+       .help = "DeepSeek-V3's aux-loss-free balancing: a per-expert bias (parameter mlp.gate.e_score_correction_bias, "
+               "starting at 0) added to the scores for the selection only; after each step every MoE layer's bias "
+               "moves by moe_router_bias_update_rate towards the experts that got fewer than the mean of the global "
+               "batch's tokens. Not with use_megatron_fsdp.",
        .apply = model_field<&ModelArgs::moe_router_enable_expert_bias>},
       {.name = "moe_router_num_groups",
        .type = kInt,
@@ -804,6 +805,21 @@ std::vector<KeySpec> build_specs() {
        .help = "TensorBoard: the step's phases, data-wait-ms, forward-time-ms, "
                "backward-time-ms and optimizer-time-ms (device time).",
        .apply = train_field<&TrainingArgs::log_timers_to_tensorboard>},
+      {.name = "moe_router_bias_update_rate",
+       .type = kFloat,
+       .group = kTraining,
+       .default_yaml = "0.001",
+       .min = 0,
+       .help = "With moe_router_enable_expert_bias: each step, bias[e] += rate × sign(mean load - load of e) "
+               "(Megatron's and DeepSeek-V3's update).",
+       .apply = train_field<&TrainingArgs::moe_router_bias_update_rate>},
+      {.name = "moe_per_layer_logging",
+       .type = kBool,
+       .group = kTraining,
+       .default_yaml = "false",
+       .help = "TensorBoard: each MoE layer's moe/load_balancing_loss_layer_<i>, moe/z_loss_layer_<i> and "
+               "moe/max_load_layer_<i> besides the means over the layers (metrics.jsonl always has every layer).",
+       .apply = train_field<&TrainingArgs::moe_per_layer_logging>},
       {.name = "log_memory_to_tensorboard",
        .type = kBool,
        .group = kTraining,

@@ -91,4 +91,10 @@ Tensor MoeLayer::backward(const Tensor& dy, MoeSaved& saved) {
   return dx;
 }
 
+void MoeLayer::record_routing(const MoeSaved& saved) {
+  tally.offsets.push_back(saved.dispatch.offsets);
+  if (saved.aux_loss.defined()) tally.aux_losses.push_back(saved.aux_loss);
+  if (saved.z_loss.defined()) tally.z_losses.push_back(saved.z_loss);
+}
+
 }  // namespace primus

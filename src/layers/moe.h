@@ -70,6 +70,14 @@ struct MoeSaved {
   Tensor aux_loss, z_loss;         // [1] each: this forward's loss values (for metrics), undefined when off
 };
 
+// The routing of the training forwards since the tally was last cleared, kept for metrics: per micro-batch the
+// experts' row offsets and the loss values, left on the device until read.
+struct MoeRoutingTally {
+  std::vector<Tensor> offsets;     // [E + 1] i32 each
+  std::vector<Tensor> aux_losses;  // [1] each, with its coefficient (none without the aux loss)
+  std::vector<Tensor> z_losses;    // [1] each, with its coefficient (none without the z-loss)
+};
+
 struct MoeLayer {
   std::unique_ptr<Linear> gate;  // router [E, C]
   Tensor expert_bias;            // [E] or undefined: added to the scores for selection only
@@ -87,6 +95,10 @@ struct MoeLayer {
   // (their gradients are formed here and kept for backward, as LmLoss does).
   Tensor forward(const Tensor& x, float aux_grad_scale, MoeSaved& saved);
   Tensor backward(const Tensor& dy, MoeSaved& saved);  // -> dx [N, C]; releases `saved`
+
+  MoeRoutingTally tally;
+  // Adds a training forward's routing to the tally (not a recomputed forward's: it would count twice).
+  void record_routing(const MoeSaved& saved);
 };
 
 }  // namespace primus

@@ -24,6 +24,7 @@ MoeParamNames moe_param_names(const ModelArgs& a, const std::string& pre) {
   const std::string block = pre + (qwen3 ? "mlp." : "block_sparse_moe.");
   MoeParamNames names;
   names.gate = block + "gate.weight";
+  names.expert_bias = block + "gate.e_score_correction_bias";
   for (int64_t e = 0; e < a.num_experts; ++e) {
     const std::string expert = fmt::format("{}experts.{}.", block, e);
     names.gate_proj.push_back(expert + (qwen3 ? "gate_proj.weight" : "w1.weight"));
@@ -147,6 +148,8 @@ std::vector<ParamSpec> LlamaModel::param_specs(const ModelArgs& a, int tp_size, 
       const MoeParamNames n = moe_param_names(a, p);
       const int64_t Fe = a.moe_ffn_hidden_size;
       specs.push_back(weight(n.gate, a.num_experts, C, kRows, std));
+      // Not trained by the optimizer (no gradient, no decay): the trainer moves it after each step.
+      if (a.moe_router_enable_expert_bias) specs.push_back({n.expert_bias, {a.num_experts}, ParamInit::kZeros, 0.0, false, {}});
       for (int64_t e = 0; e < a.num_experts; ++e) {
         specs.push_back(weight(n.gate_proj[e], Fe, C, kRows, std));
         specs.push_back(weight(n.up_proj[e], Fe, C, kRows, std));
@@ -317,6 +320,11 @@ void LlamaModel::bind_layers(const UnitBuffers& buffers) {
                    "[model] the experts of {} must be contiguous for the grouped GEMMs", pre);
     }
     moe.gate = std::make_unique<Linear>(p(n.gate), g(n.gate));
+    // The fp32 master itself, not the bf16 copy: its steps (moe_router_bias_update_rate) are finer than bf16 resolves
+    // near the bias's values, and the optimizer never changes it.
+    moe.expert_bias = args_.moe_router_enable_expert_bias
+                          ? params_.flat_params().slice_elements(at(n.expert_bias), {E})
+                          : Tensor();
     moe.gate_up_weight = shaped(buffers.compute, n.gate_proj[0], {E, 2 * F, C});
     moe.gate_up_grad = shaped(buffers.grads, n.gate_proj[0], {E, 2 * F, C});
     moe.down_weight = shaped(buffers.compute, n.down_proj[0], {E, C, F});
@@ -467,6 +475,7 @@ Tensor LlamaModel::forward_hidden(Context& ctx, int chunk, const Tensor& tokens,
     hook_before_forward(unit);
     if (first != end && i == first) saved.chunk_input = x;
     x = block_forward(blocks_[i], saved, x, ctx);
+    if (blocks_[i].is_moe && ctx.awaiting_backward) blocks_[i].moe.record_routing(saved.moe);
     if (first != end) saved.release_activations();  // backward recomputes the chunk from chunk_input
     hook_after_forward(unit);
   }
@@ -570,9 +579,9 @@ std::unique_ptr<MicroBatchContext> LlamaModel::forward_chunk(int chunk, const Te
   // Σ over the step's micro-batches of their tokens × grad_scale is 1 (every label counted): the aux losses of the
   // micro-batches average, weighted by their tokens.
   ctx->aux_grad_scale = static_cast<float>(tokens.numel()) * grad_scale;
+  ctx->awaiting_backward = true;  // before the forward: its MoE layers record their routing
   const Tensor hidden = forward_hidden(*ctx, chunk, tokens, input, packed, true);
   check_split(*ctx);
-  ctx->awaiting_backward = true;
   if (!chunk_plan(chunk).head) {
     output = hidden;
     return ctx;
@@ -741,6 +750,33 @@ void LlamaModel::for_each_linear(const LinearVisitor& visit) {
     each(pre + "mlp.gate_up_proj", blocks_[i].mlp.gate_up_proj);
     each(pre + "mlp.down_proj", blocks_[i].mlp.down_proj);
   }
+}
+
+std::vector<MoeLayerRouting> LlamaModel::moe_routing() const {
+  auto host_value = [](const Tensor& t) { return static_cast<double>(ops::to_device(t, kCpuDevice).f32()[0]); };
+  std::vector<MoeLayerRouting> layers;
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    const Block& b = blocks_[i];
+    if (!b.is_moe || !owns_layer(static_cast<int64_t>(i))) continue;
+    const MoeRoutingTally& tally = b.moe.tally;
+    MoeLayerRouting r;
+    r.layer = static_cast<int64_t>(i);
+    r.tokens_per_expert.assign(static_cast<size_t>(b.moe.experts()), 0.0);
+    r.micro_batches = static_cast<int64_t>(tally.offsets.size());
+    for (const Tensor& offsets : tally.offsets) {
+      const Tensor host = ops::to_device(offsets, kCpuDevice);
+      for (size_t e = 0; e < r.tokens_per_expert.size(); ++e) r.tokens_per_expert[e] += host.i32()[e + 1] - host.i32()[e];
+    }
+    // The logged losses are the coefficient-free ones, as Megatron's tracker logs them.
+    for (const Tensor& loss : tally.aux_losses) r.load_balancing_loss += host_value(loss) / b.moe.balancing.aux_loss_coeff;
+    for (const Tensor& loss : tally.z_losses) r.z_loss += host_value(loss) / b.moe.balancing.z_loss_coeff;
+    layers.push_back(std::move(r));
+  }
+  return layers;
+}
+
+void LlamaModel::clear_moe_routing() {
+  for (Block& b : blocks_) b.moe.tally = MoeRoutingTally();
 }
 
 TensorParallelGradSums LlamaModel::tensor_parallel_grad_sums() const {

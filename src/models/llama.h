@@ -18,6 +18,8 @@ namespace primus {
 // mlp.{gate, experts.E.gate_proj, up_proj, down_proj}; a shared expert's {prefix}shared_experts.{gate,up,down}_proj.
 struct MoeParamNames {
   std::string gate;                                        // router [E, C]
+  // The router's selection bias [E] of aux-loss-free balancing (moe_router_enable_expert_bias), DeepSeek-V3's name.
+  std::string expert_bias;
   std::vector<std::string> gate_proj, up_proj, down_proj;  // per expert: [F, C], [F, C], [C, F]
   std::string shared;                                      // "....shared_experts."
   std::string shared_gate, shared_up, shared_down;         // [S, C], [S, C], [C, S]
@@ -85,6 +87,8 @@ class LlamaModel final : public Model {
   void bind_units(const UnitBuffers& buffers) override;
   void set_param_hooks(ParamUnitHooks* hooks) override { hooks_ = hooks; }
   TensorParallelGradSums tensor_parallel_grad_sums() const override;
+  std::vector<MoeLayerRouting> moe_routing() const override;
+  void clear_moe_routing() override;
 
  private:
   struct Block {

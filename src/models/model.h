@@ -80,6 +80,15 @@ struct ModelParallel {
   PipelineStage pipeline;
 };
 
+// One MoE layer's routing over the training forwards of the last step (Model::moe_routing), on this rank.
+struct MoeLayerRouting {
+  int64_t layer = 0;
+  std::vector<double> tokens_per_expert;  // routing entries (a token's choice of an expert) per expert
+  double load_balancing_loss = 0.0;       // Σ over micro-batches of the aux loss without its coefficient
+  double z_loss = 0.0;                    // Σ over micro-batches of the z-loss without its coefficient
+  int64_t micro_batches = 0;
+};
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -179,6 +188,12 @@ class Model {
   // The gradients backward leaves partial on each tensor-parallel rank, to be summed over the group once per step
   // (empty at one rank).
   virtual TensorParallelGradSums tensor_parallel_grad_sums() const = 0;
+
+  // Mixture of experts: the routing of this rank's MoE layers over the training forwards since the last
+  // clear_moe_routing (a step's, when the trainer clears it as the step starts), in layer order; reading waits for
+  // the device. Empty for a dense model.
+  virtual std::vector<MoeLayerRouting> moe_routing() const { return {}; }
+  virtual void clear_moe_routing() {}
 };
 
 // A family's parameter table, cost figures and constructor.

@@ -8,6 +8,52 @@
 
 namespace primus {
 
+double MoeMetrics::Layer::max_load() const {
+  double sum = 0.0, most = 0.0;
+  for (double tokens : tokens_per_expert) sum += tokens, most = std::max(most, tokens);
+  return sum > 0.0 ? most * static_cast<double>(tokens_per_expert.size()) / sum : 0.0;
+}
+
+namespace {
+
+// Over the layers: the mean of a loss (absent when no layer has it) and the largest max_load.
+struct MoeSummary {
+  std::optional<double> load_balancing_loss, z_loss;
+  double max_load = 0.0;
+};
+
+MoeSummary summarize(const MoeMetrics& moe) {
+  MoeSummary s;
+  double aux = 0.0, z = 0.0;
+  int aux_layers = 0, z_layers = 0;
+  for (const MoeMetrics::Layer& l : moe.layers) {
+    if (l.load_balancing_loss) aux += *l.load_balancing_loss, ++aux_layers;
+    if (l.z_loss) z += *l.z_loss, ++z_layers;
+    s.max_load = std::max(s.max_load, l.max_load());
+  }
+  if (aux_layers > 0) s.load_balancing_loss = aux / aux_layers;
+  if (z_layers > 0) s.z_loss = z / z_layers;
+  return s;
+}
+
+nlohmann::json moe_record(const MoeMetrics& moe) {
+  const MoeSummary s = summarize(moe);
+  nlohmann::json r = {{"max_load", s.max_load}};
+  if (s.load_balancing_loss) r["load_balancing_loss"] = *s.load_balancing_loss;
+  if (s.z_loss) r["z_loss"] = *s.z_loss;
+  nlohmann::json layers = nlohmann::json::array();
+  for (const MoeMetrics::Layer& l : moe.layers) {
+    nlohmann::json layer = {{"layer", l.layer}, {"tokens_per_expert", l.tokens_per_expert}, {"max_load", l.max_load()}};
+    if (l.load_balancing_loss) layer["load_balancing_loss"] = *l.load_balancing_loss;
+    if (l.z_loss) layer["z_loss"] = *l.z_loss;
+    layers.push_back(std::move(layer));
+  }
+  r["layers"] = std::move(layers);
+  return r;
+}
+
+}  // namespace
+
 nlohmann::json StepMetrics::record() const {
   nlohmann::json r = {{"step", step},
                       {"loss", loss},
@@ -27,6 +73,7 @@ nlohmann::json StepMetrics::record() const {
     r["backward_ms"] = phases->backward_ms;
     r["optimizer_ms"] = phases->optimizer_ms;
   }
+  if (moe) r["moe"] = moe_record(*moe);
   return r;
 }
 
@@ -79,10 +126,28 @@ class TensorBoardSink : public MetricSink {
       writer_.add_scalar("backward-time-ms", m.phases->backward_ms, m.step);
       writer_.add_scalar("optimizer-time-ms", m.phases->optimizer_ms, m.step);
     }
+    if (m.moe) write_moe(*m.moe, m.step);
     writer_.flush();
   }
 
  private:
+  // Megatron's load_balancing_loss and z_loss (means over the MoE layers) and, with moe_per_layer_logging, its
+  // moe/<name>_layer_<i> tags; max_load is ours.
+  void write_moe(const MoeMetrics& moe, int64_t step) {
+    const MoeSummary s = summarize(moe);
+    if (s.load_balancing_loss) writer_.add_scalar("load_balancing_loss", *s.load_balancing_loss, step);
+    if (s.z_loss) writer_.add_scalar("z_loss", *s.z_loss, step);
+    writer_.add_scalar("moe/max_load", s.max_load, step);
+    if (!moe.per_layer_tensorboard) return;
+    for (const MoeMetrics::Layer& l : moe.layers) {
+      if (l.load_balancing_loss) {
+        writer_.add_scalar(fmt::format("moe/load_balancing_loss_layer_{}", l.layer), *l.load_balancing_loss, step);
+      }
+      if (l.z_loss) writer_.add_scalar(fmt::format("moe/z_loss_layer_{}", l.layer), *l.z_loss, step);
+      writer_.add_scalar(fmt::format("moe/max_load_layer_{}", l.layer), l.max_load(), step);
+    }
+  }
+
   TensorBoardWriter writer_;
   TensorBoardSwitches switches_;
 };

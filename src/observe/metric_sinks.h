@@ -16,6 +16,22 @@
 
 namespace primus {
 
+// A step's routing in every MoE layer over the global batch: the first thing MoE users look at when a run goes
+// wrong is whether the experts share the load.
+struct MoeMetrics {
+  struct Layer {
+    int64_t layer = 0;
+    std::vector<double> tokens_per_expert;
+    // Mean over the step's micro-batches and data-parallel ranks, without the coefficient (as Megatron logs them);
+    // absent when the loss is off.
+    std::optional<double> load_balancing_loss;
+    std::optional<double> z_loss;
+    double max_load() const;  // the busiest expert's tokens over the mean (1: balanced)
+  };
+  std::vector<Layer> layers;
+  bool per_layer_tensorboard = false;  // moe_per_layer_logging: also one TensorBoard tag per layer
+};
+
 // One logged step: means over the steps since the previous log line, plus this step's phases.
 struct StepMetrics {
   int64_t step = 0;
@@ -36,6 +52,7 @@ struct StepMetrics {
     double data_ms = 0.0, forward_ms = 0.0, backward_ms = 0.0, optimizer_ms = 0.0;
   };
   std::optional<Phases> phases;
+  std::optional<MoeMetrics> moe;  // models with MoE layers, on log steps
 
   // The metrics.jsonl record (and MLflow's metrics): docs/training.md lists the fields.
   nlohmann::json record() const;

@@ -64,8 +64,8 @@ void ParamStore::initialize(uint64_t seed) {
   for (size_t i = 0; i < specs_.size(); ++i) {
     const ParamSpec& spec = specs_[i];
     Tensor view = params_.slice_elements(offsets_[i], spec.shape);
-    if (spec.init == ParamInit::kOnes) {
-      ops::fill(view, 1.0f);
+    if (spec.init == ParamInit::kOnes || spec.init == ParamInit::kZeros) {
+      ops::fill(view, spec.init == ParamInit::kOnes ? 1.0f : 0.0f);
     } else {
       ops::fill_normal(view, Rng::derive(seed, stable_hash(spec.name)).seed(), spec.init_std, stream_index(spec));
     }

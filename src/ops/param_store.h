@@ -14,7 +14,7 @@
 
 namespace primus {
 
-enum class ParamInit { kNormal, kOnes };
+enum class ParamInit { kNormal, kOnes, kZeros };
 
 // [begin, end) elements of a flat buffer (a gradient bucket, an optimizer shard).
 struct FlatRange {

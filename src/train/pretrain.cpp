@@ -33,6 +33,7 @@
 #include "train/checkpoint_progress.h"
 #include "train/checkpoint_saver.h"
 #include "train/memory_report.h"
+#include "train/moe_routing.h"
 #include "train/pipeline_step.h"
 #include "train/signals.h"
 #include "train/step_monitor.h"
@@ -417,6 +418,10 @@ int run_training(const ExperimentConfig& config, const RunOptions& options, std:
       }
       m.eval_loss = eval_loss;
       if (log_step) m.phases = StepMetrics::Phases{data_ms, times.forward_ms, times.backward_ms, times.optimizer_ms};
+      if (model.args().num_experts > 0) {  // collective: every rank logs the same steps
+        m.moe = r.moe ? *r.moe : reduce_moe_routing(model, *dp, &pipeline);
+        m.moe->per_layer_tensorboard = t.moe_per_layer_logging;
+      }
       sinks.write(m);
       window_loss = window_s = 0.0;
       window_steps = window_tokens = 0;

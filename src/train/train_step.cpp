@@ -53,6 +53,7 @@ StepResult train_step(Model& model, AdamW& optimizer, DataParallel& dp, const st
   };
   mark();
   dp.zero_grads();
+  model.clear_moe_routing();  // so that it holds this step's routing
   Tensor loss_sum = ops::zeros({1}, DType::kF32, model.device());  // summed on the device: no wait per micro-batch
   const bool pipelined = pipeline != nullptr && pipeline->active();
   if (pipelined) {
@@ -109,6 +110,10 @@ StepResult train_step(Model& model, AdamW& optimizer, DataParallel& dp, const st
     } else {
       optimizer.step(model.params(), lr, clip.scale, model.compute_weights());
     }
+    if (model.args().moe_router_enable_expert_bias) {
+      result.moe = reduce_moe_routing(model, dp, pipelined ? pipeline : nullptr);
+      update_expert_bias(model, *result.moe, t.moe_router_bias_update_rate);
+    }
   }
   mark();
   if (times != nullptr) {
@@ -158,9 +163,9 @@ std::shared_ptr<Communicator> connect_world(const DistributedEnv& env, Device de
   return make_world_communicator(env, device, timeout);
 }
 
-ProcessGroups make_process_groups(std::shared_ptr<Communicator> world, const ModelArgs& model, const TrainingArgs& t) {
-  const ParallelDims dims = ParallelDims::make(
-      world->size(),
+ParallelDims parallel_dims_for(const ModelArgs& model, const TrainingArgs& t, int world_size) {
+  return ParallelDims::make(
+      world_size,
       ParallelSizes{.tp = static_cast<int>(t.tensor_model_parallel_size),
                     .pp = static_cast<int>(t.pipeline_model_parallel_size),
                     .cp = static_cast<int>(t.context_parallel_size),
@@ -176,6 +181,10 @@ ProcessGroups make_process_groups(std::shared_ptr<Communicator> world, const Mod
                          .num_layers = model.num_layers,
                          .seq_length = t.seq_length,
                          .micro_batch_size = t.micro_batch_size});
+}
+
+ProcessGroups make_process_groups(std::shared_ptr<Communicator> world, const ModelArgs& model, const TrainingArgs& t) {
+  const ParallelDims dims = parallel_dims_for(model, t, world->size());
   if (dims.dp() != t.data_parallel_size) {
     throw UsageError(fmt::format("[distributed] the config was resolved for a data-parallel size of {} but the job "
                                  "has {} (WORLD_SIZE {})",

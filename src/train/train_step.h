@@ -9,6 +9,7 @@
 #include "parallel/data_parallel.h"
 #include "parallel/distributed_env.h"
 #include "parallel/parallel_dims.h"
+#include "train/moe_routing.h"
 
 namespace primus {
 
@@ -22,6 +23,7 @@ struct StepResult {
   double loss = 0.0;       // mean token loss over the global batch
   double grad_norm = 0.0;  // before clipping
   int64_t tokens = 0;      // tokens with a label
+  std::optional<MoeMetrics> moe;  // the step's routing when the step needed it (the expert-bias update)
 };
 
 // Device time of a step's phases, from marks queued between them (ops/profile.h's DeviceMark): summed over
@@ -60,6 +62,8 @@ BatchSplit batch_split(const ProcessGroups& groups);
 // With an active `pipeline` the micro-batches run through its schedule instead (pipeline_step.h); the tied
 // embedding's gradients are summed over first and last stage and the gradients reduced over dp after the flush, the
 // loss comes from the last stage and the norm sums over the stages; forward_ms then holds the whole schedule.
+// With moe_router_enable_expert_bias, the step's routing over the global batch then moves each MoE layer's bias
+// (update_expert_bias) and is returned.
 StepResult train_step(Model& model, AdamW& optimizer, DataParallel& dp, const std::vector<Batch>& micro_batches,
                       const TrainingArgs& t, double lr, StepTimes* times = nullptr,
                       const Pipeline* pipeline = nullptr);
@@ -82,8 +86,11 @@ int64_t ddp_bucket_size(const TrainingArgs& t);
 // distributed_timeout_minutes.
 std::shared_ptr<Communicator> connect_world(const DistributedEnv& env, Device device, const TrainingArgs& t);
 
-// The job's layout (tensor_model_parallel_size, ...) checked against the world and the model, and the rank's
-// groups: UsageError naming the key when they do not fit.
+// The config's layout (tensor_model_parallel_size, ...) over `world_size` ranks, checked against the model:
+// UsageError naming the key when they do not fit. No communicator: also for planning a job (projection).
+ParallelDims parallel_dims_for(const ModelArgs& model, const TrainingArgs& t, int world_size);
+// The job's layout checked against the world and the model, and the rank's groups: UsageError naming the key when
+// they do not fit.
 ProcessGroups make_process_groups(std::shared_ptr<Communicator> world, const ModelArgs& model, const TrainingArgs& t);
 // The model of the config, split as `groups` say. Its ring attention (cp > 1) runs on a split of the cp group of its
 // own. Collective over the world.

@@ -1,11 +1,14 @@
 // MoE through the primus-cli binary: the tiny Mixtral and Qwen3-MoE presets train on the CPU engine and their loss
-// falls; bad MoE configs exit 2 naming the key to change.
+// falls; the MoE metrics and the expert bias; bad MoE configs exit 2 naming the key to change.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "checkpoint/safetensors.h"
 #include "support/cli_process.h"
 #include "support/test_support.h"
 
@@ -86,6 +89,90 @@ TEST_F(MoeCliTest, TinyPresetsTrainTheLossFallsAndTheRunResumes) {
   }
 }
 
+// metrics.jsonl has every MoE layer's tokens per expert (each step's routing entries: global batch tokens × top-k)
+// and its coefficient-free aux and z losses; TensorBoard has Megatron's tags, per layer with moe_per_layer_logging.
+TEST_F(MoeCliTest, MetricsShowEachLayersLoadAndLosses) {
+  const std::string tensorboard = dir_ + "/tensorboard";
+  const std::string config = write_config("tiny_mixtral",
+                                          "      moe_z_loss_coeff: 0.001\n"
+                                          "      moe_per_layer_logging: true\n"
+                                          "      tensorboard_dir: " + tensorboard + "\n",
+                                          3);
+  const testing::CliResult result = run({"--", "train", "pretrain", "--config", config});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  std::istringstream in(testing::read_text(dir_ + "/workspace/moe_exp/metrics.jsonl"));
+  int records = 0;
+  for (std::string line; std::getline(in, line); ++records) {
+    const nlohmann::json moe = nlohmann::json::parse(line).at("moe");
+    ASSERT_EQ(moe.at("layers").size(), 2u) << line;
+    double max_load = 0.0;
+    for (int layer = 0; layer < 2; ++layer) {
+      const nlohmann::json& l = moe.at("layers")[static_cast<size_t>(layer)];
+      EXPECT_EQ(l.at("layer").get<int>(), layer);
+      const std::vector<double> tokens = l.at("tokens_per_expert").get<std::vector<double>>();
+      ASSERT_EQ(tokens.size(), 4u);
+      double sum = 0.0, most = 0.0;
+      for (double t : tokens) sum += t, most = std::max(most, t);
+      EXPECT_EQ(sum, 4.0 * 32.0 * 2.0) << line;  // global batch 4 × seq 32 tokens, top-2
+      EXPECT_DOUBLE_EQ(l.at("max_load").get<double>(), most * 4.0 / sum);
+      max_load = std::max(max_load, most * 4.0 / sum);
+      // The switch loss is 1 for a perfectly even routing with uniform scores, and at most E.
+      EXPECT_GT(l.at("load_balancing_loss").get<double>(), 0.5) << line;
+      EXPECT_LT(l.at("load_balancing_loss").get<double>(), 4.0) << line;
+      EXPECT_GT(l.at("z_loss").get<double>(), 0.0) << line;
+    }
+    EXPECT_DOUBLE_EQ(moe.at("max_load").get<double>(), max_load);
+    const double mean_aux = (moe["layers"][0]["load_balancing_loss"].get<double>() +
+                             moe["layers"][1]["load_balancing_loss"].get<double>()) / 2.0;
+    EXPECT_NEAR(moe.at("load_balancing_loss").get<double>(), mean_aux, 1e-12);
+  }
+  EXPECT_EQ(records, 3);
+  std::string events;
+  for (const auto& entry : fs::directory_iterator(tensorboard)) events += testing::read_text(entry.path().string());
+  for (const char* tag : {"load_balancing_loss", "z_loss", "moe/max_load", "moe/load_balancing_loss_layer_1",
+                          "moe/z_loss_layer_0", "moe/max_load_layer_1"}) {
+    EXPECT_NE(events.find(tag), std::string::npos) << tag;
+  }
+}
+
+// Aux-loss-free balancing: after each step every layer's bias moves by rate × sign(mean − load) of that step's
+// logged tokens per expert, so the saved bias is the sum of those steps; and it changes the routing.
+TEST_F(MoeCliTest, ExpertBiasMovesTowardsTheLessLoadedExperts) {
+  const double rate = 0.01;
+  const std::string config = write_config("tiny_mixtral",
+                                          "      moe_aux_loss_coeff: 0.0\n"
+                                          "      moe_router_enable_expert_bias: true\n"
+                                          "      moe_router_bias_update_rate: 0.01\n",
+                                          4);
+  const testing::CliResult result = run({"--", "train", "pretrain", "--config", config});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  std::vector<std::vector<double>> expected(2, std::vector<double>(4, 0.0));
+  std::istringstream in(testing::read_text(dir_ + "/workspace/moe_exp/metrics.jsonl"));
+  bool unbalanced = false;
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json layers = nlohmann::json::parse(line).at("moe").at("layers");
+    for (size_t layer = 0; layer < 2; ++layer) {
+      const std::vector<double> tokens = layers[layer].at("tokens_per_expert").get<std::vector<double>>();
+      const double mean = (tokens[0] + tokens[1] + tokens[2] + tokens[3]) / 4.0;
+      for (size_t e = 0; e < 4; ++e) {
+        expected[layer][e] += tokens[e] < mean ? rate : tokens[e] > mean ? -rate : 0.0;
+        unbalanced |= tokens[e] != mean;
+      }
+    }
+  }
+  ASSERT_TRUE(unbalanced) << "a routing this even cannot tell the update's sign";
+  const std::string hf = dir_ + "/hf";
+  const testing::CliResult converted = run({"--", "checkpoint", "convert", "--input",
+                                            dir_ + "/workspace/moe_exp/checkpoints", "--output", hf});
+  ASSERT_EQ(converted.exit_code, 0) << converted.err;
+  const SafetensorsFile file = SafetensorsFile::open(hf + "/model.safetensors");
+  for (size_t layer = 0; layer < 2; ++layer) {
+    const Tensor bias =
+        file.read_f32(fmt::format("model.layers.{}.block_sparse_moe.gate.e_score_correction_bias", layer));
+    for (size_t e = 0; e < 4; ++e) EXPECT_NEAR(bias.f32()[e], expected[layer][e], 1e-6) << layer << " " << e;
+  }
+}
+
 TEST_F(MoeCliTest, BadMoeConfigsExit2NamingTheKey) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"      moe_router_topk: 5\n", "moe_router_topk (5) exceeds num_experts"},
@@ -96,7 +183,9 @@ TEST_F(MoeCliTest, BadMoeConfigsExit2NamingTheKey) {
       {"      moe_layer_freq: 0\n", "moe_layer_freq"},
       {"      moe_router_score_function: sigmoid\n      moe_router_pre_softmax: true\n",
        "moe_router_pre_softmax applies to softmax scores only"},
-      {"      moe_router_enable_expert_bias: true\n", "moe_router_enable_expert_bias"},
+      {"      moe_router_enable_expert_bias: true\n      use_megatron_fsdp: true\n"
+       "      data_parallel_sharding_strategy: optim_grads_params\n",
+       "moe_router_enable_expert_bias with use_megatron_fsdp is not implemented"},
   };
   for (const auto& [extra, message] : cases) {
     const testing::CliResult result = run({"--", "config", "validate", "--config", write_config("tiny_mixtral", extra)});

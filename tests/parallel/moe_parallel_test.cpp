@@ -1,7 +1,8 @@
 // MoE models under the parallel layouts that wrap the model unchanged, on CPU ranks over Gloo (support/training_job.h):
 // data parallelism (with the distributed optimizer) and pipeline parallelism of a 4-layer Mixtral-style model (every
 // other layer MoE, 4 experts, top 2) against one rank at the same global batch: losses, gradient norms, evaluation
-// losses and every parameter after 20 steps within relative 1e-5.
+// losses and every parameter after 20 steps within relative 1e-5, and the same tokens per expert in metrics.jsonl (each
+// rank's routing summed over dp and the stages).
 //
 // Without balancing losses: the aux loss of Megatron's switch router is a product of the counts and mean scores of the
 // tokens a rank routes, so per rank (or per micro-batch) it is not the one-rank loss of the whole batch, by design
@@ -27,6 +28,7 @@ const std::vector<std::string> kMoe{"num_layers=4",          "vocab_size=384",  
 TEST(MoeParallel, DataAndPipelineParallelEqualOneRank) {
   const RunResult one = testing::train("moe_single", 1, kMoe);
   ASSERT_FALSE(one.losses.empty());
+  ASSERT_EQ(one.moe_tokens.size(), one.losses.size());
   const RunResult dp = testing::train("moe_dp2", 2, kMoe);
   testing::expect_same_run(one, dp, "dp2");
   const RunResult dist = testing::train(
@@ -34,6 +36,19 @@ TEST(MoeParallel, DataAndPipelineParallelEqualOneRank) {
   testing::expect_same_run(one, dist, "dp2 distributed optimizer");
   const RunResult pp = testing::train("moe_pp2", 2, with(kMoe, {"pipeline_model_parallel_size=2"}));
   testing::expect_same_run(one, pp, "pp2");
+}
+
+// The expert bias moves by the global batch's loads: every layout moves it as one rank does.
+TEST(MoeParallel, ExpertBiasUpdatesEqualOneRank) {
+  const std::vector<std::string> biased =
+      with(kMoe, {"moe_router_enable_expert_bias=true", "moe_router_bias_update_rate=0.01"});
+  const RunResult one = testing::train("moe_bias_single", 1, biased);
+  ASSERT_FALSE(one.losses.empty());
+  const RunResult dist = testing::train(
+      "moe_bias_dp2_distopt", 2, with(biased, {"use_distributed_optimizer=true", "ddp_bucket_size=7001"}));
+  testing::expect_same_run(one, dist, "dp2 distributed optimizer, expert bias");
+  const RunResult pp = testing::train("moe_bias_pp2", 2, with(biased, {"pipeline_model_parallel_size=2"}));
+  testing::expect_same_run(one, pp, "pp2, expert bias");
 }
 
 }  // namespace

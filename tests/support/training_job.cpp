@@ -139,6 +139,12 @@ RunResult read_run(const std::string& workspace) {
     r.losses.push_back(record["loss"]);
     r.grad_norms.push_back(record["grad_norm"]);
     if (record.contains("eval_loss")) r.eval_losses.push_back(record["eval_loss"]);
+    if (record.contains("moe")) {
+      std::vector<double>& tokens = r.moe_tokens.emplace_back();
+      for (const nlohmann::json& layer : record["moe"]["layers"]) {
+        for (const nlohmann::json& count : layer["tokens_per_expert"]) tokens.push_back(count.get<double>());
+      }
+    }
   }
   // Whatever the format (one file, or a shard per rank), `checkpoint convert` gives the whole weights.
   const std::string hf = workspace + "/hf";
@@ -172,6 +178,7 @@ void expect_same_run(const RunResult& one, const RunResult& many, const std::str
   for (size_t i = 0; i < one.eval_losses.size(); ++i) {
     expect_close(one.eval_losses[i], many.eval_losses[i], fmt::format("{}: eval loss {}", layout, i));
   }
+  EXPECT_EQ(many.moe_tokens, one.moe_tokens) << layout << ": tokens per expert";
   ASSERT_EQ(many.weights.size(), one.weights.size()) << layout;
   // Per tensor, ||a - b|| / ||a||: the reduction adds the ranks' partial gradients in another order than one
   // rank accumulating them, and AdamW's g / sqrt(v) magnifies those last-bit differences for the elements whose

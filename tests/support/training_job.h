@@ -30,13 +30,15 @@ struct RunResult {
   std::vector<double> losses;
   std::vector<double> grad_norms;
   std::vector<double> eval_losses;
+  std::vector<std::vector<double>> moe_tokens;  // MoE models: each record's tokens per expert, layer after layer
   std::map<std::string, std::vector<float>> weights;
 };
 
 // The run of a workspace: its metrics and (through `checkpoint convert`) its final weights.
 RunResult read_run(const std::string& workspace);
 
-// `many` (a layout of several ranks) against `one` (one rank): see the top of this file.
+// `many` (a layout of several ranks) against `one` (one rank): see the top of this file. MoE models also route the
+// same number of tokens to each expert in every step.
 void expect_same_run(const RunResult& one, const RunResult& many, const std::string& layout);
 
 // a then b.
