@@ -53,6 +53,7 @@ void add_benchmark_commands(CLI::App& root, const LaunchOptions& launch, Action&
 void add_report_commands(CLI::App& root, const LaunchOptions& launch, Action& action);
 void add_checkpoint_commands(CLI::App& root, const LaunchOptions& launch, Action& action);
 void add_preflight_commands(CLI::App& root, const LaunchOptions& launch, Action& action);
+void add_projection_commands(CLI::App& root, const LaunchOptions& launch, Action& action);
 
 // Turns the free arguments of a command into "key=value" overrides. Accepts key=value, --key=value,
 // --key value and a bare --flag (meaning flag=true); throws UsageError on anything else.

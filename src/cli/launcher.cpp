@@ -35,6 +35,7 @@ constexpr const char* kLauncherFooter = R"(Commands (given after `--`; `--` may 
   benchmark train --config FILE [KEY=VALUE ...]   time the training step on random tokens
   report RUN_DIR [--output FILE]                  an HTML page of a run: loss/lr/throughput charts, config
   preflight [--report-dir DIR]                    check host, GPUs, network, GEMM, bandwidth, all-reduce
+  projection memory --config FILE [--nnodes N --gpus-per-node G --gpu NAME]   per-GPU memory, FITS or not
 Run 'primus-cli -- <command> --help' for the options of a command.
 
 Exit codes: 0 ok, 1 preflight checks failed, 2 bad arguments or config, 3 runtime failure, 128+N stopped by
@@ -241,6 +242,7 @@ void add_commands(CLI::App& commands, const LaunchOptions& launch, Action& actio
   add_report_commands(commands, launch, action);
   add_checkpoint_commands(commands, launch, action);
   add_preflight_commands(commands, launch, action);
+  add_projection_commands(commands, launch, action);
 }
 
 // Parses the command words; an exit code when they do not parse, or asked for help (then printed).

@@ -391,9 +391,52 @@ void log_memory_plan(const MemoryPlan& plan) {
   }
 }
 
-std::string out_of_memory_message(const OutOfMemoryError& error, const MemoryPlan& plan) {
+std::vector<std::string> memory_suggestions(const MemoryPlan& plan) {
   const ModelArgs& args = plan.rank_model;
   const TrainingArgs& t = plan.train;
+  auto activations = [&](int64_t micro_batch_size, const std::string& granularity) {
+    TrainingArgs changed = t;
+    changed.micro_batch_size = micro_batch_size;
+    changed.recompute_granularity = granularity;
+    if (granularity == "full" && t.recompute_granularity != "full") {
+      changed.recompute_method = "uniform";
+      changed.recompute_num_layers = 1;
+    }
+    return format_memory_bytes(estimate_activations(args, micro_batch_size, plan.seq_length, plan.activation_dtype,
+                                                    RecomputeConfig::from(changed), plan.sequence_parallel_ranks)
+                                   .peak_bytes);
+  };
+  std::vector<std::string> tips;
+  if (t.micro_batch_size > 1) {
+    const int64_t half = t.micro_batch_size / 2;
+    tips.push_back(fmt::format(
+        "a smaller micro_batch_size (now {}; {} would need about {} of activations); global_batch_size stays, "
+        "with more accumulation steps",
+        t.micro_batch_size, half, activations(half, t.recompute_granularity)));
+  }
+  if (t.recompute_granularity.empty()) {
+    tips.push_back(fmt::format("recompute_granularity: selective (about {} of activations) or full (about {})",
+                               activations(t.micro_batch_size, "selective"), activations(t.micro_batch_size, "full")));
+  } else if (t.recompute_granularity == "selective") {
+    tips.push_back(
+        fmt::format("recompute_granularity: full (about {} of activations)", activations(t.micro_batch_size, "full")));
+  } else if (t.recompute_method != "uniform" || t.recompute_num_layers != 1) {
+    TrainingArgs every = t;
+    every.recompute_method = "uniform";
+    every.recompute_num_layers = 1;
+    tips.push_back(fmt::format(
+        "recompute_method: uniform with recompute_num_layers: 1 (every layer, about {} of activations)",
+        format_memory_bytes(estimate_activations(args, t.micro_batch_size, plan.seq_length, plan.activation_dtype,
+                                                 RecomputeConfig::from(every), plan.sequence_parallel_ranks)
+                                .peak_bytes)));
+  }
+  tips.push_back(fmt::format("a shorter seq_length (now {}; activations scale with it)", t.seq_length));
+  tips.push_back("on several GPUs, use_distributed_optimizer: true (the optimizer state divided by the data-parallel "
+                 "size)");
+  return tips;
+}
+
+std::string out_of_memory_message(const OutOfMemoryError& error, const MemoryPlan& plan) {
   const std::string device = error.device() == "cuda" ? plan.device : error.device();
   std::string text =
       error.requested_bytes() > 0
@@ -411,44 +454,9 @@ std::string out_of_memory_message(const OutOfMemoryError& error, const MemoryPla
         format_memory_bytes(plan.static_bytes()), format_memory_bytes(plan.device_total_bytes));
     return text;
   }
-  auto activations = [&](int64_t micro_batch_size, const std::string& granularity) {
-    TrainingArgs changed = t;
-    changed.micro_batch_size = micro_batch_size;
-    changed.recompute_granularity = granularity;
-    if (granularity == "full" && t.recompute_granularity != "full") {
-      changed.recompute_method = "uniform";
-      changed.recompute_num_layers = 1;
-    }
-    return format_memory_bytes(estimate_activations(args, micro_batch_size, plan.seq_length, plan.activation_dtype,
-                                                    RecomputeConfig::from(changed), plan.sequence_parallel_ranks)
-                                   .peak_bytes);
-  };
   text += "What to try:\n";
-  if (t.micro_batch_size > 1) {
-    const int64_t half = t.micro_batch_size / 2;
-    text += fmt::format(
-        "  - a smaller micro_batch_size (now {}; {} would need about {} of activations); global_batch_size stays, "
-        "with more accumulation steps\n",
-        t.micro_batch_size, half, activations(half, t.recompute_granularity));
-  }
-  if (t.recompute_granularity.empty()) {
-    text += fmt::format("  - recompute_granularity: selective (about {} of activations) or full (about {})\n",
-                        activations(t.micro_batch_size, "selective"), activations(t.micro_batch_size, "full"));
-  } else if (t.recompute_granularity == "selective") {
-    text += fmt::format("  - recompute_granularity: full (about {} of activations)\n",
-                        activations(t.micro_batch_size, "full"));
-  } else if (t.recompute_method != "uniform" || t.recompute_num_layers != 1) {
-    TrainingArgs every = t;
-    every.recompute_method = "uniform";
-    every.recompute_num_layers = 1;
-    text += fmt::format(
-        "  - recompute_method: uniform with recompute_num_layers: 1 (every layer, about {} of activations)\n",
-        format_memory_bytes(estimate_activations(args, t.micro_batch_size, plan.seq_length, plan.activation_dtype,
-                                                 RecomputeConfig::from(every), plan.sequence_parallel_ranks)
-                                .peak_bytes));
-  }
-  text += fmt::format("  - a shorter seq_length (now {}; activations scale with it)\n", t.seq_length);
-  text += "  - on several GPUs, use_distributed_optimizer: true (the optimizer state divided by the data-parallel size)";
+  for (const std::string& tip : memory_suggestions(plan)) text += "  - " + tip + "\n";
+  text.pop_back();
   return text;
 }
 

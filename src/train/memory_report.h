@@ -111,6 +111,9 @@ std::vector<std::string> format_memory_table(const MemoryPlan& plan);
 // Logs the table (info), and a warning when the estimate exceeds the device's memory.
 void log_memory_plan(const MemoryPlan& plan);
 
+// What to change when a plan does not fit: a smaller micro_batch_size, recompute, a shorter seq_length, sharding,
+// each with the activation estimate it would give.
+std::vector<std::string> memory_suggestions(const MemoryPlan& plan);
 // "out of memory on DEVICE: a request for X did not fit", the allocator's own line, the table, and what to try
 // (a smaller micro_batch_size, recompute, a shorter seq_length, sharding) with the activation estimates
 // those settings would give.

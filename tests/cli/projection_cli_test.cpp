@@ -1,0 +1,169 @@
+// `primus-cli projection memory` through the binary, without a GPU: every preset answers; a 405B model planned on
+// 8 x 8 GPUs gives one plan per pipeline stage; the bytes are the trainer's own table (the same total `benchmark
+// train` logs for the same config); bad layouts and GPUs exit 2 naming what to change.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "support/cli_process.h"
+#include "support/test_support.h"
+
+namespace primus {
+namespace {
+
+namespace fs = std::filesystem;
+
+class ProjectionCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(fs::exists(testing::cli_path())) << testing::cli_path() << " not found: build primus-cli first";
+    setenv("PRIMUS_CONFIGS_DIR", PRIMUS_SOURCE_DIR "/configs", 1);
+    dir_ = testing::temp_dir("projection_cli");
+  }
+
+  // A bf16 pretraining experiment of `preset` on mock tokens; `extra` override lines appended.
+  std::string write_config(const std::string& preset, const std::string& extra = "", int seq_length = 4096) {
+    const std::string path = dir_ + "/" + preset + ".yaml";
+    std::ofstream(path) << "exp_name: projection\n"
+                           "workspace: " << dir_ << "/workspace\n"
+                           "modules:\n"
+                           "  pre_trainer:\n"
+                           "    framework: megatron\n"
+                           "    model: " << preset << "\n"
+                           "    overrides:\n"
+                           "      train_iters: 10\n"
+                           "      seq_length: " << seq_length << "\n"
+                           "      micro_batch_size: 1\n"
+                           "      lr: 3.0e-4\n"
+                           "      bf16: true\n"
+                           "      mock_data: true\n"
+                        << extra;
+    return path;
+  }
+
+  testing::CliResult run(const std::vector<std::string>& args) {
+    return testing::wait_cli(testing::spawn_cli(args, dir_), dir_);
+  }
+
+  nlohmann::json run_json(const std::vector<std::string>& args) {
+    const testing::CliResult r = run(args);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return r.exit_code == 0 ? nlohmann::json::parse(r.out) : nlohmann::json();
+  }
+
+  std::string dir_;
+};
+
+TEST_F(ProjectionCliTest, EveryLoadablePresetAnswers) {
+  int answered = 0;
+  for (const auto& entry : fs::directory_iterator(PRIMUS_SOURCE_DIR "/configs/models")) {
+    const std::string name = entry.path().stem().string();
+    // Partial files, and the presets of models whose features the engine lacks (presets_test: they exit 2). 256
+    // tokens: the tiny presets' longest sequence.
+    if (name.ends_with("_base") || name.starts_with("deepseek") || name.starts_with("gpt_oss")) continue;
+    const nlohmann::json j = run_json({"--", "projection", "memory", "--config", write_config(name, "", 256), "--gpu", "H100", "--json"});
+    if (j.is_null()) continue;
+    ASSERT_EQ(j.at("stages").size(), 1u) << name;
+    const nlohmann::json& bytes = j["stages"][0]["bytes"];
+    const int64_t parameters = j["stages"][0]["parameters"].get<int64_t>();
+    EXPECT_EQ(bytes["parameters"].get<int64_t>(), 4 * parameters) << name;
+    EXPECT_EQ(bytes["compute_copy"].get<int64_t>(), 2 * parameters) << name;
+    EXPECT_EQ(bytes["optimizer"].get<int64_t>(), 8 * parameters) << name;
+    EXPECT_GT(bytes["activations"].get<int64_t>(), 0) << name;
+    int64_t sum = 0;
+    for (const char* kind : {"parameters", "compute_copy", "gradients", "optimizer", "communication", "activations"}) {
+      sum += bytes[kind].get<int64_t>();
+    }
+    EXPECT_EQ(bytes["total"].get<int64_t>(), sum) << name;
+    EXPECT_EQ(j["gpu"]["name"], "H100") << name;
+    ++answered;
+  }
+  EXPECT_GE(answered, 20);
+}
+
+TEST_F(ProjectionCliTest, Llama405BOnSixtyFourGpusPlansEachStage) {
+  const std::string config = write_config("llama3.1_405B",
+                                          "      tensor_model_parallel_size: 8\n"
+                                          "      pipeline_model_parallel_size: 8\n"
+                                          "      sequence_parallel: true\n"
+                                          "      use_distributed_optimizer: true\n"
+                                          "      recompute_granularity: full\n"
+                                          "      recompute_method: uniform\n"
+                                          "      recompute_num_layers: 1\n"
+                                          "      decoder_first_pipeline_num_layers: 15\n"
+                                          "      decoder_last_pipeline_num_layers: 15\n"
+                                          "      global_batch_size: 64\n");
+  const nlohmann::json many = run_json({"--", "projection", "memory", "--config", config, "--nnodes", "8",
+                                        "--gpus-per-node", "8", "--gpu", "h200", "--json"});
+  ASSERT_FALSE(many.is_null());
+  EXPECT_EQ(many["world_size"], 64);
+  EXPECT_EQ(many["gpu"]["name"], "H200");
+  ASSERT_EQ(many["stages"].size(), 8u);
+  // 126 layers over 8 stages (15, 6 x 16, 15), each holding a tensor-parallel rank's eighth of its layers.
+  int64_t parameters = 0;
+  for (const nlohmann::json& stage : many["stages"]) parameters += stage["parameters"].get<int64_t>();
+  EXPECT_NEAR(static_cast<double>(parameters) * 8.0, 405.85e9, 1.5e9);  // the stages hold 1/tp each
+  EXPECT_NE(many["verdict"], "OOM") << many.dump(1);
+  // The same model on one GPU cannot fit, and the report says what to change.
+  const testing::CliResult one =
+      run({"--", "projection", "memory", "--config", write_config("llama3.1_405B"), "--gpu", "H200"});
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  EXPECT_NE(one.out.find("verdict: OOM"), std::string::npos) << one.out;
+  EXPECT_NE(one.out.find("What to change:"), std::string::npos) << one.out;
+}
+
+// The projection's total is the trainer's: `benchmark train` logs the same table for the same config.
+TEST_F(ProjectionCliTest, TheTotalIsTheOneTheTrainerLogs) {
+  const std::string config = dir_ + "/cpu.yaml";
+  std::ofstream(config) << "exp_name: projection_cpu\n"
+                           "workspace: " << dir_ << "/workspace\n"
+                           "modules:\n"
+                           "  pre_trainer:\n"
+                           "    framework: megatron\n"
+                           "    model: tiny_llama\n"
+                           "    overrides:\n"
+                           "      device: cpu\n"
+                           "      train_iters: 2\n"
+                           "      seq_length: 64\n"
+                           "      micro_batch_size: 2\n"
+                           "      lr: 1.0e-3\n"
+                           "      mock_data: true\n";
+  const testing::CliResult bench = run({"--", "benchmark", "train", "--config", config, "--warmup", "0", "--steps", "1"});
+  ASSERT_EQ(bench.exit_code, 0) << bench.err;
+  const testing::CliResult projected = run({"--", "projection", "memory", "--config", config});
+  ASSERT_EQ(projected.exit_code, 0) << projected.err;
+  auto total_line = [](const std::string& text) {
+    std::istringstream in(text);
+    for (std::string line; std::getline(in, line);) {
+      const size_t at = line.find("  total  ");
+      if (at != std::string::npos) return line.substr(at);
+    }
+    return std::string();
+  };
+  EXPECT_FALSE(total_line(projected.out).empty()) << projected.out;
+  EXPECT_EQ(total_line(projected.out), total_line(bench.err)) << projected.out << "\n---\n" << bench.err;
+}
+
+TEST_F(ProjectionCliTest, BadLayoutsAndGpusExit2NamingWhatToChange) {
+  const std::string config = write_config("llama3.2_1B");
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--gpus-per-node", "3", "tensor_model_parallel_size=2"}, "tensor_model_parallel_size"},
+      {{"--gpus-per-node", "3", "tensor_model_parallel_size=3"}, "num_attention_heads"},
+      {{"--gpu", "A100"}, "--gpu A100: not a GPU the projection knows (H100, H200, B200, MI300X, MI325X, MI355X)"},
+      {{"--gpus-per-node", "2", "pipeline_model_parallel_size=2", "num_layers_per_virtual_pipeline_stage=3"},
+       "num_layers_per_virtual_pipeline_stage"},
+  };
+  for (const auto& [args, message] : cases) {
+    std::vector<std::string> command = {"--", "projection", "memory", "--config", config};
+    command.insert(command.end(), args.begin(), args.end());
+    const testing::CliResult r = run(command);
+    EXPECT_EQ(r.exit_code, 2) << args.back() << "\n" << r.err;
+    EXPECT_NE(r.err.find(message), std::string::npos) << "missing '" << message << "' in:\n" << r.err;
+  }
+}
+
+}  // namespace
+}  // namespace primus
