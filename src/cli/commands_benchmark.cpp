@@ -1,6 +1,7 @@
 // `primus-cli -- benchmark train`: time the training step of an experiment config on synthetic tokens.
 // `primus-cli -- benchmark comm` (alias `nccl`): collective bandwidth over the world communicator, on every rank.
 // `primus-cli -- benchmark checkpoint`: save and load speed of a checkpoint of a given size (checkpoint_benchmark.h).
+// `primus-cli -- benchmark gemm|attention`: the engine's GEMMs and attention at a config's shapes (kernel_benchmark.h).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -10,9 +11,12 @@
 #include "checkpoint/checkpoint_benchmark.h"
 #include "cli/cli.h"
 #include "config/config.h"
+#include "data/tokenizer.h"
 #include "parallel/comm_benchmark.h"
 #include "parallel/distributed_env.h"
+#include "tools/kernel_benchmark.h"
 #include "train/benchmark.h"
+#include "train/train_step.h"
 
 namespace primus::cli {
 
@@ -148,10 +152,69 @@ void add_benchmark_checkpoint_command(CLI::App& benchmark, const LaunchOptions& 
   });
 }
 
+struct KernelCommandOptions {
+  std::string config_path;
+  KernelBenchmarkOptions timing;
+  std::string jsonl;
+};
+
+// `benchmark gemm` or `benchmark attention` of a config on its device (`device`, `bf16`), rank 0's shapes.
+int run_kernel_benchmark(const std::string& kind, const KernelCommandOptions& o, const std::vector<std::string>& overrides) {
+  LoadedConfig loaded = load_experiment_config(o.config_path, overrides);
+  const TrainingArgs& t = loaded.config.train;
+  ModelArgs args = loaded.config.model;
+  if (args.vocab_size == 0) {  // as a run pads its tokenizer's vocabulary
+    args.vocab_size = padded_vocab_size(make_tokenizer(t.tokenizer_type, t.tokenizer_model)->vocab_size(),
+                                        args.make_vocab_size_divisible_by * t.tensor_model_parallel_size);
+  }
+  std::ofstream jsonl;
+  if (!o.jsonl.empty()) {
+    jsonl.open(o.jsonl, std::ios::trunc);
+    if (!jsonl) throw UsageError(fmt::format("--jsonl {}: cannot write this file", o.jsonl));
+  }
+  const Device device = select_device(t.device);
+  const DType dtype = compute_dtype(t, device);
+  const std::vector<KernelTiming> timings = kind == "gemm" ? benchmark_gemms(args, t, device, dtype, o.timing)
+                                                           : benchmark_attention(args, t, device, dtype, o.timing);
+  const std::optional<double> peak = dense_peak_tflops(device, dtype);
+  fmt::print("{} of {} on {} (median of {} runs after {} warm-up){}\n{}", kind, o.config_path, device.str(),
+             o.timing.iters, o.timing.warmup, peak ? fmt::format("; peak {} TFLOP/s dense", *peak) : "",
+             format_kernel_timings(timings, peak));
+  for (const KernelTiming& timing : timings) jsonl << kernel_timing_json(timing, peak).dump() << "\n";
+  std::fflush(stdout);
+  if (jsonl && !(jsonl.flush())) throw RuntimeError(fmt::format("--jsonl {}: the write failed", o.jsonl));
+  return static_cast<int>(kExitOk);
+}
+
+void add_kernel_benchmark_command(CLI::App& benchmark, const LaunchOptions& launch, Action& action,
+                                  const std::string& kind, const std::string& description, const std::string& footer) {
+  CLI::App* command = benchmark.add_subcommand(kind, description);
+  auto o = std::make_shared<KernelCommandOptions>();
+  command->add_option("--config", o->config_path, "Experiment YAML file")->required()->type_name("FILE");
+  command->add_option("--warmup", o->timing.warmup, "Untimed runs first (default 3)")->check(CLI::NonNegativeNumber);
+  command->add_option("--iters", o->timing.iters, "Timed runs; the median is reported (default 10)")
+      ->check(CLI::PositiveNumber);
+  command->add_option("--jsonl", o->jsonl, "Also write one JSON object per timing to FILE")->type_name("FILE");
+  command->allow_extras();
+  command->footer(footer);
+  command->final_callback([&launch, &action, command, o, kind] {
+    action = [&launch, command, o, kind] {
+      const std::vector<std::string> overrides = normalize_overrides(command->remaining());
+      if (launch.dry_run) {
+        LoadedConfig loaded = load_experiment_config(o->config_path, overrides);
+        print_dry_run(launch, o->config_path, overrides, &loaded);
+        return static_cast<int>(kExitOk);
+      }
+      return run_kernel_benchmark(kind, *o, overrides);
+    };
+  });
+}
+
 }  // namespace
 
 void add_benchmark_commands(CLI::App& root, const LaunchOptions& launch, Action& action) {
-  CLI::App* benchmark = root.add_subcommand("benchmark", "Micro-benchmarks: train (the whole training step), comm, checkpoint");
+  CLI::App* benchmark = root.add_subcommand(
+      "benchmark", "Micro-benchmarks: train (the whole step), gemm, attention, comm, checkpoint");
   benchmark->require_subcommand(1);
   CLI::App* train = benchmark->add_subcommand(
       "train", "Time warm-up plus N training steps of a config on random tokens; prints a table and a JSON line");
@@ -187,6 +250,23 @@ void add_benchmark_commands(CLI::App& root, const LaunchOptions& launch, Action&
       "Collective bandwidth (all_reduce, reduce_scatter, all_gather, all_to_all, send/recv) over all ranks");
   add_benchmark_comm_command(*benchmark, launch, action, "nccl", "The same as comm (nccl-tests' name for it)");
   add_benchmark_checkpoint_command(*benchmark, launch, action);
+  add_kernel_benchmark_command(
+      *benchmark, launch, action, "gemm",
+      "Every GEMM of one rank of a config (q/k/v/o, gate_up, down, experts, router, output layer), 3 passes each",
+      "Overrides: KEY=VALUE as for 'train pretrain'. Each linear module of a layer at the shapes one rank runs\n"
+      "(tokens = micro_batch_size x seq_length / context_parallel_size; tensor parallelism divides the column-\n"
+      "parallel outputs and the row-parallel inputs), in its three GEMMs: forward y = x w^T, data gradient\n"
+      "dx = dy w, weight gradient dw += dy^T x; the output layer as one logits chunk of the loss; a MoE layer's\n"
+      "experts as grouped GEMMs at an even routing. On the config's device in its dtype (bf16 with bf16: true);\n"
+      "TFLOP/s from 2 M N K, % of the dense peak on an H100/H200. fp8 GEMMs: not in the engine yet.\n\n"
+      "Examples:\n  primus-cli -- benchmark gemm --config configs/H200/llama3.2_1B-bf16-pretrain.yaml --jsonl gemm.jsonl");
+  add_kernel_benchmark_command(
+      *benchmark, launch, action, "attention",
+      "Forward and backward of the attention kernel at a config's shapes (causal, GQA)",
+      "Overrides: KEY=VALUE as for 'train pretrain'. q [micro_batch_size, seq_length / cp, heads / tp, head_dim],\n"
+      "k and v with the key/value heads; cuDNN's fused attention on a GPU, the reference kernel on the CPU.\n"
+      "FLOPs with the causal half: forward 2 B T^2 H D, backward 2.5 x that.\n\n"
+      "Examples:\n  primus-cli -- benchmark attention --config configs/H200/llama3.2_3B-bf16-pretrain.yaml");
 }
 
 }  // namespace primus::cli

@@ -1,0 +1,193 @@
+#include "tools/kernel_benchmark.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <functional>
+
+#include "layers/basic_layers.h"
+#include "ops/moe_ops.h"
+#include "ops/ops.h"
+#if PRIMUS_WITH_CUDA
+#include "backend/cuda/device_info.h"
+#endif
+
+namespace primus {
+
+namespace {
+
+// Fresh normal values (std 0.02, a weight's scale) in `dtype` on `device`, drawn from `seed`.
+Tensor random_tensor(const Shape& shape, DType dtype, Device device, uint64_t seed) {
+  Tensor f32 = Tensor::empty(shape, DType::kF32, device);
+  ops::fill_normal(f32, seed, 0.02);
+  if (dtype == DType::kF32) return f32;
+  Tensor out = Tensor::empty(shape, dtype, device);
+  ops::cast(out, f32);
+  return out;
+}
+
+// The median of `iters` timed runs of `work` after `warmup` untimed ones, from device marks around each run.
+double median_ms(Device device, const KernelBenchmarkOptions& o, const std::function<void()>& work) {
+  Backend& backend = backend_for(device);
+  for (int i = 0; i < o.warmup; ++i) work();
+  std::vector<std::unique_ptr<DeviceMark>> marks;
+  marks.push_back(backend.mark());
+  for (int i = 0; i < o.iters; ++i) {
+    work();
+    marks.push_back(backend.mark());
+  }
+  std::vector<double> ms;
+  for (size_t i = 0; i + 1 < marks.size(); ++i) ms.push_back(backend.elapsed_ms(*marks[i], *marks[i + 1]));
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+// One linear module of `in` → `out` columns over `rows` rows: its three GEMMs, as Linear runs them.
+void time_linear(const std::string& op, int64_t rows, int64_t in, int64_t out, Device device, DType dtype,
+                 const KernelBenchmarkOptions& o, std::vector<KernelTiming>& timings) {
+  const uint64_t seed = timings.size() + 1;
+  const Tensor x = random_tensor({rows, in}, dtype, device, seed);
+  const Tensor w = random_tensor({out, in}, dtype, device, seed + 1000);
+  const Tensor dy = random_tensor({rows, out}, dtype, device, seed + 2000);
+  Tensor y = Tensor::empty({rows, out}, dtype, device);
+  Tensor dx = Tensor::empty({rows, in}, dtype, device);
+  Tensor dw = ops::zeros({out, in}, DType::kF32, device);
+  Tensor none;
+  const std::string name = dtype_name(dtype);
+  auto add = [&](const char* pass, int64_t m, int64_t n, int64_t k, const std::string& shape, double ms) {
+    timings.push_back({op, pass, m, n, k, shape, name, 2.0 * static_cast<double>(m) * n * k, ms});
+  };
+  add("forward", rows, out, in, fmt::format("[{}, {}] x [{}, {}]^T", rows, in, out, in),
+      median_ms(device, o, [&] { ops::linear_forward(x, w, y); }));
+  add("data_grad", rows, in, out, fmt::format("[{}, {}] x [{}, {}]", rows, out, out, in),
+      median_ms(device, o, [&] { ops::linear_backward(x, w, dy, dx, none); }));
+  add("weight_grad", out, in, rows, fmt::format("[{}, {}]^T x [{}, {}]", rows, out, rows, in),
+      median_ms(device, o, [&] { ops::linear_backward(x, w, dy, none, dw); }));
+}
+
+// The experts' grouped GEMM of `in` → `out` over `rows` routed rows spread evenly over `experts`.
+void time_grouped(const std::string& op, int64_t rows, int64_t experts, int64_t in, int64_t out, Device device,
+                  DType dtype, const KernelBenchmarkOptions& o, std::vector<KernelTiming>& timings) {
+  const uint64_t seed = timings.size() + 1;
+  const Tensor x = random_tensor({rows, in}, dtype, device, seed);
+  const Tensor w = random_tensor({experts, out, in}, dtype, device, seed + 1000);
+  const Tensor dy = random_tensor({rows, out}, dtype, device, seed + 2000);
+  Tensor host_offsets = Tensor::empty({experts + 1}, DType::kI32);
+  for (int64_t e = 0; e <= experts; ++e) host_offsets.i32()[e] = static_cast<int32_t>(rows * e / experts);
+  const Tensor offsets = ops::to_device(host_offsets, device);
+  Tensor y = Tensor::empty({rows, out}, dtype, device);
+  Tensor dx = Tensor::empty({rows, in}, dtype, device);
+  Tensor dw = ops::zeros({experts, out, in}, DType::kF32, device);
+  Tensor none;
+  const std::string name = dtype_name(dtype);
+  const std::string each = fmt::format("{} experts of {} rows: ", experts, rows / experts);
+  auto add = [&](const char* pass, int64_t m, int64_t n, int64_t k, const std::string& shape, double ms) {
+    timings.push_back({op, pass, m, n, k, each + shape, name, 2.0 * static_cast<double>(m) * n * k, ms});
+  };
+  add("forward", rows, out, in, fmt::format("[., {}] x [{}, {}]^T", in, out, in),
+      median_ms(device, o, [&] { ops::grouped_linear_forward(x, w, offsets, y); }));
+  add("data_grad", rows, in, out, fmt::format("[., {}] x [{}, {}]", out, out, in),
+      median_ms(device, o, [&] { ops::grouped_linear_backward(x, w, offsets, dy, dx, none); }));
+  add("weight_grad", out * experts, in, rows / std::max<int64_t>(experts, 1), fmt::format("[., {}]^T x [., {}]", out, in),
+      median_ms(device, o, [&] { ops::grouped_linear_backward(x, w, offsets, dy, none, dw); }));
+}
+
+int64_t rank_tokens(const TrainingArgs& t) {
+  return t.micro_batch_size * t.seq_length / std::max<int64_t>(1, t.context_parallel_size);
+}
+
+}  // namespace
+
+std::optional<double> dense_peak_tflops(Device device, DType dtype) {
+#if PRIMUS_WITH_CUDA
+  if (device.type == DeviceType::kCuda && dtype == DType::kBF16) {
+    CudaDeviceInfo info;
+    std::string why;
+    if (cuda_device_info(device.index, &info, &why) &&
+        (info.name.find("H100") != std::string::npos || info.name.find("H200") != std::string::npos)) {
+      return 989.0;
+    }
+  }
+#else
+  (void)device;
+  (void)dtype;
+#endif
+  return std::nullopt;
+}
+
+std::vector<KernelTiming> benchmark_gemms(const ModelArgs& a, const TrainingArgs& t, Device device, DType dtype,
+                                          const KernelBenchmarkOptions& o) {
+  const int64_t tp = std::max<int64_t>(1, t.tensor_model_parallel_size);
+  const int64_t n = rank_tokens(t), c = a.hidden_size, d = a.kv_channels;
+  // Key/value heads are replicated when there are fewer than tp ranks.
+  const int64_t hq = a.num_attention_heads / tp, hkv = std::max<int64_t>(1, a.num_query_groups / tp);
+  std::vector<KernelTiming> timings;
+  time_linear("q_proj", n, c, hq * d, device, dtype, o, timings);
+  time_linear("k_proj", n, c, hkv * d, device, dtype, o, timings);
+  time_linear("v_proj", n, c, hkv * d, device, dtype, o, timings);
+  time_linear("o_proj", n, hq * d, c, device, dtype, o, timings);
+  if (a.num_experts > 0) {
+    const int64_t routed = n * a.moe_router_topk, f = a.moe_ffn_hidden_size;
+    time_linear("router", n, c, a.num_experts, device, dtype, o, timings);
+    time_grouped("experts.gate_up", routed, a.num_experts, c, 2 * f, device, dtype, o, timings);
+    time_grouped("experts.down", routed, a.num_experts, f, c, device, dtype, o, timings);
+  }
+  bool dense_layers = false;
+  for (int64_t i = 0; i < a.num_layers; ++i) dense_layers |= !a.is_moe_layer(i);
+  if (dense_layers) {
+    time_linear("gate_up_proj", n, c, 2 * a.ffn_hidden_size / tp, device, dtype, o, timings);
+    time_linear("down_proj", n, a.ffn_hidden_size / tp, c, device, dtype, o, timings);
+  }
+  // The loss computes the logits a chunk of rows at a time (LmLoss::max_logits_bytes): one chunk's GEMMs.
+  const int64_t vocab = a.vocab_size / tp;
+  const int64_t chunk_rows = std::clamp<int64_t>(
+      LmLoss().max_logits_bytes / (vocab * static_cast<int64_t>(dtype_size(dtype))), 1, n);
+  time_linear("lm_head", chunk_rows, c, vocab, device, dtype, o, timings);
+  return timings;
+}
+
+std::vector<KernelTiming> benchmark_attention(const ModelArgs& a, const TrainingArgs& t, Device device, DType dtype,
+                                              const KernelBenchmarkOptions& o) {
+  const int64_t tp = std::max<int64_t>(1, t.tensor_model_parallel_size);
+  const int64_t b = t.micro_batch_size, seq = t.seq_length / std::max<int64_t>(1, t.context_parallel_size);
+  const int64_t hq = a.num_attention_heads / tp, hkv = std::max<int64_t>(1, a.num_query_groups / tp),
+                d = a.kv_channels;
+  const Tensor q = random_tensor({b, seq, hq, d}, dtype, device, 1);
+  const Tensor k = random_tensor({b, seq, hkv, d}, dtype, device, 2);
+  const Tensor v = random_tensor({b, seq, hkv, d}, dtype, device, 3);
+  const Tensor dout = random_tensor({b, seq, hq, d}, dtype, device, 4);
+  Tensor out = Tensor::empty({b, seq, hq, d}, dtype, device);
+  Tensor lse = Tensor::empty({b, hq, seq}, DType::kF32, device);
+  Tensor dq = Tensor::empty(q.shape(), dtype, device), dk = Tensor::empty(k.shape(), dtype, device),
+         dv = Tensor::empty(v.shape(), dtype, device);
+  const double forward_flops = 2.0 * static_cast<double>(b) * seq * seq * hq * d;  // 4·B·T²·H·D, causal half
+  const std::string shape = fmt::format("q [{}, {}, {}, {}], k and v [{}, {}, {}, {}], causal", b, seq, hq, d, b,
+                                        seq, hkv, d);
+  std::vector<KernelTiming> timings;
+  timings.push_back({"attention", "forward", 0, 0, 0, shape, dtype_name(dtype), forward_flops,
+                     median_ms(device, o, [&] { ops::attention_forward(q, k, v, out, lse); })});
+  ops::attention_forward(q, k, v, out, lse);
+  timings.push_back({"attention", "backward", 0, 0, 0, shape, dtype_name(dtype), 2.5 * forward_flops,
+                     median_ms(device, o, [&] { ops::attention_backward(q, k, v, out, lse, dout, dq, dk, dv); })});
+  return timings;
+}
+
+std::string format_kernel_timings(const std::vector<KernelTiming>& timings, std::optional<double> peak) {
+  std::string text = fmt::format("{:<16} {:<12} {:<5} {:>10} {:>9} {:>7}  {}\n", "op", "pass", "dtype", "ms",
+                                 "TFLOP/s", peak ? "% peak" : "", "shape");
+  for (const KernelTiming& k : timings) {
+    text += fmt::format("{:<16} {:<12} {:<5} {:>10.3f} {:>9.1f} {:>7}  {}\n", k.op, k.pass, k.dtype, k.ms,
+                        k.tflops(), peak ? fmt::format("{:.1f}", 100.0 * k.tflops() / *peak) : "", k.shape);
+  }
+  return text;
+}
+
+nlohmann::json kernel_timing_json(const KernelTiming& k, std::optional<double> peak) {
+  nlohmann::json j = {{"op", k.op},       {"pass", k.pass},   {"dtype", k.dtype}, {"shape", k.shape},
+                      {"flops", k.flops}, {"ms", k.ms},       {"tflops", k.tflops()}};
+  if (k.m > 0) j["m"] = k.m, j["n"] = k.n, j["k"] = k.k;
+  if (peak) j["percent_of_peak"] = 100.0 * k.tflops() / *peak;
+  return j;
+}
+
+}  // namespace primus

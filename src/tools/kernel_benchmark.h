@@ -1,0 +1,58 @@
+// `primus-cli benchmark gemm` and `benchmark attention`: the engine's own GEMMs and attention at the shapes one rank
+// of a config runs, timed on a device: the measured rates a performance projection starts from (issue 17).
+//
+// GEMMs, per linear module of a layer (q_proj, k_proj, v_proj, o_proj, the joint gate_up_proj, down_proj; a MoE
+// layer's router and its experts' grouped gate/up and down GEMMs at an even routing) and the output layer (one
+// logits chunk, as the loss runs it), each in its three passes with M, N, K as the GEMM sees them:
+//   forward      y  = x · wᵀ      M = tokens, N = out, K = in
+//   data grad    dx = dy · w      M = tokens, N = in,  K = out
+//   weight grad  dw += dyᵀ · x    M = out,    N = in,  K = tokens
+// tokens = micro_batch_size × seq_length / context_parallel_size; tensor parallelism divides the column-parallel
+// outputs (q, k, v, gate_up, the vocabulary) and the row-parallel inputs (o_proj, down_proj). FLOPs 2·M·N·K.
+// Attention: forward and backward of the causal GQA kernel over [micro_batch_size, seq / cp, Hq / tp, D]; FLOPs
+// counted with the causal half: forward 2·B·T²·Hq·D, backward 2.5 × that (flash attention's convention).
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "config/experiment.h"
+#include "core/tensor.h"
+
+namespace primus {
+
+struct KernelTiming {
+  std::string op;    // "q_proj", "experts.gate_up", "attention"
+  std::string pass;  // "forward", "data_grad", "weight_grad", "backward"
+  int64_t m = 0, n = 0, k = 0;  // a GEMM's (summed over the experts of a grouped one); 0 for attention
+  std::string shape;            // "[16384, 2048] x [3072, 2048]^T", for the table
+  std::string dtype;            // "bf16", "f32"
+  double flops = 0.0;
+  double ms = 0.0;  // median over the timed iterations
+  double tflops() const { return ms > 0.0 ? flops / (ms * 1e9) : 0.0; }
+};
+
+struct KernelBenchmarkOptions {
+  int warmup = 3;
+  int iters = 10;
+};
+
+// The dense peak of `device` in `dtype` (TFLOP/s) when known: H100 and H200 989 in bf16 (the datasheet's dense
+// figure, the MFU denominator everywhere in this project); none on the CPU or an unknown GPU.
+std::optional<double> dense_peak_tflops(Device device, DType dtype);
+
+// Every GEMM of one rank of `args` under `t` (see the top of this file), in dtype (bf16 or f32) on `device`, with
+// fresh random inputs. `args.vocab_size` must be resolved.
+std::vector<KernelTiming> benchmark_gemms(const ModelArgs& args, const TrainingArgs& t, Device device, DType dtype,
+                                          const KernelBenchmarkOptions& options);
+// The attention kernel's forward and backward at the config's shapes.
+std::vector<KernelTiming> benchmark_attention(const ModelArgs& args, const TrainingArgs& t, Device device,
+                                              DType dtype, const KernelBenchmarkOptions& options);
+
+// The table (one line per timing, with % of the peak when known) and one JSON object per timing.
+std::string format_kernel_timings(const std::vector<KernelTiming>& timings, std::optional<double> peak_tflops);
+nlohmann::json kernel_timing_json(const KernelTiming& timing, std::optional<double> peak_tflops);
+
+}  // namespace primus
