@@ -249,12 +249,6 @@ void check_moe_keys(const ModuleKeys& keys, const Origin& module_origin) {
                              "tensor_model_parallel_size: 1",
                              describe(tp)));
   }
-  const ModuleKey& device = get(keys, "device");
-  if (device.value.s == "cuda") {
-    config_error(place(experts, module_origin),
-                 fmt::format("num_experts: MoE runs on the CPU engine only for now ({}); set device: cpu",
-                             describe(device)));
-  }
 }
 
 }  // namespace
