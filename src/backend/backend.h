@@ -153,7 +153,8 @@ struct CrossEntropyArgs {
 };
 
 // ---- Mixture of experts (Megatron's TopKRouter, token permutation and grouped GEMM) ----
-// Every MoE tensor is f32 (routing stays in fp32 everywhere; the CPU engine is the only one running MoE so far).
+// Routing tensors (logits, scores, weights, losses) are f32 everywhere, as Megatron keeps its router in mixed
+// precision; the token rows that permutation moves (MoePermuteArgs's x, out, dout, dx, y, dy) are "act".
 
 enum class MoeScoreFunction { kSoftmax, kSigmoid };
 
@@ -206,9 +207,9 @@ struct MoePermuteArgs {
   const Tensor* dout = nullptr;     // [M, C] (permute backward) or [N, C] (unpermute backward)
   Tensor* dx = nullptr;             // [N, C] (permute backward)
   const Tensor* y = nullptr;        // [M, C] (unpermute, its backward)
-  const Tensor* weights = nullptr;  // [N, k] (unpermute, its backward)
+  const Tensor* weights = nullptr;  // [N, k] f32 (unpermute, its backward)
   Tensor* dy = nullptr;             // [M, C] (unpermute backward)
-  Tensor* dweights = nullptr;       // [N, k] (unpermute backward)
+  Tensor* dweights = nullptr;       // [N, k] f32 (unpermute backward)
 };
 
 // One GEMM per expert over its rows: y[r] = x[r] · w[e]ᵀ for r in [offsets[e], offsets[e + 1]). Backward:

@@ -257,9 +257,7 @@ void check_moe_keys(const ModuleKeys& keys, const Origin& module_origin) {
   }
   const ModuleKey& device = get(keys, "device");
   if (device.value.s == "cuda") {
-    config_error(place(experts, module_origin),
-                 fmt::format("num_experts: MoE runs on the CPU engine only for now ({}); set device: cpu",
-                             describe(device)));
+    config_error(place(experts, module_origin), fmt::format("{} ({})", kMoeGpuNotVerified, describe(device)));
   }
 }
 

@@ -376,8 +376,8 @@ std::vector<KeySpec> build_specs() {
        .min = 1,
        .max = 65536,
        .why = "far beyond any published model",
-       .help = "Routed experts per MoE layer; unset: a dense model. MoE runs on the CPU engine only for now "
-               "(device: cpu), without tensor parallelism.",
+       .help = "Routed experts per MoE layer; unset: a dense model. MoE runs on the CPU engine (fp32), without "
+               "tensor parallelism; its CUDA kernels (fp32 or bf16, the router in fp32) await their run on a GPU.",
        .aliases = {"num_local_experts", "n_routed_experts"},
        .apply = model_field<&ModelArgs::num_experts>},
       {.name = "moe_router_topk",

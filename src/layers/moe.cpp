@@ -1,5 +1,7 @@
 #include "layers/moe.h"
 
+#include "ops/ops.h"
+
 namespace primus {
 
 Tensor LocalTokenDispatcher::dispatch(const Tensor& x, const Tensor& topk_experts, int64_t experts,
@@ -39,7 +41,10 @@ Tensor MoeLayer::forward(const Tensor& x, float aux_grad_scale, MoeSaved& saved)
   const int64_t n = x.dim(0), e = experts(), k = routing.topk, f = down_weight.dim(2), c = x.dim(1);
   const Device device = x.device();
   saved.input = x;
-  saved.logits = gate->forward(x);  // [N, E]
+  // Router logits [N, E] in f32 in every run (Megatron keeps the router in fp32): from bf16 activations and the bf16
+  // weight copy the GEMM accumulates in fp32 and writes f32, so the logits are never rounded to bf16.
+  saved.logits = Tensor::empty({n, e}, DType::kF32, device);
+  ops::linear_forward(x, gate->weight(), saved.logits);
   saved.scores = Tensor::empty({n, e}, DType::kF32, device);
   saved.topk_experts = Tensor::empty({n, k}, DType::kI32, device);
   saved.topk_weights = Tensor::empty({n, k}, DType::kF32, device);
@@ -85,7 +90,14 @@ Tensor MoeLayer::backward(const Tensor& dy, MoeSaved& saved) {
   Tensor dlogits = Tensor::empty(saved.logits.shape(), DType::kF32, saved.logits.device());
   ops::moe_router_backward(saved.scores, saved.topk_experts, routing, dweights, saved.dscores_aux, dlogits);
   if (saved.dlogits_z.defined()) ops::add_inplace(dlogits, saved.dlogits_z);
-  gate->backward(saved.input, dlogits, dx);  // dx defined: the router's part accumulates into it
+  // The gate's GEMMs take operands of one dtype: in mixed precision dlogits meets x and the weight copy in bf16 (the
+  // weight gradient still accumulates in fp32).
+  Tensor dlogits_act = dlogits;
+  if (saved.input.dtype() != DType::kF32) {
+    dlogits_act = Tensor::empty(dlogits.shape(), saved.input.dtype(), dlogits.device());
+    ops::cast(dlogits_act, dlogits);
+  }
+  gate->backward(saved.input, dlogits_act, dx);  // dx defined: the router's part accumulates into it
   if (shared_expert != nullptr) ops::add_inplace(dx, shared_expert->backward(dy, saved.shared));
   saved = MoeSaved();
   return dx;

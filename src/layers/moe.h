@@ -2,6 +2,9 @@
 // a router (gate Linear, top-k over softmax or sigmoid scores), dropless routed experts (SwiGLU each, all experts'
 // GEMMs as grouped GEMMs over expert-contiguous rows) and an optional shared expert that sees every token.
 //
+// Mixed precision (CUDA, bf16): the token rows, the experts' compute weights and their GEMMs in bf16, the router
+// (logits, scores, top-k weights, aux and z losses) in fp32, weight gradients in fp32.
+//
 // Model code stays single-device: the tokens reach the experts through a TokenDispatcher. The local one (here)
 // permutes rows within the process; expert parallelism will inject one that sends rows to the ranks holding their
 // experts (all-to-all) behind the same interface.
@@ -56,7 +59,7 @@ struct MoeBalancing {
 
 struct MoeSaved {
   Tensor input;                    // [N, C]
-  Tensor logits, scores;           // [N, E]
+  Tensor logits, scores;           // [N, E] f32 (in every run)
   Tensor topk_experts;             // [N, k] i32
   Tensor topk_weights;             // [N, k]
   DispatchState dispatch;

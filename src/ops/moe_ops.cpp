@@ -1,5 +1,6 @@
 // Mixture-of-experts op entry points: shape, dtype and device checks naming the op and its tensors, then dispatch to
-// the backend of the tensors' device (moe_ops.h).
+// the backend of the tensors' device (moe_ops.h). The router, sort and losses are f32 (routing stays fp32 in mixed
+// precision, as Megatron's); permutation moves rows of the activation dtype (f32, or bf16 on cuda) with f32 weights.
 #include "ops/moe_ops.h"
 
 #include <initializer_list>
@@ -105,15 +106,25 @@ void moe_sort(const Tensor& topk_experts, Tensor& slots, Tensor& offsets) {
   b.moe_sort(MoeSortArgs{&topk_experts, &slots, &offsets});
 }
 
+namespace {
+
+// The dtype of the token rows an op moves: f32, or bf16 on cuda (mixed precision); the CPU backend is f32 only.
+DType rows_dtype(const Tensor& rows) {
+  return rows.dtype() == DType::kBF16 && rows.device().type == DeviceType::kCuda ? DType::kBF16 : DType::kF32;
+}
+
+}  // namespace
+
 void moe_permute(const Tensor& x, const Tensor& slots, int64_t topk, Tensor& out) {
   const char* op = "moe_permute";
   const ProfileScope profile_scope(op);
   check_matrix(op, "x", x);
   MOE_CHECK(topk >= 1 && slots.defined() && slots.numel() == x.dim(0) * topk, "slots {} must hold {} × {} entries",
             slots.describe(), x.dim(0), topk);
-  Backend& b = checked_backend(op, {{"x", &x, DType::kF32, x.shape()},
+  const DType act = rows_dtype(x);
+  Backend& b = checked_backend(op, {{"x", &x, act, x.shape()},
                                     {"slots", &slots, DType::kI32, {x.dim(0) * topk}},
-                                    {"out", &out, DType::kF32, {x.dim(0) * topk, x.dim(1)}}});
+                                    {"out", &out, act, {x.dim(0) * topk, x.dim(1)}}});
   MoePermuteArgs args;
   args.topk = topk;
   args.slots = &slots;
@@ -126,9 +137,11 @@ void moe_permute_backward(const Tensor& dout, const Tensor& slots, int64_t topk,
   const char* op = "moe_permute_backward";
   const ProfileScope profile_scope(op);
   check_matrix(op, "dx", dx);
-  Backend& b = checked_backend(op, {{"dx", &dx, DType::kF32, dx.shape()},
+  MOE_CHECK(topk >= 1, "top-k {}", topk);
+  const DType act = rows_dtype(dx);
+  Backend& b = checked_backend(op, {{"dx", &dx, act, dx.shape()},
                                     {"slots", &slots, DType::kI32, {dx.dim(0) * topk}},
-                                    {"dout", &dout, DType::kF32, {dx.dim(0) * topk, dx.dim(1)}}});
+                                    {"dout", &dout, act, {dx.dim(0) * topk, dx.dim(1)}}});
   MoePermuteArgs args;
   args.topk = topk;
   args.slots = &slots;
@@ -143,10 +156,11 @@ void moe_unpermute(const Tensor& y, const Tensor& slots, const Tensor& weights, 
   check_matrix(op, "y", y);
   check_matrix(op, "weights", weights);
   const int64_t n = weights.dim(0), k = weights.dim(1);
-  Backend& b = checked_backend(op, {{"y", &y, DType::kF32, {n * k, y.dim(1)}},
+  const DType act = rows_dtype(y);
+  Backend& b = checked_backend(op, {{"y", &y, act, {n * k, y.dim(1)}},
                                     {"slots", &slots, DType::kI32, {n * k}},
                                     {"weights", &weights, DType::kF32, {n, k}},
-                                    {"out", &out, DType::kF32, {n, y.dim(1)}}});
+                                    {"out", &out, act, {n, y.dim(1)}}});
   MoePermuteArgs args;
   args.topk = k;
   args.slots = &slots;
@@ -163,11 +177,12 @@ void moe_unpermute_backward(const Tensor& y, const Tensor& slots, const Tensor& 
   check_matrix(op, "y", y);
   check_matrix(op, "weights", weights);
   const int64_t n = weights.dim(0), k = weights.dim(1), c = y.dim(1);
-  Backend& b = checked_backend(op, {{"y", &y, DType::kF32, {n * k, c}},
+  const DType act = rows_dtype(y);
+  Backend& b = checked_backend(op, {{"y", &y, act, {n * k, c}},
                                     {"slots", &slots, DType::kI32, {n * k}},
                                     {"weights", &weights, DType::kF32, {n, k}},
-                                    {"dout", &dout, DType::kF32, {n, c}},
-                                    {"dy", &dy, DType::kF32, {n * k, c}},
+                                    {"dout", &dout, act, {n, c}},
+                                    {"dy", &dy, act, {n * k, c}},
                                     {"dweights", &dweights, DType::kF32, {n, k}}});
   MoePermuteArgs args;
   args.topk = k;

@@ -59,6 +59,26 @@ std::string format_memory_bytes(int64_t bytes) {
   return fmt::format("{:.1f} KiB", b / kKiB);
 }
 
+namespace {
+
+// What an MoE block (layers/moe.h, MoeSaved) keeps for backward in place of the dense MLP's gate_up and act: the
+// router's logits and scores (f32 in every run, as the router is), the top-k choices and weights and the slots, the
+// M = N·k dispatched rows, their gate_up, act and expert outputs (activation dtype), the aux and z losses' gradients
+// when on (f32), and the shared expert's gate_up and act (act dropped by selective recompute, as the dense MLP's).
+int64_t moe_layer_bytes(const ModelArgs& m, int64_t n, int64_t a, bool selective) {
+  constexpr int64_t f32 = 4, i32 = 4;
+  const int64_t e = m.num_experts, k = m.moe_router_topk, c = m.hidden_size, fe = m.moe_ffn_hidden_size;
+  const int64_t rows = n * k, s = m.moe_shared_expert_intermediate_size;
+  int64_t bytes = 2 * f32 * n * e + (i32 + f32) * n * k + i32 * (rows + e + 1);
+  bytes += rows * a * (2 * c + 3 * fe);
+  if (m.moe_router_load_balancing_type == "aux_loss" && m.moe_aux_loss_coeff > 0.0) bytes += f32 * n * e;
+  if (m.moe_z_loss_coeff > 0.0) bytes += f32 * n * e;
+  if (s > 0) bytes += n * a * (2 * s + (selective ? 0 : s));
+  return bytes;
+}
+
+}  // namespace
+
 ActivationEstimate estimate_activations(const ModelArgs& m, int64_t micro_batch_size, int64_t seq_length,
                                         DType activation_dtype, const RecomputeConfig& recompute,
                                         int64_t sequence_parallel_ranks) {
@@ -72,9 +92,14 @@ ActivationEstimate estimate_activations(const ModelArgs& m, int64_t micro_batch_
 
   ActivationEstimate e;
   e.tokens = N;
-  e.layer_bytes = R * a * 2 * C + N * a * (2 * C + 2 * Hq * D + 2 * Hkv * D + 2 * F + (selective ? 0 : F)) +
-                  f32 * (2 * R + N * Hq);
-  if (m.qk_layernorm) e.layer_bytes += N * a * (Hq + Hkv) * D + f32 * N * (Hq + Hkv);
+  const int64_t dense_mlp = N * a * (2 * F + (selective ? 0 : F));  // gate_up [N, 2F] and act [N, F]
+  int64_t attention_and_norms = R * a * 2 * C + N * a * (2 * C + 2 * Hq * D + 2 * Hkv * D) + f32 * (2 * R + N * Hq);
+  if (m.qk_layernorm) attention_and_norms += N * a * (Hq + Hkv) * D + f32 * N * (Hq + Hkv);
+  const int64_t dense_layer = attention_and_norms + dense_mlp;
+  const int64_t moe_layer = attention_and_norms + moe_layer_bytes(m, N, a, selective);
+  auto layer_bytes = [&](int64_t i) { return m.is_moe_layer(i) ? moe_layer : dense_layer; };
+  e.layer_bytes = 0;
+  for (int64_t i = 0; i < L; ++i) e.layer_bytes = std::max(e.layer_bytes, layer_bytes(i));
   const int64_t row_block = R * C * a;  // one [R, C] activation: a chunk's input, a norm input, dhidden
   const int64_t final_norm = row_block + f32 * R;
 
@@ -85,8 +110,8 @@ ActivationEstimate estimate_activations(const ModelArgs& m, int64_t micro_batch_
   for (int64_t i = 0; i < L; ++i) {
     const auto [first, end] = recompute.chunk(i, L);  // the chunking the model applies
     const bool recomputed = first != end;
-    if (recomputed) peak = std::max(peak, kept + e.layer_bytes);
-    kept_by_layer[static_cast<size_t>(i)] = !recomputed ? e.layer_bytes : (i == first ? row_block : 0);
+    if (recomputed) peak = std::max(peak, kept + layer_bytes(i));
+    kept_by_layer[static_cast<size_t>(i)] = !recomputed ? layer_bytes(i) : (i == first ? row_block : 0);
     kept += kept_by_layer[static_cast<size_t>(i)];
   }
   e.saved_bytes = kept + final_norm + row_block;  // + the loss gradient dhidden
@@ -102,9 +127,12 @@ ActivationEstimate estimate_activations(const ModelArgs& m, int64_t micro_batch_
   for (int64_t i = L - 1; i >= 0; --i) {
     const auto [first, end] = recompute.chunk(i, L);  // the chunking the model applies
     if (first != end && i == end - 1) {
-      live += (end - first) * e.layer_bytes - row_block;
+      for (int64_t j = first; j < end; ++j) {
+        live += layer_bytes(j);
+        kept_by_layer[static_cast<size_t>(j)] = layer_bytes(j);
+      }
+      live -= row_block;
       peak = std::max(peak, live);
-      for (int64_t j = first; j < end; ++j) kept_by_layer[static_cast<size_t>(j)] = e.layer_bytes;
     }
     live -= kept_by_layer[static_cast<size_t>(i)];
   }

@@ -44,7 +44,7 @@ namespace primus {
 
 struct ActivationEstimate {
   int64_t tokens = 0;              // N: tokens of one micro-batch
-  int64_t layer_bytes = 0;         // one layer keeping all it saves
+  int64_t layer_bytes = 0;         // the largest layer keeping all it saves (MoE and dense layers differ)
   int64_t saved_bytes = 0;         // held from the end of forward until backward: layers and output layer
   int64_t logits_chunk_bytes = 0;  // the output layer's logits buffer
   int64_t peak_bytes = 0;          // the most held at once (see above)

@@ -228,6 +228,15 @@ TEST(MoeSort, ExpertOutOfRangeIsAnError) {
   EXPECT_NE(message.find("names expert 7 of 4"), std::string::npos) << message;
 }
 
+// Token rows may be bf16 on cuda only: the f32 CPU backend refuses them naming the op and the tensor.
+TEST(MoePermute, Bf16RowsOnTheCpuNameTheOp) {
+  const Tensor x = Tensor::zeros({2, 4}, DType::kBF16), slots = Tensor::zeros({4}, DType::kI32);
+  Tensor out = Tensor::empty({4, 4}, DType::kBF16);
+  const std::string message = testing::message_of<Error>([&] { ops::moe_permute(x, slots, 2, out); });
+  EXPECT_NE(message.find("[op moe_permute] x is"), std::string::npos) << message;
+  EXPECT_NE(message.find("but must be f32"), std::string::npos) << message;
+}
+
 TEST(MoePermute, GatherAndWeightedScatterWithGradients) {
   Rng rng(105);
   for (int64_t n : {1, 31, 33}) {

@@ -23,19 +23,6 @@
 namespace primus::testing {
 namespace {
 
-Input act(const std::string& name, Tensor t) { return {name, InputKind::kAct, std::move(t)}; }
-Input f32(const std::string& name, Tensor t) { return {name, InputKind::kF32, std::move(t)}; }
-Input index(const std::string& name, Tensor t) { return {name, InputKind::kIndex, std::move(t)}; }
-
-// A host f32 tensor of `shape` holding `values` (the references compute in double).
-Tensor from_doubles(const Shape& shape, const std::vector<double>& values) {
-  Tensor t = Tensor::empty(shape, DType::kF32);
-  for (int64_t i = 0; i < t.numel(); ++i) t.f32()[i] = static_cast<float>(values[static_cast<size_t>(i)]);
-  return t;
-}
-
-double at(const Tensor& t, int64_t i) { return static_cast<double>(t.f32()[i]); }
-
 // Targets in [0, vocab) with ignored rows (−100 and −1, the two spellings in use); row 0 always counts, so the
 // loss is never empty.
 Tensor targets_with_ignored(int64_t rows, int64_t vocab, Rng& rng) {
@@ -957,6 +944,7 @@ std::vector<OpCase> build_cases() {
   cases.push_back(shard_stats_case());
   cases.push_back(finish_case());
   cases.push_back(sharded_backward_case());
+  for (OpCase& moe : moe_op_cases()) cases.push_back(std::move(moe));
   return cases;
 }
 

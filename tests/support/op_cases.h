@@ -11,4 +11,7 @@ namespace primus::testing {
 // Every case, in a fixed order, built once.
 const std::vector<OpCase>& all_op_cases();
 
+// The mixture-of-experts ops' cases (moe_op_cases.cpp), part of all_op_cases().
+std::vector<OpCase> moe_op_cases();
+
 }  // namespace primus::testing

@@ -123,6 +123,18 @@ struct OpCase {
   std::map<std::string, double> floors;
 };
 
+// Inputs of a case, by kind (InputKind), and small helpers the cases' references use.
+inline Input act(const std::string& name, Tensor t) { return {name, InputKind::kAct, std::move(t)}; }
+inline Input f32(const std::string& name, Tensor t) { return {name, InputKind::kF32, std::move(t)}; }
+inline Input index(const std::string& name, Tensor t) { return {name, InputKind::kIndex, std::move(t)}; }
+// A host f32 tensor of `shape` holding `values` (the references compute in double).
+inline Tensor from_doubles(const Shape& shape, const std::vector<double>& values) {
+  Tensor t = Tensor::empty(shape, DType::kF32);
+  for (int64_t i = 0; i < t.numel(); ++i) t.f32()[i] = static_cast<float>(values[static_cast<size_t>(i)]);
+  return t;
+}
+inline double at(const Tensor& t, int64_t i) { return static_cast<double>(t.f32()[i]); }
+
 // One test of the sweep: a case at a size on a backend ("cpu" or "cuda") in a dtype.
 struct OpTestParam {
   const OpCase* op;

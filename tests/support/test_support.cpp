@@ -85,6 +85,10 @@ Tensor host_f32(const Tensor& t) {
   const Tensor h = ops::to_device(t, kCpuDevice);
   if (h.dtype() == DType::kF32) return h;
   Tensor f = Tensor::empty(h.shape(), DType::kF32);
+  if (h.dtype() == DType::kI32) {  // indices, exact in f32 below 2^24
+    for (int64_t i = 0; i < h.numel(); ++i) f.f32()[i] = static_cast<float>(h.i32()[i]);
+    return f;
+  }
   ops::cast(f, h);
   return f;
 }

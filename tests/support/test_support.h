@@ -19,7 +19,7 @@ Tensor random_ids(const Shape& shape, int64_t vocab, Rng& rng);
 double relative_error(const Tensor& a, const Tensor& b);
 // max |a - b|
 double max_abs_diff(const Tensor& a, const Tensor& b);
-// A copy on the host in f32, from any device (bf16 widened).
+// A copy on the host in f32, from any device (bf16 widened, i32 indices converted).
 Tensor host_f32(const Tensor& t);
 // ||got − want|| / max(||want||, floor) ≤ tol (gtest expectation), both on any device and in any float dtype, every
 // element finite; prints the error. A floor makes the check absolute for values that are zero in exact arithmetic.

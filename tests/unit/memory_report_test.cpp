@@ -136,6 +136,26 @@ TEST(MemoryEstimate, MatchesAHandComputationForATinyModel) {
   EXPECT_EQ(bf16.layer_bytes, 32 * 368 + 384);
 }
 
+// An MoE layer keeps the router's tensors in f32 whatever the activation dtype, and its N·k dispatched rows with their
+// expert activations in that dtype. The tiny model with layer 0 dense and layer 1 of 4 experts (top 2, F_e 24, aux
+// loss on), bf16, 16 tokens.
+TEST(MemoryEstimate, MoeLayersKeepTheRouterInF32AndTheDispatchedRows) {
+  ModelArgs args = testing::tiny_llama_args();
+  args.num_experts = 4;
+  args.moe_router_topk = 2;
+  args.moe_ffn_hidden_size = 24;
+  args.moe_first_k_dense_replace = 1;
+  args.moe_aux_loss_coeff = 0.01;
+  // Attention and norms: 16 x 2 x (4·32 + 2·4·8 + 2·2·8) + 384 (rstd, lse) = 7,552; the dense MLP 16·2·3·48 = 4,608.
+  // The MoE block: logits and scores 2·4·16·4 = 512, top-k experts and weights 8·16·2 = 256, slots and offsets
+  // 4·(32 + 5) = 148, 32 rows x 2 x (2·32 [rows, expert output] + 3·24 [gate|up, act]) = 8,704, the aux loss's
+  // gradient 4·16·4 = 256: 9,876.
+  const ActivationEstimate e = estimate_activations(args, 2, 8, DType::kBF16, recompute(G::kNone));
+  EXPECT_EQ(e.layer_bytes, 7552 + 9876);
+  // Saved: both layers, the final norm's input (1,024) and rstd (64), dhidden (1,024).
+  EXPECT_EQ(e.saved_bytes, (7552 + 4608) + (7552 + 9876) + 1088 + 1024);
+}
+
 // Sequence parallelism over 2 ranks: the tiny model's tensor-parallel half (2 q heads and 1 kv head of 8, F 24, V 25)
 // holds 8 of the 16 rows of the residual stream.
 TEST(MemoryEstimate, SequenceParallelRanksHoldTheirRowsOfTheResidualStream) {

@@ -97,6 +97,9 @@ std::string device_error_message(const cuda::DeviceError& e) {
     case cuda::kCrossEntropyShardStatsTarget:
       w = {"cross_entropy_shard_stats", "target", "row", "the vocabulary"};
       break;
+    case cuda::kMoeSortExpert:
+      w = {"moe_sort", "expert", "routing entry", "the experts"};
+      break;
     default:
       break;
   }
@@ -578,6 +581,107 @@ void CudaBackend::row_max(const Tensor& x, Tensor& max) {
     using T = decltype(tag);
     cuda::row_max<T>(state_->ctx, ptr<T>(x), ptr<float>(max), max.numel(), x.dim(-1));
   });
+}
+
+namespace {
+
+// Index tensors of the MoE kernels hold 32-bit entries; the router's limits are the kernels' (kernels.h).
+void check_moe_entries(const char* op, int64_t entries) {
+  PRIMUS_CHECK(entries <= std::numeric_limits<int32_t>::max(), "[op {}] {} routing entries exceed the 32-bit slots",
+               op, entries);
+}
+
+cuda::MoeRouterShape router_shape(const MoeRouterArgs& args, const Tensor& scores, const char* op) {
+  const MoeRouting& r = args.routing;
+  const int64_t experts = scores.dim(1);
+  PRIMUS_CHECK(experts <= cuda::kMoeRouterMaxExperts, "[op {}] {} experts exceed the CUDA router's {}", op, experts,
+               cuda::kMoeRouterMaxExperts);
+  PRIMUS_CHECK(r.num_groups <= cuda::kMoeRouterMaxGroups, "[op {}] {} expert groups exceed the CUDA router's {}", op,
+               r.num_groups, cuda::kMoeRouterMaxGroups);
+  check_moe_entries(op, scores.dim(0) * r.topk);
+  return cuda::MoeRouterShape{scores.dim(0),
+                              experts,
+                              r.topk,
+                              r.score_function == MoeScoreFunction::kSigmoid,
+                              r.normalize,
+                              r.scaling_factor,
+                              r.num_groups,
+                              r.group_topk};
+}
+
+void check_moe_topk(const char* op, int64_t topk) {
+  PRIMUS_CHECK(topk <= cuda::kMoeMaxTopk, "[op {}] top-k {} exceeds the CUDA kernels' {}", op, topk,
+               cuda::kMoeMaxTopk);
+}
+
+}  // namespace
+
+void CudaBackend::moe_router_forward(const MoeRouterArgs& args) {
+  const cuda::MoeRouterShape shape = router_shape(args, *args.scores, "moe_router_forward");
+  cuda::moe_router_forward(state_->ctx, shape, ptr<float>(*args.logits), ptr_or_null<float>(args.expert_bias),
+                           ptr<float>(*args.scores), ptr<int32_t>(*args.topk_experts), ptr<float>(*args.topk_weights));
+}
+
+void CudaBackend::moe_router_backward(const MoeRouterArgs& args) {
+  const cuda::MoeRouterShape shape = router_shape(args, *args.scores, "moe_router_backward");
+  cuda::moe_router_backward(state_->ctx, shape, ptr<float>(*args.scores), ptr<int32_t>(*args.topk_experts),
+                            ptr<float>(*args.dweights), ptr_or_null<float>(args.dscores), ptr<float>(*args.dlogits));
+}
+
+void CudaBackend::moe_sort(const MoeSortArgs& args) {
+  check_moe_entries("moe_sort", args.topk_experts->numel());
+  cuda::moe_sort(state_->ctx, ptr<int32_t>(*args.topk_experts), args.topk_experts->numel(), args.offsets->numel() - 1,
+                 ptr<int32_t>(*args.slots), ptr<int32_t>(*args.offsets));
+}
+
+void CudaBackend::moe_permute(const MoePermuteArgs& args) {
+  check_moe_entries("moe_permute", args.slots->numel());
+  dispatch(args.x->dtype(), "moe_permute", [&](auto tag) {
+    using T = decltype(tag);
+    cuda::moe_permute<T>(state_->ctx, ptr<T>(*args.x), ptr<int32_t>(*args.slots), ptr<T>(*args.out),
+                         args.slots->numel(), args.topk, args.x->dim(1));
+  });
+}
+
+void CudaBackend::moe_permute_backward(const MoePermuteArgs& args) {
+  check_moe_entries("moe_permute_backward", args.slots->numel());
+  check_moe_topk("moe_permute_backward", args.topk);
+  dispatch(args.dx->dtype(), "moe_permute_backward", [&](auto tag) {
+    using T = decltype(tag);
+    cuda::moe_permute_backward<T>(state_->ctx, ptr<T>(*args.dout), ptr<int32_t>(*args.slots), ptr<T>(*args.dx),
+                                  args.dx->dim(0), args.topk, args.dx->dim(1));
+  });
+}
+
+void CudaBackend::moe_unpermute(const MoePermuteArgs& args) {
+  check_moe_entries("moe_unpermute", args.slots->numel());
+  check_moe_topk("moe_unpermute", args.topk);
+  dispatch(args.y->dtype(), "moe_unpermute", [&](auto tag) {
+    using T = decltype(tag);
+    cuda::moe_unpermute<T>(state_->ctx, ptr<T>(*args.y), ptr<int32_t>(*args.slots), ptr<float>(*args.weights),
+                           ptr<T>(*args.out), args.out->dim(0), args.topk, args.out->dim(1));
+  });
+}
+
+void CudaBackend::moe_unpermute_backward(const MoePermuteArgs& args) {
+  check_moe_entries("moe_unpermute_backward", args.slots->numel());
+  dispatch(args.y->dtype(), "moe_unpermute_backward", [&](auto tag) {
+    using T = decltype(tag);
+    cuda::moe_unpermute_backward<T>(state_->ctx, ptr<T>(*args.y), ptr<int32_t>(*args.slots),
+                                    ptr<float>(*args.weights), ptr<T>(*args.dout), ptr<T>(*args.dy),
+                                    ptr<float>(*args.dweights), args.weights->dim(0), args.topk, args.y->dim(1));
+  });
+}
+
+void CudaBackend::moe_aux_loss(const MoeAuxLossArgs& args) {
+  cuda::moe_aux_loss(state_->ctx, ptr<float>(*args.scores), ptr<int32_t>(*args.offsets), args.scores->dim(0),
+                     args.scores->dim(1), args.topk, args.coeff, args.sigmoid_scores, args.grad_scale,
+                     ptr<float>(*args.loss), ptr_or_null<float>(args.dscores));
+}
+
+void CudaBackend::moe_z_loss(const MoeAuxLossArgs& args) {
+  cuda::moe_z_loss(state_->ctx, ptr<float>(*args.logits), args.logits->dim(0), args.logits->dim(1), args.coeff,
+                   args.grad_scale, ptr<float>(*args.loss), ptr_or_null<float>(args.dlogits));
 }
 
 void CudaBackend::adamw_step(const AdamWArgs& args) {

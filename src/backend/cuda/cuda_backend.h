@@ -54,6 +54,15 @@ class CudaBackend : public Backend {
   void cross_entropy_shard_stats(const CrossEntropyArgs& args) override;
   void cross_entropy_finish(const CrossEntropyArgs& args) override;
   void row_max(const Tensor& x, Tensor& max) override;
+  void moe_router_forward(const MoeRouterArgs& args) override;
+  void moe_router_backward(const MoeRouterArgs& args) override;
+  void moe_sort(const MoeSortArgs& args) override;
+  void moe_permute(const MoePermuteArgs& args) override;
+  void moe_permute_backward(const MoePermuteArgs& args) override;
+  void moe_unpermute(const MoePermuteArgs& args) override;
+  void moe_unpermute_backward(const MoePermuteArgs& args) override;
+  void moe_aux_loss(const MoeAuxLossArgs& args) override;
+  void moe_z_loss(const MoeAuxLossArgs& args) override;
   void adamw_step(const AdamWArgs& args) override;
   void add_inplace(Tensor& y, const Tensor& x) override;
   void scale_inplace(Tensor& x, float s) override;

@@ -40,6 +40,7 @@ enum DeviceErrorCode : int {
   kEmbeddingForwardVocabId = 7,
   kEmbeddingBackwardVocabId = 8,
   kCrossEntropyShardStatsTarget = 9,
+  kMoeSortExpert = 10,  // position: routing entry (t·k + j), value: its expert, limit: E
 };
 
 // bf16 storage: the raw bits of a bfloat16. Conversions go through core/bf16.h (round to nearest even), so a
@@ -149,6 +150,49 @@ void cross_entropy_shard_stats(const KernelContext& ctx, const T* logits, const 
 // lse = max + log(sum_exp) (in double, rounded once); losses = lse − target_logit, 0 for a negative target.
 void cross_entropy_finish(const KernelContext& ctx, const float* max, const float* sum_exp, const float* target_logit,
                           const int32_t* targets, float* losses, float* lse, int64_t rows);
+
+// ---- Mixture of experts (moe.cu; backend.h, MoeRouting ... MoeAuxLossArgs, has the math) ----
+// Limits the backend checks before launching: the router keeps a token's experts in one warp's registers (16 per
+// lane) and ranks groups one per lane; a token's k rows are sorted in shared memory.
+inline constexpr int64_t kMoeRouterMaxExperts = 512;
+inline constexpr int64_t kMoeRouterMaxGroups = 32;
+inline constexpr int64_t kMoeMaxTopk = 64;
+struct MoeRouterShape {
+  int64_t tokens, experts, topk;
+  bool sigmoid, normalize;
+  float scaling_factor;
+  int64_t num_groups, group_topk;
+};
+// logits, scores, dscores, dlogits [N, E]; bias [E] (may be null); topk_experts [N, k] i32; topk_weights, dweights
+// [N, k]; all f32. dscores may be null; dlogits is overwritten.
+void moe_router_forward(const KernelContext& ctx, const MoeRouterShape& shape, const float* logits, const float* bias,
+                        float* scores, int32_t* topk_experts, float* topk_weights);
+void moe_router_backward(const KernelContext& ctx, const MoeRouterShape& shape, const float* scores,
+                         const int32_t* topk_experts, const float* dweights, const float* dscores, float* dlogits);
+// topk_experts [entries] → slots [entries], offsets [E + 1]; an expert outside [0, E) is recorded in ctx.error.
+void moe_sort(const KernelContext& ctx, const int32_t* topk_experts, int64_t entries, int64_t experts, int32_t* slots,
+              int32_t* offsets);
+// x, dx, out (unpermute) [N, C]; out (permute), dout (permute backward), y, dy [N·k, C]; slots [N·k] i32;
+// weights, dweights [N, k] f32.
+template <typename T>
+void moe_permute(const KernelContext& ctx, const T* x, const int32_t* slots, T* out, int64_t rows, int64_t k,
+                 int64_t channels);
+template <typename T>
+void moe_permute_backward(const KernelContext& ctx, const T* dout, const int32_t* slots, T* dx, int64_t tokens,
+                          int64_t k, int64_t channels);
+template <typename T>
+void moe_unpermute(const KernelContext& ctx, const T* y, const int32_t* slots, const float* weights, T* out,
+                   int64_t tokens, int64_t k, int64_t channels);
+template <typename T>
+void moe_unpermute_backward(const KernelContext& ctx, const T* y, const int32_t* slots, const float* weights,
+                            const T* dout, T* dy, float* dweights, int64_t tokens, int64_t k, int64_t channels);
+// scores [N, E], offsets [E + 1] i32, loss [1], dscores [N, E] (may be null, overwritten).
+void moe_aux_loss(const KernelContext& ctx, const float* scores, const int32_t* offsets, int64_t tokens,
+                  int64_t experts, int64_t topk, float coeff, bool sigmoid_scores, float grad_scale, float* loss,
+                  float* dscores);
+// logits [N, E], loss [1], dlogits [N, E] (may be null, accumulated).
+void moe_z_loss(const KernelContext& ctx, const float* logits, int64_t tokens, int64_t experts, float coeff,
+                float grad_scale, float* loss, float* dlogits);
 
 // Step scalars computed on the host in double and rounded once, exactly as the CPU backend does.
 struct AdamWScalars {

@@ -1,0 +1,139 @@
+// Mixture-of-experts models on the CUDA engine against the CPU engine: tiny Mixtral-, Qwen3-MoE- and DeepSeek-routed
+// models give the CPU's loss and gradient of every parameter in fp32 and track them in bf16 mixed precision (router
+// in fp32, experts in bf16), and a short bf16 run on one batch lowers the loss. Skipped, with the reason, where there
+// is no CUDA build or no GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+#include "models/model.h"
+#include "ops/ops.h"
+#include "optim/adamw.h"
+#include "support/test_support.h"
+#include "support/tiny_models.h"
+
+namespace primus {
+namespace {
+
+constexpr Device kGpu{DeviceType::kCuda, 0};
+
+// Mixtral's layout: every layer MoE, 8 experts, top-2 renormalised, aux and z losses; head size 16 so bf16
+// attention runs on cuDNN as in real runs.
+ModelArgs tiny_mixtral_args() {
+  ModelArgs a = testing::tiny_llama_args();
+  a.hidden_size = 64;
+  a.kv_channels = 16;
+  a.num_experts = 8;
+  a.moe_router_topk = 2;
+  a.moe_ffn_hidden_size = 48;
+  a.moe_aux_loss_coeff = 0.01;
+  a.moe_z_loss_coeff = 0.001;
+  return a;
+}
+
+// Qwen3-MoE's: q/k norms, tied head, the first layer dense, then 16 experts, top-4 renormalised (norm_topk_prob),
+// aux loss.
+ModelArgs tiny_qwen3_moe_args() {
+  ModelArgs a = testing::tiny_qwen3_args();
+  a.num_layers = 3;
+  a.hidden_size = 64;
+  a.kv_channels = 16;
+  a.num_experts = 16;
+  a.moe_router_topk = 4;
+  a.moe_ffn_hidden_size = 32;
+  a.moe_first_k_dense_replace = 1;
+  a.moe_aux_loss_coeff = 0.001;
+  return a;
+}
+
+// DeepSeek-V3's routing on the Mixtral layout: sigmoid scores, 4 groups of which 2, top-4 scaled by 2.5, and a shared
+// expert.
+ModelArgs tiny_deepseek_routed_args() {
+  ModelArgs a = tiny_mixtral_args();
+  a.num_experts = 16;
+  a.moe_router_topk = 4;
+  a.moe_ffn_hidden_size = 24;
+  a.moe_router_score_function = "sigmoid";
+  a.moe_router_topk_scaling_factor = 2.5;
+  a.moe_router_num_groups = 4;
+  a.moe_router_group_topk = 2;
+  a.moe_shared_expert_intermediate_size = 40;
+  a.moe_z_loss_coeff = 0.0;
+  return a;
+}
+
+// Loss and flat fp32 gradients of one micro-batch on `device` in `dtype`, from the same initial weights.
+std::pair<double, Tensor> loss_and_grads(const ModelArgs& args, Device device, DType dtype, const Tensor& tokens,
+                                         const Tensor& labels) {
+  const std::unique_ptr<Model> model = make_model(args, tokens.dim(1), device, dtype);
+  model->params().initialize(29);
+  model->weights_changed();
+  model->params().zero_grads();
+  const LossSum s = testing::train_micro_batch(*model, tokens, labels);
+  return {s.loss_sum / s.tokens, ops::to_device(model->params().flat_grads(), kCpuDevice)};
+}
+
+void check_against_cpu(const char* name, const ModelArgs& args, DType dtype, double loss_tolerance,
+                       double grad_tolerance) {
+  Rng rng(17);
+  const Tensor tokens = testing::random_ids({2, 64}, args.vocab_size, rng);
+  const Tensor labels = testing::random_ids({2, 64}, args.vocab_size, rng);
+  const auto [cpu_loss, cpu_grads] = loss_and_grads(args, kCpuDevice, DType::kF32, tokens, labels);
+  const auto [gpu_loss, gpu_grads] = loss_and_grads(args, kGpu, dtype, tokens, labels);
+  const double grad_error = testing::relative_error(gpu_grads, cpu_grads);
+  std::printf("  %s %s: loss cpu %.6f gpu %.6f (rel %.2e), gradients rel err %.2e\n", name,
+              dtype == DType::kF32 ? "f32" : "bf16", cpu_loss, gpu_loss, std::abs(gpu_loss - cpu_loss) / cpu_loss,
+              grad_error);
+  EXPECT_NEAR(gpu_loss, cpu_loss, loss_tolerance * cpu_loss) << name;
+  EXPECT_LE(grad_error, grad_tolerance) << name;
+}
+
+// fp32: the same formulas on both engines; GEMMs sum in other blocked orders (1e-6 per product), and the router's
+// choices are the CPU's (moe_op_cases.cpp holds the kernels to that).
+TEST(MoeGpu, Fp32LossAndGradientsMatchTheCpuEngine) {
+  PRIMUS_SKIP_WITHOUT_GPU();
+  check_against_cpu("mixtral", tiny_mixtral_args(), DType::kF32, 1e-4, 1e-4);
+  check_against_cpu("qwen3_moe", tiny_qwen3_moe_args(), DType::kF32, 1e-4, 1e-4);
+  check_against_cpu("deepseek_routed", tiny_deepseek_routed_args(), DType::kF32, 1e-4, 1e-4);
+}
+
+// bf16 rounds activations and the weight copy to 8 bits of mantissa, as for the dense model (ModelGpu: 1e-2 on the
+// loss, 5e-2 on the gradients). On top of that the router's input is rounded: a token whose k-th and (k+1)-th scores
+// lie within that rounding (a few percent of the 128 tokens × layers here) picks the other expert, which moves that
+// token's share of both experts' gradients; hence 1e-1 on the gradients.
+TEST(MoeGpu, Bf16LossAndGradientsTrackTheCpuEngine) {
+  PRIMUS_SKIP_WITHOUT_GPU();
+  check_against_cpu("mixtral", tiny_mixtral_args(), DType::kBF16, 2e-2, 1e-1);
+  check_against_cpu("qwen3_moe", tiny_qwen3_moe_args(), DType::kBF16, 2e-2, 1e-1);
+  check_against_cpu("deepseek_routed", tiny_deepseek_routed_args(), DType::kBF16, 2e-2, 1e-1);
+}
+
+// 30 AdamW steps in bf16 on one batch lower the loss well below where it started, as on the CPU (MoeModel).
+TEST(MoeGpu, Bf16TrainingLowersTheLoss) {
+  PRIMUS_SKIP_WITHOUT_GPU();
+  for (const ModelArgs& args : {tiny_mixtral_args(), tiny_qwen3_moe_args()}) {
+    const std::unique_ptr<Model> model = make_model(args, 32, kGpu, DType::kBF16);
+    model->params().initialize(43);
+    model->weights_changed();
+    Rng rng(44);
+    const Tensor tokens = testing::random_ids({4, 32}, args.vocab_size, rng);
+    const Tensor labels = testing::random_ids({4, 32}, args.vocab_size, rng);
+    AdamW optimizer(model->params(), AdamWConfig{0.9, 0.95, 1e-8, 0.0});
+    double first = 0.0, last = 0.0;
+    for (int step = 0; step < 30; ++step) {
+      model->params().zero_grads();
+      const LossSum s = testing::train_micro_batch(*model, tokens, labels);
+      last = s.loss_sum / s.tokens;
+      if (step == 0) first = last;
+      optimizer.step(model->params(), 1e-2, clip_grad_norm(model->params(), 1.0).scale);
+      model->weights_changed();
+    }
+    std::printf("  %s bf16: loss %.4f -> %.4f\n", std::string(model_family_name(args)).c_str(), first, last);
+    EXPECT_LT(last, 0.6 * first) << model_family_name(args) << ": " << first << " -> " << last;
+  }
+}
+
+}  // namespace
+}  // namespace primus
