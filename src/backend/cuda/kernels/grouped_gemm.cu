@@ -7,11 +7,13 @@
 //   wgrad    dw[e] += dyᵀ · x    A = dy (M-major)   B = x    (N-major)  the inner dimension split by expert
 // "K-major": consecutive k of one row (or column) are adjacent in memory.
 //
-// Rows split by expert: the grid holds ceil(M / BM) + E row tiles (an upper bound of Σ_e ceil(m_e / BM)) times the
-// column tiles; a block scans the offsets to find which expert's row tile it is, and blocks past the real count
-// return. Inner dimension split: E × (row tiles × column tiles) blocks, each summing over its expert's rows; an
-// expert without rows leaves its dw as it was. Every output element is written by one block, whose sum runs in a
-// fixed order: the results are deterministic. Offsets outside [0, M] are clamped so no access leaves the tensors.
+// Which block computes which tile is grouped_gemm_schedule.h (plain C++, tested on the CPU). Rows split by expert:
+// a one-thread kernel first turns the offsets into each expert's first row tile (on the device, queued on the same
+// stream), the grid holds ceil(M / BM) + E row tiles (an upper bound of Σ_e ceil(m_e / BM)) times the column tiles,
+// a block finds its expert by binary search, and blocks past the real count return. Inner dimension split:
+// E × (row tiles × column tiles) blocks, each summing over its expert's rows; an expert without rows leaves its dw
+// as it was. Every output element is written by one block, whose sum runs in a fixed order: the results are
+// deterministic (no atomics). Offsets outside [0, M] are clamped so no access leaves the tensors.
 //
 // Two kernels share that schedule:
 //  - bf16 on tensor cores (mma.sync m16n8k16, fp32 accumulators, ldmatrix from padded shared memory, a 4-stage
@@ -23,7 +25,9 @@
 // are read from DRAM about once and then served from L2.
 #include <cstdint>
 
+#include "backend/cuda/caching_allocator.h"
 #include "backend/cuda/kernels/common.cuh"
+#include "backend/cuda/kernels/grouped_gemm_schedule.h"
 #include "backend/cuda/kernels/kernels.h"
 
 namespace primus::cuda {
@@ -39,8 +43,9 @@ struct Problem {
   const T* a;
   const T* b;
   Out* c;
-  const int32_t* offsets;  // [experts + 1]
-  int experts;
+  const int32_t* offsets;      // [experts + 1]
+  const int64_t* tile_starts;  // [experts + 1], rows split only: grouped::row_tile_starts for the kernel's BM
+  int64_t experts;
   int64_t total_rows;  // M: the offsets are clamped to [0, M]
   int64_t m, n, k;     // the fixed extents; the split one (m for rows, k for inner) comes from the offsets
   int64_t lda, ldb, ldc;
@@ -54,121 +59,49 @@ struct Tile {
   const T* a;
   const T* b;
   Out* c;
-  int64_t m, k;          // the expert's extents (m rows of A and C, k inner)
-  int64_t row0, col0;    // the tile's first row and column inside the expert's C
+  int64_t m, k;        // the expert's extents (m rows of A and C, k inner)
+  int64_t row0, col0;  // the tile's first row and column inside the expert's C
 };
 
-constexpr int kGroupRows = 8;  // row tiles per group of the launch order
-
-__device__ __forceinline__ int64_t clamped_offset(const int32_t* offsets, int e, int64_t total) {
-  const int64_t v = offsets[e];
-  return v < 0 ? 0 : (v > total ? total : v);
-}
-
-// Row tile `tm` and column tile `tn` of `local` in the grouped order over tiles_m × tiles_n tiles.
-__device__ __forceinline__ void grouped_order(int64_t local, int64_t tiles_m, int64_t tiles_n, int64_t& tm,
-                                              int64_t& tn) {
-  const int64_t per_group = kGroupRows * tiles_n;
-  const int64_t first = local / per_group * kGroupRows;
-  const int64_t height = tiles_m - first < kGroupRows ? tiles_m - first : kGroupRows;
-  const int64_t within = local % per_group;
-  tm = first + within % height;
-  tn = within / height;
-}
-
-// For rows split by expert: the expert whose row tiles hold global row tile `tm` (the experts' tiles laid end to
-// end), and that tile's index inside the expert; expert −1 past the last tile. A block-wide scan of the tile
-// counts, blockDim.x experts at a time; every thread of the block gets the answer.
-__device__ void find_row_tile(const int32_t* offsets, int experts, int64_t total_rows, int bm, int64_t tm,
-                              int& expert, int64_t& local_tile) {
-  __shared__ int64_t warp_totals[32];
-  __shared__ int found_expert;
-  __shared__ int64_t found_tile;
-  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize, warps = blockDim.x / kWarpSize;
-  if (threadIdx.x == 0) found_expert = -1;
-  int64_t before = 0;  // tiles of the experts already scanned
-  for (int base = 0; base < experts; base += blockDim.x) {
-    const int e = base + static_cast<int>(threadIdx.x);
-    int64_t tiles = 0;
-    if (e < experts) {
-      const int64_t rows = clamped_offset(offsets, e + 1, total_rows) - clamped_offset(offsets, e, total_rows);
-      tiles = rows > 0 ? (rows + bm - 1) / bm : 0;
-    }
-    int64_t inclusive = tiles;  // within the warp
-    for (int d = 1; d < kWarpSize; d <<= 1) {
-      const int64_t up = __shfl_up_sync(kFullMask, inclusive, d);
-      if (lane >= d) inclusive += up;
-    }
-    if (lane == kWarpSize - 1) warp_totals[warp] = inclusive;
-    __syncthreads();
-    int64_t warp_before = 0, chunk = 0;
-    for (int w = 0; w < warps; ++w) {
-      if (w < warp) warp_before += warp_totals[w];
-      chunk += warp_totals[w];
-    }
-    const int64_t first = before + warp_before + inclusive - tiles;
-    if (tiles > 0 && tm >= first && tm < first + tiles) {
-      found_expert = e;
-      found_tile = tm - first;
-    }
-    before += chunk;
-    __syncthreads();  // found_* written, warp_totals free again
-    if (found_expert >= 0 || tm < before) break;
-  }
-  expert = found_expert;
-  local_tile = found_tile;
-}
-
-// The block's tile, or false when it has none (past the real row tiles, an empty expert, an empty tile range).
+// The block's tile (grouped_gemm_schedule.h), or false when it has none.
 template <int BM, int BN, Split kSplit, typename T, typename Out>
 __device__ bool locate_tile(const Problem<T, Out>& p, Tile<T, Out>& t) {
-  const int64_t tiles_n = (p.n + BN - 1) / BN;
-  if (tiles_n == 0) return false;
+  grouped::TileSpan span;
   if constexpr (kSplit == Split::kRows) {
-    const int64_t tiles_m = (p.total_rows + BM - 1) / BM + p.experts;
-    int64_t tm = 0, tn = 0;
-    grouped_order(blockIdx.x, tiles_m, tiles_n, tm, tn);
-    int expert = -1;
-    int64_t local = 0;
-    find_row_tile(p.offsets, p.experts, p.total_rows, BM, tm, expert, local);
-    if (expert < 0) return false;
-    const int64_t begin = clamped_offset(p.offsets, expert, p.total_rows);
-    const int64_t end = clamped_offset(p.offsets, expert + 1, p.total_rows);
-    t.a = p.a + begin * p.lda;
-    t.b = p.b + expert * p.expert_stride;
-    t.c = p.c + begin * p.ldc;
-    t.m = end - begin;
+    if (!grouped::rows_split_tile(blockIdx.x, p.offsets, p.tile_starts, p.experts, p.total_rows, p.n, BM, BN, span)) {
+      return false;
+    }
+    t.a = p.a + span.expert_begin * p.lda;
+    t.b = p.b + span.expert * p.expert_stride;
+    t.c = p.c + span.expert_begin * p.ldc;
+    t.m = span.expert_end - span.expert_begin;
     t.k = p.k;
-    t.row0 = local * BM;
-    t.col0 = tn * BN;
   } else {
-    const int64_t tiles_m = (p.m + BM - 1) / BM;
-    if (tiles_m == 0) return false;
-    const int64_t per_expert = tiles_m * tiles_n;
-    const int expert = static_cast<int>(blockIdx.x / per_expert);
-    int64_t tm = 0, tn = 0;
-    grouped_order(blockIdx.x % per_expert, tiles_m, tiles_n, tm, tn);
-    const int64_t begin = clamped_offset(p.offsets, expert, p.total_rows);
-    const int64_t end = clamped_offset(p.offsets, expert + 1, p.total_rows);
-    if (end <= begin) return false;  // dw[e] stays as it was
-    t.a = p.a + begin * p.lda;
-    t.b = p.b + begin * p.ldb;
-    t.c = p.c + expert * p.expert_stride;
+    if (!grouped::inner_split_tile(blockIdx.x, p.offsets, p.experts, p.total_rows, p.m, p.n, BM, BN, span)) {
+      return false;
+    }
+    t.a = p.a + span.expert_begin * p.lda;
+    t.b = p.b + span.expert_begin * p.ldb;
+    t.c = p.c + span.expert * p.expert_stride;
     t.m = p.m;
-    t.k = end - begin;
-    t.row0 = tm * BM;
-    t.col0 = tn * BN;
+    t.k = span.expert_end - span.expert_begin;
   }
+  t.row0 = span.row_begin;
+  t.col0 = span.col_begin;
   return true;
 }
 
-// Blocks of a launch: rows split, the upper bound of row tiles times the column tiles; inner split, every
-// expert's tiles.
+// Blocks of a launch with BM × BN tiles.
 template <Split kSplit, typename T, typename Out>
 int64_t blocks_for(const Problem<T, Out>& p, int bm, int bn) {
-  const int64_t tiles_n = (p.n + bn - 1) / bn;
-  if (kSplit == Split::kRows) return ((p.total_rows + bm - 1) / bm + p.experts) * tiles_n;
-  return p.experts * ((p.m + bm - 1) / bm) * tiles_n;
+  if (kSplit == Split::kRows) return grouped::rows_split_blocks(p.total_rows, p.experts, p.n, bm, bn);
+  return grouped::inner_split_blocks(p.experts, p.m, p.n, bm, bn);
+}
+
+// starts [experts + 1] = grouped::row_tile_starts of the device offsets: one thread, O(E), queued before the GEMM.
+__global__ void row_tile_starts_kernel(const int32_t* offsets, int64_t experts, int64_t total_rows, int64_t bm,
+                                       int64_t* starts) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) grouped::row_tile_starts(offsets, experts, total_rows, bm, starts);
 }
 
 // ---- the fp32 kernel (any dtype, any shape) --------------------------------------------------------------------
@@ -405,10 +338,22 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_mma_kernel(Problem<bf16
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// Rows split: the experts' row tile starts for tiles of `bm` rows, computed on the device into `scratch`.
+template <Split kSplit, typename T, typename Out>
+void prepare_schedule(const KernelContext& ctx, Problem<T, Out>& p, int bm, const DeviceBuffer& scratch) {
+  if constexpr (kSplit == Split::kRows) {
+    p.tile_starts = scratch.as<int64_t>();
+    row_tile_starts_kernel<<<1, 1, 0, ctx.stream>>>(p.offsets, p.experts, p.total_rows, bm, scratch.as<int64_t>());
+    PRIMUS_CUDA_CHECK_LAUNCH();
+  }
+}
+
 template <bool kAKMajor, bool kBKMajor, Split kSplit, typename T, typename Out>
-void launch(const KernelContext& ctx, const Problem<T, Out>& p) {
+void launch(const KernelContext& ctx, Problem<T, Out> p) {
   if (p.n == 0 || p.experts == 0) return;
   if (kSplit == Split::kRows && p.total_rows == 0) return;
+  const DeviceBuffer scratch(*ctx.allocator,
+                             kSplit == Split::kRows ? static_cast<size_t>(p.experts + 1) * sizeof(int64_t) : 0);
   if constexpr (std::is_same_v<T, bf16>) {
     constexpr int shared = tensor_core_shared_bytes<kAKMajor, kBKMajor>();
     const bool fits = p.m % 8 == 0 && p.n % 8 == 0 && p.k % 8 == 0 && p.lda % 8 == 0 && p.ldb % 8 == 0 &&
@@ -417,6 +362,7 @@ void launch(const KernelContext& ctx, const Problem<T, Out>& p) {
     if (fits) {
       const int64_t blocks = blocks_for<kSplit>(p, kBM, kBN);
       if (blocks == 0) return;
+      prepare_schedule<kSplit>(ctx, p, kBM, scratch);
       auto kernel = grouped_gemm_mma_kernel<kAKMajor, kBKMajor, kSplit, Out>;
       static const bool prepared = [&] {  // once per kernel: raise its shared memory limit past 48 KiB
         PRIMUS_CUDA_CHECK(gpuFuncSetAttribute(kernel, gpuFuncAttributeMaxDynamicSharedMemorySize, shared));
@@ -430,6 +376,7 @@ void launch(const KernelContext& ctx, const Problem<T, Out>& p) {
   }
   const int64_t blocks = blocks_for<kSplit>(p, kSimtTile, kSimtTile);
   if (blocks == 0) return;
+  prepare_schedule<kSplit>(ctx, p, kSimtTile, scratch);
   grouped_gemm_simt_kernel<kAKMajor, kBKMajor, kSplit><<<static_cast<unsigned>(blocks), kSimtThreads, 0,
                                                          ctx.stream>>>(p);
   PRIMUS_CUDA_CHECK_LAUNCH();
@@ -441,7 +388,7 @@ template <typename T>
 void grouped_linear_forward(const KernelContext& ctx, const GroupedGemmShape& s, const T* x, const T* w,
                             const int32_t* offsets, T* y) {
   // m is the rows of one expert (from the offsets); 0 here stands for "any" in the fast path's checks.
-  const Problem<T, T> p{x, w, y, offsets, static_cast<int>(s.experts), s.rows, 0, s.out, s.in,
+  const Problem<T, T> p{x, w, y, offsets, nullptr, s.experts, s.rows, 0, s.out, s.in,
                         s.in, s.in, s.out, s.out * s.in, false};
   launch<true, true, Split::kRows>(ctx, p);
 }
@@ -449,7 +396,7 @@ void grouped_linear_forward(const KernelContext& ctx, const GroupedGemmShape& s,
 template <typename T>
 void grouped_linear_backward_data(const KernelContext& ctx, const GroupedGemmShape& s, const T* dy, const T* w,
                                   const int32_t* offsets, T* dx) {
-  const Problem<T, T> p{dy, w, dx, offsets, static_cast<int>(s.experts), s.rows, 0, s.in, s.out,
+  const Problem<T, T> p{dy, w, dx, offsets, nullptr, s.experts, s.rows, 0, s.in, s.out,
                         s.out, s.in, s.in, s.out * s.in, false};
   launch<true, false, Split::kRows>(ctx, p);
 }
@@ -458,7 +405,7 @@ template <typename T>
 void grouped_linear_backward_weight(const KernelContext& ctx, const GroupedGemmShape& s, const T* dy, const T* x,
                                     const int32_t* offsets, float* dw) {
   // k is the rows of one expert (from the offsets); 0 here stands for "any" in the fast path's checks.
-  const Problem<T, float> p{dy, x, dw, offsets, static_cast<int>(s.experts), s.rows, s.out, s.in, 0,
+  const Problem<T, float> p{dy, x, dw, offsets, nullptr, s.experts, s.rows, s.out, s.in, 0,
                             s.out, s.in, s.in, s.out * s.in, true};
   launch<false, false, Split::kInner>(ctx, p);
 }
