@@ -28,6 +28,7 @@
 #include "backend/cuda/caching_allocator.h"
 #include "backend/cuda/kernels/common.cuh"
 #include "backend/cuda/kernels/grouped_gemm_schedule.h"
+#include "backend/cuda/kernels/grouped_gemm_tile.h"
 #include "backend/cuda/kernels/kernels.h"
 
 namespace primus::cuda {
@@ -160,20 +161,18 @@ __global__ void __launch_bounds__(kSimtThreads) grouped_gemm_simt_kernel(Problem
 
 // ---- the bf16 tensor-core kernel -------------------------------------------------------------------------------
 
-constexpr int kBM = 128, kBN = 128, kBK = 32, kStages = 4, kThreads = 256;
-constexpr int kWarpM = 64, kWarpN = 32;              // 2 × 4 warps
-constexpr int kFragM = kWarpM / 16, kFragN = kWarpN / 8;  // m16 and n8 fragments per warp
-constexpr int kPad = 8;  // bf16 elements after each shared row: ldmatrix's 8 row reads hit 8 different banks
-
-// Shared elements of one stage of an operand: [rows][kBK + pad] when K-major, [kBK][rows + pad] otherwise.
-template <bool kKMajor>
-__host__ __device__ constexpr int stage_elems(int rows) {
-  return kKMajor ? rows * (kBK + kPad) : kBK * (rows + kPad);
-}
+// Tile sizes, warp layout and index arithmetic: grouped_gemm_tile.h.
+using grouped::kBK;
+using grouped::kBM;
+using grouped::kBN;
+using grouped::kFragM;
+using grouped::kFragN;
+using grouped::kThreads;
+constexpr int kStages = 4;
 
 template <bool kAKMajor, bool kBKMajor>
 constexpr int tensor_core_shared_bytes() {
-  return kStages * (stage_elems<kAKMajor>(kBM) + stage_elems<kBKMajor>(kBN)) * 2;
+  return kStages * (grouped::stage_elems(kAKMajor, kBM) + grouped::stage_elems(kBKMajor, kBN)) * 2;
 }
 
 __device__ __forceinline__ uint32_t shared_address(const void* p) {
@@ -220,17 +219,8 @@ __device__ __forceinline__ void load_stage(bf16* dst, const bf16* src, int64_t l
   static_assert(kChunks % kThreads == 0, "every thread queues the same number of chunks");
 #pragma unroll
   for (int i = 0; i < kChunks / kThreads; ++i) {
-    const int chunk = static_cast<int>(threadIdx.x) + i * kThreads;
-    int r, kk, offset;
-    if constexpr (kKMajor) {
-      r = chunk / (kBK / 8);
-      kk = chunk % (kBK / 8) * 8;
-      offset = r * (kBK + kPad) + kk;
-    } else {
-      kk = chunk / (kRows / 8);
-      r = chunk % (kRows / 8) * 8;
-      offset = kk * (kRows + kPad) + r;
-    }
+    const grouped::ChunkPlace place = grouped::chunk_place(kKMajor, kRows, static_cast<int>(threadIdx.x) + i * kThreads);
+    const int r = place.row, kk = place.k, offset = place.offset;
     const int64_t gr = first + r, gk = k0 + kk;
     const bool valid = gr < extent && gk < k;
     const bf16* from = valid ? src + (kKMajor ? gr * ld + gk : gk * ld + gr) : src;
@@ -243,12 +233,12 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_mma_kernel(Problem<bf16
   Tile<bf16, Out> t;
   if (!locate_tile<kBM, kBN, kSplit>(p, t)) return;
   extern __shared__ __align__(16) unsigned char shared_bytes[];
-  constexpr int kAStage = stage_elems<kAKMajor>(kBM), kBStage = stage_elems<kBKMajor>(kBN);
+  constexpr int kAStage = grouped::stage_elems(kAKMajor, kBM), kBStage = grouped::stage_elems(kBKMajor, kBN);
   bf16* sa = reinterpret_cast<bf16*>(shared_bytes);
   bf16* sb = sa + kStages * kAStage;
 
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-  const int wm = warp / (kBN / kWarpN) * kWarpM, wn = warp % (kBN / kWarpN) * kWarpN;
+  const int wm = grouped::warp_row(warp), wn = grouped::warp_col(warp);
   float acc[kFragM][kFragN][4] = {};
 
   const int64_t k_tiles = (t.k + kBK - 1) / kBK;
@@ -274,24 +264,22 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_mma_kernel(Problem<bf16
       uint32_t af[kFragM][4];
 #pragma unroll
       for (int i = 0; i < kFragM; ++i) {
-        const int m0 = wm + i * 16;
-        if constexpr (kAKMajor) {  // matrices: rows 0–7 / 8–15 × k 0–7 / 8–15
-          ldmatrix_x4(af[i], shared_address(a + (m0 + lane % 16) * (kBK + kPad) + kk + lane / 16 * 8));
-        } else {  // stored [k][m]: lanes give k rows; matrices m 0–7 / 8–15 × k 0–7 / 8–15
-          const int mi = lane / 8;
-          ldmatrix_x4_trans(af[i],
-                            shared_address(a + (kk + mi / 2 * 8 + lane % 8) * (kBM + kPad) + m0 + mi % 2 * 8));
+        const uint32_t address = shared_address(a + grouped::a_fragment_offset(kAKMajor, wm + i * 16, kk, lane));
+        if constexpr (kAKMajor) {
+          ldmatrix_x4(af[i], address);
+        } else {
+          ldmatrix_x4_trans(af[i], address);
         }
       }
       uint32_t bfr[kFragN][2];
 #pragma unroll
       for (int j = 0; j < kFragN; j += 2) {
-        const int n0 = wn + j * 8, mi = lane / 8;
         uint32_t r[4];
-        if constexpr (kBKMajor) {  // stored [n][k]: matrices n 0–7 × k 0–7, n 0–7 × k 8–15, then n 8–15
-          ldmatrix_x4(r, shared_address(b + (n0 + mi / 2 * 8 + lane % 8) * (kBK + kPad) + kk + mi % 2 * 8));
-        } else {  // stored [k][n]: the same four matrices, transposed on the way
-          ldmatrix_x4_trans(r, shared_address(b + (kk + mi % 2 * 8 + lane % 8) * (kBN + kPad) + n0 + mi / 2 * 8));
+        const uint32_t address = shared_address(b + grouped::b_fragment_offset(kBKMajor, wn + j * 8, kk, lane));
+        if constexpr (kBKMajor) {
+          ldmatrix_x4(r, address);
+        } else {
+          ldmatrix_x4_trans(r, address);
         }
         bfr[j][0] = r[0];
         bfr[j][1] = r[1];
@@ -307,18 +295,17 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_mma_kernel(Problem<bf16
   }
   copy_wait<0>();
 
-  // Accumulator (i, j, h·2 + c): row wm + 16i + lane/4 + 8h, column wn + 8j + 2·(lane%4) + c. n is a multiple of
-  // 8, so a pair of columns is wholly inside or outside.
-  const int g = lane / 4, tg = lane % 4;
+  // Accumulator pair (i, j, h) of the lane: grouped::accumulator_row / _col. n is a multiple of 8, so a pair of
+  // columns is wholly inside or outside.
 #pragma unroll
   for (int i = 0; i < kFragM; ++i) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int64_t row = t.row0 + wm + i * 16 + g + h * 8;
+      const int64_t row = t.row0 + grouped::accumulator_row(warp, i, h, lane);
       if (row >= t.m) continue;
 #pragma unroll
       for (int j = 0; j < kFragN; ++j) {
-        const int64_t col = t.col0 + wn + j * 8 + tg * 2;
+        const int64_t col = t.col0 + grouped::accumulator_col(warp, j, lane);
         if (col >= p.n) continue;
         const float v0 = acc[i][j][h * 2], v1 = acc[i][j][h * 2 + 1];
         Out* c = t.c + row * p.ldc + col;
