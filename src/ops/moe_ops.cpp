@@ -35,6 +35,12 @@ Backend& checked_backend(const char* op, std::initializer_list<Arg> args) {
   return backend_for(first.tensor->device());
 }
 
+// The grouped GEMM's activation dtype: x's, f32 or bf16 (x, w, y, dy and dx share it; dw is always f32).
+DType grouped_linear_dtype(const char* op, const Tensor& x) {
+  MOE_CHECK(x.dtype() == DType::kF32 || x.dtype() == DType::kBF16, "x is {} but must be f32 or bf16", x.describe());
+  return x.dtype();
+}
+
 void check_matrix(const char* op, const char* name, const Tensor& t) {
   MOE_CHECK(t.defined() && t.ndim() == 2, "{} is {} but must be a matrix", name, t.describe());
 }
@@ -200,10 +206,11 @@ void grouped_linear_forward(const Tensor& x, const Tensor& w, const Tensor& offs
   const ProfileScope profile_scope(op);
   check_matrix(op, "x", x);
   MOE_CHECK(w.defined() && w.ndim() == 3, "w is {} but must be [E, out, in]", w.describe());
-  Backend& b = checked_backend(op, {{"x", &x, DType::kF32, {x.dim(0), w.dim(2)}},
-                                    {"w", &w, DType::kF32, w.shape()},
+  const DType act = grouped_linear_dtype(op, x);
+  Backend& b = checked_backend(op, {{"x", &x, act, {x.dim(0), w.dim(2)}},
+                                    {"w", &w, act, w.shape()},
                                     {"offsets", &offsets, DType::kI32, {w.dim(0) + 1}},
-                                    {"y", &y, DType::kF32, {x.dim(0), w.dim(1)}}});
+                                    {"y", &y, act, {x.dim(0), w.dim(1)}}});
   GroupedLinearArgs args;
   args.x = &x;
   args.w = &w;
@@ -219,12 +226,13 @@ void grouped_linear_backward(const Tensor& x, const Tensor& w, const Tensor& off
   check_matrix(op, "x", x);
   MOE_CHECK(w.defined() && w.ndim() == 3, "w is {} but must be [E, out, in]", w.describe());
   const int64_t m = x.dim(0);
-  Backend& b = checked_backend(op, {{"x", &x, DType::kF32, {m, w.dim(2)}},
-                                    {"w", &w, DType::kF32, w.shape()},
+  const DType act = grouped_linear_dtype(op, x);
+  Backend& b = checked_backend(op, {{"x", &x, act, {m, w.dim(2)}},
+                                    {"w", &w, act, w.shape()},
                                     {"offsets", &offsets, DType::kI32, {w.dim(0) + 1}},
-                                    {"dy", &dy, DType::kF32, {m, w.dim(1)}}});
-  if (dx.defined()) checked_backend(op, {{"x", &x, DType::kF32, x.shape()}, {"dx", &dx, DType::kF32, x.shape()}});
-  if (dw.defined()) checked_backend(op, {{"w", &w, DType::kF32, w.shape()}, {"dw", &dw, DType::kF32, w.shape()}});
+                                    {"dy", &dy, act, {m, w.dim(1)}}});
+  if (dx.defined()) checked_backend(op, {{"x", &x, act, x.shape()}, {"dx", &dx, act, x.shape()}});
+  if (dw.defined()) checked_backend(op, {{"w", &w, act, w.shape()}, {"dw", &dw, DType::kF32, w.shape()}});
   GroupedLinearArgs args;
   args.x = &x;
   args.w = &w;

@@ -30,7 +30,8 @@ void moe_unpermute(const Tensor& y, const Tensor& slots, const Tensor& weights, 
 void moe_unpermute_backward(const Tensor& y, const Tensor& slots, const Tensor& weights, const Tensor& dout, Tensor& dy,
                             Tensor& dweights);
 
-// y [M, out] = per expert e, rows [offsets[e], offsets[e+1]) of x [M, in] times w[e]ᵀ (w [E, out, in]).
+// y [M, out] = per expert e, rows [offsets[e], offsets[e+1]) of x [M, in] times w[e]ᵀ (w [E, out, in]). x, w, y,
+// dy and dx are f32 or bf16 (one dtype; bf16 products summed in fp32), dw is f32.
 void grouped_linear_forward(const Tensor& x, const Tensor& w, const Tensor& offsets, Tensor& y);
 // dx [M, in] (overwritten) and dw [E, out, in] (accumulated); either may be undefined (skipped).
 void grouped_linear_backward(const Tensor& x, const Tensor& w, const Tensor& offsets, const Tensor& dy, Tensor& dx,

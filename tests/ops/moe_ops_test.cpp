@@ -314,6 +314,41 @@ TEST(GroupedLinear, OneGemmPerExpertWithGradients) {
   }
 }
 
+// x, w, y, dy and dx share one dtype, f32 or bf16; dw is always f32. Each violation names the op and the tensor.
+TEST(GroupedLinear, DtypesNameTheOpAndTensor) {
+  const int64_t m = 4, experts = 2, in = 3, out = 5;
+  Tensor offsets = Tensor::empty({experts + 1}, DType::kI32);
+  offsets.i32()[0] = 0;
+  offsets.i32()[1] = 1;
+  offsets.i32()[2] = static_cast<int32_t>(m);
+  auto t = [](const Shape& shape, DType dtype) { return Tensor::zeros(shape, dtype); };
+  auto forward_error = [&](DType x, DType w, DType y) {
+    Tensor out_y = t({m, out}, y);
+    return testing::message_of<Error>(
+        [&] { ops::grouped_linear_forward(t({m, in}, x), t({experts, out, in}, w), offsets, out_y); });
+  };
+  auto backward_error = [&](DType dy, DType dx, DType dw) {
+    Tensor gx = t({m, in}, dx), gw = t({experts, out, in}, dw);
+    return testing::message_of<Error>([&] {
+      ops::grouped_linear_backward(t({m, in}, DType::kBF16), t({experts, out, in}, DType::kBF16), offsets,
+                                   t({m, out}, dy), gx, gw);
+    });
+  };
+  const std::string bad_x = forward_error(DType::kI32, DType::kI32, DType::kI32);
+  EXPECT_NE(bad_x.find("[op grouped_linear_forward] x is"), std::string::npos) << bad_x;
+  EXPECT_NE(bad_x.find("must be f32 or bf16"), std::string::npos) << bad_x;
+  const std::string mixed_w = forward_error(DType::kBF16, DType::kF32, DType::kBF16);
+  EXPECT_NE(mixed_w.find("[op grouped_linear_forward] w is"), std::string::npos) << mixed_w;
+  const std::string mixed_y = forward_error(DType::kBF16, DType::kBF16, DType::kF32);
+  EXPECT_NE(mixed_y.find("[op grouped_linear_forward] y is"), std::string::npos) << mixed_y;
+  const std::string mixed_dy = backward_error(DType::kF32, DType::kBF16, DType::kF32);
+  EXPECT_NE(mixed_dy.find("[op grouped_linear_backward] dy is"), std::string::npos) << mixed_dy;
+  const std::string mixed_dx = backward_error(DType::kBF16, DType::kF32, DType::kF32);
+  EXPECT_NE(mixed_dx.find("[op grouped_linear_backward] dx is"), std::string::npos) << mixed_dx;
+  const std::string bf16_dw = backward_error(DType::kBF16, DType::kBF16, DType::kBF16);
+  EXPECT_NE(bf16_dw.find("[op grouped_linear_backward] dw is"), std::string::npos) << bf16_dw;
+}
+
 TEST(MoeLosses, AuxLossMatchesTheSwitchFormulaWithGradient) {
   Rng rng(107);
   for (const bool sigmoid : {false, true}) {

@@ -12,10 +12,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <string>
 #include <vector>
 
+#include "ops/moe_ops.h"
 #include "ops/ops.h"
 #include "support/test_support.h"
 #include "support/vocab_shards.h"
@@ -139,6 +141,100 @@ OpCase linear_case() {
                                                       out_features))},
         {"dw", from_doubles(in["w"].shape(),
                             reference_gemm(r, x, nullptr, true, false, 1, 0, out_features, in_features, n))}};
+  };
+  c.device_tol = {1e-4, 5e-3, 1e-4};
+  return c;
+}
+
+// ---- grouped linear (the experts' GEMMs) ----------------------------------------------------------------------
+
+// The experts of a grouped_linear size: how many, the in and out features, and whether one expert takes far more
+// rows than the rest (skewed routing).
+struct ExpertShape {
+  int64_t experts, in, out;
+  bool skewed = false;
+};
+
+// Offsets [E + 1] splitting `rows` among the experts: expert 1 gets one row and the middle expert none (where there
+// are enough experts), the others random shares (expert 0 eight times the others' when skewed); so row tiles
+// straddle experts, and empty and one-row experts occur at every size.
+Tensor random_offsets(int64_t rows, const ExpertShape& shape, Rng& rng) {
+  const int64_t experts = shape.experts, empty = experts > 2 ? experts / 2 : -1;
+  std::vector<int64_t> count(static_cast<size_t>(experts), 0);
+  int64_t left = rows;
+  if (experts > 1 && left > 0) {
+    count[1] = 1;
+    --left;
+  }
+  std::vector<double> weight(static_cast<size_t>(experts), 0.0);
+  double total = 0.0;
+  int64_t last = -1;
+  for (int64_t e = 0; e < experts; ++e) {
+    if ((experts > 1 && e == 1) || e == empty) continue;
+    weight[static_cast<size_t>(e)] = (shape.skewed && e == 0 ? 8.0 : 1.0) * (0.5 + rng.uniform());
+    total += weight[static_cast<size_t>(e)];
+    last = e;
+  }
+  if (last < 0) last = experts - 1;  // two experts or one: the rest goes to the last
+  int64_t given = 0;
+  for (int64_t e = 0; e < experts; ++e) {
+    if (total == 0.0 || weight[static_cast<size_t>(e)] == 0.0) continue;
+    const auto share = static_cast<int64_t>(static_cast<double>(left) * weight[static_cast<size_t>(e)] / total);
+    count[static_cast<size_t>(e)] += share;
+    given += share;
+  }
+  count[static_cast<size_t>(last)] += left - given;
+  Tensor offsets = Tensor::empty({experts + 1}, DType::kI32);
+  offsets.i32()[0] = 0;
+  for (int64_t e = 0; e < experts; ++e) {
+    offsets.i32()[e + 1] = offsets.i32()[e] + static_cast<int32_t>(count[static_cast<size_t>(e)]);
+  }
+  return offsets;
+}
+
+// y [M, out] = x[r] · w[e]ᵀ for the rows r of each expert e (offsets); dx overwritten, dw accumulated. `shape_of`
+// gives the experts for a size (the rows, M).
+OpCase grouped_linear_case(const std::string& name, std::function<ExpertShape(int64_t)> shape_of) {
+  OpCase c;
+  c.name = name;
+  c.make_inputs = [=](int64_t m, Rng& rng) {
+    const ExpertShape s = shape_of(m);
+    return std::vector<Input>{act("x", random_tensor({m, s.in}, rng)),
+                              act("w", random_tensor({s.experts, s.out, s.in}, rng)),
+                              index("offsets", random_offsets(m, s, rng))};
+  };
+  c.forward = [](const Tensors& in, OpEnv& env) {
+    Tensor y = env.out({in["x"].dim(0), in["w"].dim(1)});
+    ops::grouped_linear_forward(in["x"], in["w"], in["offsets"], y);
+    return Tensors{{"y", y}};
+  };
+  c.backward = [](const Tensors& in, const Tensors&, const Tensors& dy, OpEnv& env) {
+    Tensor dx = env.out(in["x"].shape()), dw = env.accumulator(in["w"].shape());
+    ops::grouped_linear_backward(in["x"], in["w"], in["offsets"], dy["y"], dx, dw);
+    return Tensors{{"dx", dx}, {"dw", dw}};
+  };
+  c.reference = [](const Tensors& in, const Tensors& dy, float) {
+    const Tensor &x = in["x"], &w = in["w"], &offsets = in["offsets"], &r = dy["y"];
+    const int64_t m = x.dim(0), experts = w.dim(0), out = w.dim(1), nin = w.dim(2);
+    std::vector<double> y(static_cast<size_t>(m * out), 0.0), dx(static_cast<size_t>(m * nin), 0.0),
+        dw(static_cast<size_t>(w.numel()), 0.0);
+    for (int64_t e = 0; e < experts; ++e) {
+      for (int64_t row = offsets.i32()[e]; row < offsets.i32()[e + 1]; ++row) {
+        for (int64_t o = 0; o < out; ++o) {
+          const int64_t wo = (e * out + o) * nin;
+          double sum = 0.0;
+          for (int64_t i = 0; i < nin; ++i) {
+            sum += at(x, row * nin + i) * at(w, wo + i);
+            dx[static_cast<size_t>(row * nin + i)] += at(r, row * out + o) * at(w, wo + i);
+            dw[static_cast<size_t>(wo + i)] += at(r, row * out + o) * at(x, row * nin + i);
+          }
+          y[static_cast<size_t>(row * out + o)] = sum;
+        }
+      }
+    }
+    return Tensors{{"y", from_doubles({m, out}, y)},
+                   {"dx", from_doubles(x.shape(), dx)},
+                   {"dw", from_doubles(w.shape(), dw)}};
   };
   c.device_tol = {1e-4, 5e-3, 1e-4};
   return c;
@@ -872,6 +968,23 @@ std::vector<OpCase> build_cases() {
     }
   }
   cases.push_back(linear_case());
+  // Features that are no multiples of 8: the general kernel on every device dtype.
+  OpCase general = grouped_linear_case("grouped_linear", [](int64_t rows) {
+    return ExpertShape{rows > 200 ? 16 : 5, 37, 20};
+  });
+  general.device_sizes = {1000};
+  cases.push_back(general);
+  // Multiples of 8 but not of the 32- and 128-wide tiles: bf16 takes the tensor-core kernel. On devices also the
+  // two shapes of the performance section scaled down: Mixtral's 8 experts of ~2048 rows (4096 → 28672 as
+  // 128 → 896, skewed) and Qwen3-30B-A3B's 128 experts of ~64 rows (2048 → 1536 as 256 → 192).
+  OpCase aligned = grouped_linear_case("grouped_linear_aligned", [](int64_t rows) {
+    if (rows == 16384) return ExpertShape{8, 128, 896, true};
+    if (rows == 8192) return ExpertShape{128, 256, 192};
+    if (rows == 1000) return ExpertShape{5, 136, 200};
+    return ExpertShape{5, 40, 24};
+  });
+  aligned.device_sizes = {1000, 8192, 16384};
+  cases.push_back(aligned);
   cases.push_back(embedding_case(false));
   cases.push_back(embedding_case(true));
   cases.push_back(embedding_vocab_parallel_case(3));

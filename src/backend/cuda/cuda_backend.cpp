@@ -532,6 +532,43 @@ void CudaBackend::swiglu_backward(const SwiGluArgs& args) {
   });
 }
 
+namespace {
+
+// The grouped GEMM's sizes, checked against the kernels' grid limit.
+cuda::GroupedGemmShape grouped_gemm_shape(const GroupedLinearArgs& args, const char* op) {
+  const cuda::GroupedGemmShape s{args.x->dim(0), args.w->dim(0), args.w->dim(2), args.w->dim(1)};
+  PRIMUS_CHECK(cuda::grouped_gemm_blocks_fit(s), "[op {}] {} rows, {} experts of [{}, {}] exceed the kernels' grid",
+               op, s.rows, s.experts, s.out, s.in);
+  return s;
+}
+
+}  // namespace
+
+// The offsets stay on the device: the kernels read them, the host never waits for them.
+void CudaBackend::grouped_linear_forward(const GroupedLinearArgs& args) {
+  const cuda::GroupedGemmShape s = grouped_gemm_shape(args, "grouped_linear_forward");
+  dispatch(args.x->dtype(), "grouped_linear_forward", [&](auto tag) {
+    using T = decltype(tag);
+    cuda::grouped_linear_forward<T>(state_->ctx, s, ptr<T>(*args.x), ptr<T>(*args.w), ptr<int32_t>(*args.offsets),
+                                    ptr<T>(*args.y));
+  });
+}
+
+void CudaBackend::grouped_linear_backward(const GroupedLinearArgs& args) {
+  const cuda::GroupedGemmShape s = grouped_gemm_shape(args, "grouped_linear_backward");
+  dispatch(args.x->dtype(), "grouped_linear_backward", [&](auto tag) {
+    using T = decltype(tag);
+    if (args.dx != nullptr) {
+      cuda::grouped_linear_backward_data<T>(state_->ctx, s, ptr<T>(*args.dy), ptr<T>(*args.w),
+                                            ptr<int32_t>(*args.offsets), ptr<T>(*args.dx));
+    }
+    if (args.dw != nullptr) {
+      cuda::grouped_linear_backward_weight<T>(state_->ctx, s, ptr<T>(*args.dy), ptr<T>(*args.x),
+                                              ptr<int32_t>(*args.offsets), ptr<float>(*args.dw));
+    }
+  });
+}
+
 void CudaBackend::cross_entropy_forward(const CrossEntropyArgs& args) {
   dispatch(args.logits->dtype(), "cross_entropy_forward", [&](auto tag) {
     using T = decltype(tag);

@@ -48,6 +48,8 @@ class CudaBackend : public Backend {
   void attention_merge(const AttentionMergeArgs& args) override;
   void swiglu_forward(const SwiGluArgs& args) override;
   void swiglu_backward(const SwiGluArgs& args) override;
+  void grouped_linear_forward(const GroupedLinearArgs& args) override;
+  void grouped_linear_backward(const GroupedLinearArgs& args) override;
   void cross_entropy_forward(const CrossEntropyArgs& args) override;
   void cross_entropy_backward(const CrossEntropyArgs& args) override;
   void cross_entropy_forward_backward(const CrossEntropyArgs& args) override;

@@ -127,6 +127,35 @@ void swiglu_forward(const KernelContext& ctx, const T* gate_up, T* out, int64_t 
 template <typename T>
 void swiglu_backward(const KernelContext& ctx, const T* gate_up, const T* dout, T* dgate_up, int64_t rows, int64_t f);
 
+// The experts' grouped GEMM (backend.h, GroupedLinearArgs; kernels/grouped_gemm.cu): x, dx [rows, in], y, dy
+// [rows, out] of T, w [experts, out, in] of T, dw [experts, out, in] fp32, offsets [experts + 1] i32 on the device
+// (0 = offsets[0] ≤ … ≤ offsets[experts] = rows), read by the kernels only: the host never waits for them. bf16
+// runs on tensor cores with fp32 accumulation where in and out are multiples of 8 and the pointers 16-byte
+// aligned, everything else through an fp32 kernel; both deterministic. The backend checks
+// grouped_gemm_blocks_fit first.
+struct GroupedGemmShape {
+  int64_t rows, experts, in, out;
+};
+// y[r] = x[r] · w[e]ᵀ for the rows r of each expert e.
+template <typename T>
+void grouped_linear_forward(const KernelContext& ctx, const GroupedGemmShape& s, const T* x, const T* w,
+                            const int32_t* offsets, T* y);
+// dx[r] = dy[r] · w[e] (overwritten).
+template <typename T>
+void grouped_linear_backward_data(const KernelContext& ctx, const GroupedGemmShape& s, const T* dy, const T* w,
+                                  const int32_t* offsets, T* dx);
+// dw[e] += dy[rows of e]ᵀ · x[rows of e]; an expert without rows keeps its dw.
+template <typename T>
+void grouped_linear_backward_weight(const KernelContext& ctx, const GroupedGemmShape& s, const T* dy, const T* x,
+                                    const int32_t* offsets, float* dw);
+// Whether the launches' grids stay within 2^31 − 1 blocks (64 × 64 tiles, the smaller of the two kernels').
+inline bool grouped_gemm_blocks_fit(const GroupedGemmShape& s) {
+  const int64_t limit = (int64_t{1} << 31) - 1;
+  const int64_t rows = (s.rows + 63) / 64 + s.experts, in = (s.in + 63) / 64, out = (s.out + 63) / 64;
+  if (s.experts > limit || rows > limit) return false;
+  return rows * (in > out ? in : out) <= limit && (out == 0 || s.experts * out <= limit / (in > 0 ? in : 1));
+}
+
 // logits, dlogits [N, V] (dlogits may be the same memory as logits); targets, losses, lse [N].
 // With dlogits (may be null), the forward also writes the backward's gradient for grad_scale in the same launch.
 template <typename T>
