@@ -90,6 +90,7 @@ TEST(ExpertParallel, BadLayoutsExit2NamingTheKey) {
                            "      seq_length: 32\n"
                            "      micro_batch_size: 1\n"
                            "      global_batch_size: 12\n"
+                           "      lr: 1.0e-3\n"
                            "      mock_data: true\n";
     return path;
   };
@@ -101,7 +102,8 @@ TEST(ExpertParallel, BadLayoutsExit2NamingTheKey) {
   };
   const std::vector<Case> cases = {
       // 4 experts over 3 ranks.
-      {"3", "tiny_mixtral", {"expert_model_parallel_size=3"}, "expert_model_parallel_size (3) does not divide num_experts"},
+      {"3", "tiny_mixtral", {"expert_model_parallel_size=3"},
+       "expert_model_parallel_size (3) does not divide num_experts"},
       // ep 2 inside a data-parallel size of 3.
       {"3", "tiny_mixtral", {"expert_model_parallel_size=2"},
        "expert_model_parallel_size (2) does not divide the data-parallel size x context_parallel_size = 3"},

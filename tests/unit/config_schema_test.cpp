@@ -56,7 +56,7 @@ TEST(ConfigSchemaTest, EveryKeyIsWellFormed) {
     EXPECT_TRUE(spec.choices.empty() || spec.type == KeyType::kString || spec.type == KeyType::kBool);
     for (const std::string& alias : spec.aliases) EXPECT_EQ(config::find_key_spec(alias), nullptr) << alias;
   }
-  EXPECT_EQ(names.size(), 109u);  // 41 model keys (15 of them MoE), 68 training keys
+  EXPECT_EQ(names.size(), 111u);  // 41 model keys (15 of them MoE), 70 training keys
   EXPECT_EQ(config::find_key_spec("no_such_key"), nullptr);
 }
 
