@@ -1,7 +1,7 @@
 // Expert parallelism on CPU ranks over Gloo (support/training_job.h): MoE models whose experts are split over 2 and 4
 // expert-parallel ranks, composed with data parallelism (world 2 and 4), with and without the distributed optimizer,
-// against one rank at the same global batch: losses, gradient norms, evaluation losses and every parameter after 20
-// steps within relative 1e-5. A checkpoint saved at ep 2 × dp 2 resumes on one rank, and one saved without expert
+// and beside pipeline and context parallelism, against one rank at the same global batch: losses, gradient norms,
+// evaluation losses and every parameter after 20 steps within relative 1e-5. A checkpoint saved at ep 2 × dp 2 resumes on one rank, and one saved without expert
 // parallelism resumes at ep 2, each continuing the one-rank loss curve. Bad layouts exit 2 naming the key.
 //
 // Without balancing losses: Megatron's aux loss is a per-rank quantity by design (docs/moe.md), so with one a
@@ -62,6 +62,21 @@ TEST(ExpertParallel, Ep4EqualsOneRank) {
   testing::expect_same_run(
       one, testing::train("ep4_distopt", 4, with(kQwen3Moe, with({"expert_model_parallel_size=4"}, kDistOpt))),
       "ep4 distributed optimizer");
+}
+
+// ep 2 beside pipeline stages (each stage's ep group exchanges its layers' tokens), and across context-parallel ranks
+// (the ep group is taken from dp × cp: a sequence's two halves go to the experts from two ranks).
+TEST(ExpertParallel, ComposesWithPipelineAndContextParallelism) {
+  const RunResult one = testing::train("ep_compose_single", 1, kMixtral);
+  ASSERT_FALSE(one.losses.empty());
+  testing::expect_same_run(
+      one,
+      testing::train("ep2_pp2", 4,
+                     with(kMixtral, with({"expert_model_parallel_size=2", "pipeline_model_parallel_size=2"}, kDistOpt))),
+      "ep2 pp2 distributed optimizer");
+  testing::expect_same_run(
+      one, testing::train("ep2_cp2", 4, with(kMixtral, {"expert_model_parallel_size=2", "context_parallel_size=2"})),
+      "ep2 cp2 dp2");
 }
 
 TEST(ExpertParallel, CheckpointsReshardBetweenExpertLayouts) {
