@@ -73,8 +73,12 @@ Tensor AllToAllTokenDispatcher::dispatch(const Tensor& x, const Tensor& topk_exp
   Tensor mine = Tensor::empty({experts}, DType::kI64);
   auto* mine_counts = static_cast<int64_t*>(mine.data());
   for (int64_t e = 0; e < experts; ++e) mine_counts[e] = off[e + 1] - off[e];
-  Tensor all = Tensor::empty({ranks * experts}, DType::kI64);
-  group_.comm().all_gather(mine, all);
+  // Through the communicator's device (a GPU communicator reads device memory), then back to the host for the sizes.
+  Communicator& comm = group_.comm();
+  const Tensor mine_on_comm = ops::to_device(mine, comm.device());
+  Tensor all_on_comm = Tensor::empty({ranks * experts}, DType::kI64, comm.device());
+  comm.all_gather(mine_on_comm, all_on_comm);
+  const Tensor all = ops::to_device(all_on_comm, kCpuDevice);
   const auto* counts = static_cast<const int64_t*>(all.data());
   const int me = group_.rank();
   auto count = [&](int r, int64_t e) { return counts[r * experts + e]; };
