@@ -75,6 +75,8 @@ struct TrainingArgs {
   int64_t tensor_model_parallel_size = 1;
   int64_t pipeline_model_parallel_size = 1;
   int64_t context_parallel_size = 1;
+  int64_t expert_model_parallel_size = 1;                  // the experts split over ranks of dp × cp
+  std::string moe_token_dispatcher_type = "alltoall";      // alltoall (allgather and flex are refused)
   bool sequence_parallel = false;
   // Pipeline layout (0: unset). Checked with the model and the world size by parallel/parallel_dims.h.
   int64_t num_layers_per_virtual_pipeline_stage = 0;  // unset: no interleaving (or the next key)

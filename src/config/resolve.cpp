@@ -191,6 +191,13 @@ void check_moe_keys(const ModuleKeys& keys, const Origin& module_origin) {
                                  name, name));
       }
     }
+    const ModuleKey& ep = get(keys, "expert_model_parallel_size");
+    if (ep.value.i > 1) {
+      config_error(place(ep, module_origin),
+                   fmt::format("expert_model_parallel_size {} needs a MoE model: num_experts is not set, and a dense "
+                               "model has no experts to split",
+                               ep.value.i));
+    }
     return;
   }
   const int64_t e = experts.value.i;
@@ -254,6 +261,36 @@ void check_moe_keys(const ModuleKeys& keys, const Origin& module_origin) {
                  fmt::format("num_experts: MoE layers are not split over tensor-parallel ranks yet ({}); set "
                              "tensor_model_parallel_size: 1",
                              describe(tp)));
+  }
+  const ModuleKey& dispatcher = get(keys, "moe_token_dispatcher_type");
+  if (dispatcher.value.s != "alltoall") {
+    config_error(place(dispatcher, module_origin),
+                 fmt::format("moe_token_dispatcher_type {} is not implemented; use alltoall", dispatcher.value.s));
+  }
+  // Expert parallelism (parallel_dims.h checks the same for layouts built without a config).
+  const ModuleKey& ep = get(keys, "expert_model_parallel_size");
+  if (e % ep.value.i != 0) {
+    config_error(place(ep, module_origin),
+                 fmt::format("expert_model_parallel_size ({}) does not divide num_experts ({}): each expert-parallel "
+                             "rank holds num_experts / expert_model_parallel_size whole experts",
+                             ep.value.i, describe(experts)));
+  }
+  const int64_t dp_cp = data_parallel_size(keys, module_origin) * get(keys, "context_parallel_size").value.i;
+  if (dp_cp % ep.value.i != 0) {
+    config_error(place(ep, module_origin),
+                 fmt::format("expert_model_parallel_size ({}) does not divide the data-parallel size x "
+                             "context_parallel_size = {} (WORLD_SIZE {}): the expert-parallel ranks are taken from "
+                             "the data- and context-parallel ones",
+                             ep.value.i, dp_cp, world_size_from_environment()));
+  }
+  const ModuleKey& fsdp = get(keys, "use_megatron_fsdp");
+  const ModuleKey& strategy = get(keys, "data_parallel_sharding_strategy");
+  if (ep.value.i > 1 && fsdp.value.b && strategy.value.s != "optim" && strategy.value.s != "no_shard") {
+    config_error(place(ep, module_origin),
+                 fmt::format("expert_model_parallel_size {} with FSDP's {} (use_megatron_fsdp) is not implemented: "
+                             "its units would shard different experts together; use the distributed optimizer "
+                             "(use_distributed_optimizer: true, or the strategy optim)",
+                             ep.value.i, strategy.value.s));
   }
   const ModuleKey& device = get(keys, "device");
   if (device.value.s == "cuda") {

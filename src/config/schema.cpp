@@ -952,6 +952,28 @@ std::vector<KeySpec> build_specs() {
                "data x context parallel ranks. Not with reset_position_ids or reset_attention_mask.",
        .aliases = {"cp", "context_parallel_degree"},
        .apply = train_field<&TrainingArgs::context_parallel_size>},
+      {.name = "expert_model_parallel_size",
+       .type = kInt,
+       .group = kTraining,
+       .default_yaml = "1",
+       .min = 1,
+       .help = "Ranks the routed experts of every MoE layer are split over (expert parallelism): each holds "
+               "num_experts / this many whole experts, and the tokens travel to the ranks of their experts and back "
+               "by all-to-all (moe_token_dispatcher_type). The expert-parallel ranks are consecutive ranks of the "
+               "data x context parallel ones, so this must divide both num_experts and data-parallel size x "
+               "context_parallel_size; everything but the experts stays replicated over them. Expert gradients "
+               "reduce over the ranks holding the same experts. Not with FSDP's optim_grads or optim_grads_params.",
+       .aliases = {"ep", "expert_parallel_size"},
+       .apply = train_field<&TrainingArgs::expert_model_parallel_size>},
+      {.name = "moe_token_dispatcher_type",
+       .type = kString,
+       .group = kTraining,
+       .default_yaml = "alltoall",
+       .choices = {"alltoall", "allgather", "flex"},
+       .help = "How tokens reach experts on other expert-parallel ranks: alltoall (sort by expert, exchange the "
+               "per-expert counts, all-to-all the rows, the reverse after the experts). allgather and flex "
+               "(Megatron's other dispatchers) are not implemented and refused.",
+       .apply = train_field<&TrainingArgs::moe_token_dispatcher_type>},
       {.name = "sequence_parallel",
        .type = kBool,
        .group = kTraining,

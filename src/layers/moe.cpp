@@ -12,12 +12,13 @@ Tensor LocalTokenDispatcher::dispatch(const Tensor& x, const Tensor& topk_expert
   state.slots = Tensor::empty({rows}, DType::kI32, x.device());
   state.offsets = Tensor::empty({experts + 1}, DType::kI32, x.device());
   ops::moe_sort(topk_experts, state.slots, state.offsets);
+  state.routed_offsets = state.offsets;  // every expert is local
   Tensor out = Tensor::empty({rows, x.dim(1)}, x.dtype(), x.device());
   ops::moe_permute(x, state.slots, state.topk, out);
   return out;
 }
 
-Tensor LocalTokenDispatcher::combine(const Tensor& expert_out, const Tensor& topk_weights, const DispatchState& state) {
+Tensor LocalTokenDispatcher::combine(const Tensor& expert_out, const Tensor& topk_weights, DispatchState& state) {
   Tensor out = Tensor::empty({state.tokens, expert_out.dim(1)}, expert_out.dtype(), expert_out.device());
   ops::moe_unpermute(expert_out, state.slots, topk_weights, out);
   return out;
@@ -51,10 +52,11 @@ Tensor MoeLayer::forward(const Tensor& x, float aux_grad_scale, MoeSaved& saved)
   ops::moe_router_forward(saved.logits, expert_bias, routing, saved.scores, saved.topk_experts, saved.topk_weights);
   saved.rows = dispatcher->dispatch(x, saved.topk_experts, e, saved.dispatch);  // [M, C]
   const Tensor& offsets = saved.dispatch.offsets;
+  // The balancing loss counts this rank's routing entries per expert (all E of them, wherever they are computed).
   if (balancing.aux_loss_coeff > 0.0f) {
     saved.aux_loss = Tensor::empty({1}, DType::kF32, device);
     saved.dscores_aux = Tensor::empty({n, e}, DType::kF32, device);
-    ops::moe_aux_loss(saved.scores, offsets, k, balancing.aux_loss_coeff,
+    ops::moe_aux_loss(saved.scores, saved.dispatch.routed_offsets, k, balancing.aux_loss_coeff,
                       routing.score_function == MoeScoreFunction::kSigmoid, aux_grad_scale, saved.aux_loss,
                       saved.dscores_aux);
   }
@@ -104,7 +106,7 @@ Tensor MoeLayer::backward(const Tensor& dy, MoeSaved& saved) {
 }
 
 void MoeLayer::record_routing(const MoeSaved& saved) {
-  tally.offsets.push_back(saved.dispatch.offsets);
+  tally.offsets.push_back(saved.dispatch.routed_offsets);  // every expert's, also under expert parallelism
   if (saved.aux_loss.defined()) tally.aux_losses.push_back(saved.aux_loss);
   if (saved.z_loss.defined()) tally.z_losses.push_back(saved.z_loss);
 }

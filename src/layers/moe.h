@@ -11,6 +11,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "layers/attention.h"
 #include "layers/linear.h"
@@ -20,20 +21,29 @@ namespace primus {
 
 // Where the routed rows of one forward went, for the combine and both backwards.
 struct DispatchState {
-  int64_t tokens = 0;  // N
+  int64_t tokens = 0;      // N
   int64_t topk = 1;
-  Tensor slots;        // [N·k] i32: routing entries in expert order
-  Tensor offsets;      // [E_local + 1] i32: each local expert's rows
+  Tensor slots;            // [N·k] i32: this rank's routing entries in expert order
+  Tensor routed_offsets;   // [E + 1] i32: this rank's routing entries per expert, of all E (the aux loss's counts)
+  Tensor offsets;          // [E_local + 1] i32: each local expert's rows of the dispatched [M, C]
+  // Expert parallelism (AllToAllTokenDispatcher): rows sent to / received from each rank of the ep group, the
+  // received rows' order in the expert-contiguous [M, C] (regroup[i]: the received row that row i is), and the rows
+  // that came back after the experts, in expert order [N·k, C] (combine keeps them for combine_backward).
+  std::vector<int64_t> send_rows, recv_rows;
+  Tensor regroup;          // [M] i32
+  Tensor returned;         // [N·k, C]
 };
 
 // Moves token rows to the experts and back. dispatch: x [N, C] and each token's experts [N, k] → the rows the local
-// experts compute on, expert-contiguous [M, C], state.offsets their ranges. combine: the experts' outputs [M, C] →
-// [N, C], each token's k outputs weighted by topk_weights [N, k]. The backwards take the gradients the other way.
+// experts compute on, expert-contiguous [M, C], state.offsets their ranges (`experts`: E, all of the layer's).
+// combine: the experts' outputs [M, C] → [N, C], each token's k outputs weighted by topk_weights [N, k]. The
+// backwards take the gradients the other way. A dispatcher keeps nothing between calls: several micro-batches'
+// states may be alive at once.
 class TokenDispatcher {
  public:
   virtual ~TokenDispatcher() = default;
   virtual Tensor dispatch(const Tensor& x, const Tensor& topk_experts, int64_t experts, DispatchState& state) = 0;
-  virtual Tensor combine(const Tensor& expert_out, const Tensor& topk_weights, const DispatchState& state) = 0;
+  virtual Tensor combine(const Tensor& expert_out, const Tensor& topk_weights, DispatchState& state) = 0;
   // -> d expert_out [M, C]; dweights [N, k] (overwritten).
   virtual Tensor combine_backward(const Tensor& dout, const Tensor& expert_out, const Tensor& topk_weights,
                                   const DispatchState& state, Tensor& dweights) = 0;
@@ -45,7 +55,7 @@ class TokenDispatcher {
 class LocalTokenDispatcher final : public TokenDispatcher {
  public:
   Tensor dispatch(const Tensor& x, const Tensor& topk_experts, int64_t experts, DispatchState& state) override;
-  Tensor combine(const Tensor& expert_out, const Tensor& topk_weights, const DispatchState& state) override;
+  Tensor combine(const Tensor& expert_out, const Tensor& topk_weights, DispatchState& state) override;
   Tensor combine_backward(const Tensor& dout, const Tensor& expert_out, const Tensor& topk_weights,
                           const DispatchState& state, Tensor& dweights) override;
   Tensor dispatch_backward(const Tensor& drows, const DispatchState& state) override;
@@ -76,7 +86,7 @@ struct MoeSaved {
 // The routing of the training forwards since the tally was last cleared, kept for metrics: per micro-batch the
 // experts' row offsets and the loss values, left on the device until read.
 struct MoeRoutingTally {
-  std::vector<Tensor> offsets;     // [E + 1] i32 each
+  std::vector<Tensor> offsets;     // [E + 1] i32 each: this rank's routing entries per expert (routed_offsets)
   std::vector<Tensor> aux_losses;  // [1] each, with its coefficient (none without the aux loss)
   std::vector<Tensor> z_losses;    // [1] each, with its coefficient (none without the z-loss)
 };
@@ -84,16 +94,18 @@ struct MoeRoutingTally {
 struct MoeLayer {
   std::unique_ptr<Linear> gate;  // router [E, C]
   Tensor expert_bias;            // [E] or undefined: added to the scores for selection only
-  Tensor gate_up_weight;         // [E, 2F, C]: expert e's gate_proj (w1) rows then up_proj (w3) rows
-  Tensor gate_up_grad;           // [E, 2F, C]
-  Tensor down_weight;            // [E, C, F] (w2)
-  Tensor down_grad;              // [E, C, F]
+  // The experts this process holds: all E, or (expert parallelism) E_local = E / ep of them, whose rows the dispatcher
+  // brings; the router scores all E.
+  Tensor gate_up_weight;         // [E_local, 2F, C]: expert e's gate_proj (w1) rows then up_proj (w3) rows
+  Tensor gate_up_grad;           // [E_local, 2F, C]
+  Tensor down_weight;            // [E_local, C, F] (w2)
+  Tensor down_grad;              // [E_local, C, F]
   std::unique_ptr<SwiGluMlp> shared_expert;  // null without one
   MoeRouting routing;
   MoeBalancing balancing;
   std::shared_ptr<TokenDispatcher> dispatcher = std::make_shared<LocalTokenDispatcher>();
 
-  int64_t experts() const { return gate_up_weight.dim(0); }
+  int64_t experts() const { return gate->weight().dim(0); }  // E, the router's outputs
   // x [N, C] -> [N, C]. aux_grad_scale: the weight of this micro-batch's aux and z losses in the step's objective
   // (their gradients are formed here and kept for backward, as LmLoss does).
   Tensor forward(const Tensor& x, float aux_grad_scale, MoeSaved& saved);

@@ -80,6 +80,13 @@ std::vector<ParamSpec> LlamaModel::param_specs(const ModelArgs& a, int tp_size, 
 
 std::vector<ParamSpec> LlamaModel::param_specs(const ModelArgs& a, int tp_size, int tp_rank,
                                                const PipelineStage& stage) {
+  return param_specs(a, tp_size, tp_rank, stage, 1, 0);
+}
+
+std::vector<ParamSpec> LlamaModel::param_specs(const ModelArgs& a, int tp_size, int tp_rank,
+                                               const PipelineStage& stage, int ep_size, int ep_rank) {
+  PRIMUS_CHECK(ep_size >= 1 && ep_rank >= 0 && ep_rank < ep_size && (a.num_experts == 0 || a.num_experts % ep_size == 0),
+               "[model] expert-parallel rank {} of {} for {} experts", ep_rank, ep_size, a.num_experts);
   PRIMUS_CHECK(a.vocab_size > 0, "model vocab_size must be resolved before building the model");
   PRIMUS_CHECK(a.num_experts == 0 || tp_size == 1,
                "[model] num_experts: MoE layers are not split over {} tensor-parallel ranks yet", tp_size);
@@ -150,11 +157,13 @@ std::vector<ParamSpec> LlamaModel::param_specs(const ModelArgs& a, int tp_size, 
       specs.push_back(weight(n.gate, a.num_experts, C, kRows, std));
       // Not trained by the optimizer (no gradient, no decay): the trainer moves it after each step.
       if (a.moe_router_enable_expert_bias) specs.push_back({n.expert_bias, {a.num_experts}, ParamInit::kZeros, 0.0, false, {}});
-      for (int64_t e = 0; e < a.num_experts; ++e) {
+      // This expert-parallel rank's experts (all of them at ep 1).
+      const int64_t local = a.num_experts / ep_size, first = ep_rank * local;
+      for (int64_t e = first; e < first + local; ++e) {
         specs.push_back(weight(n.gate_proj[e], Fe, C, kRows, std));
         specs.push_back(weight(n.up_proj[e], Fe, C, kRows, std));
       }
-      for (int64_t e = 0; e < a.num_experts; ++e) specs.push_back(weight(n.down_proj[e], C, Fe, kColumns, out_std));
+      for (int64_t e = first; e < first + local; ++e) specs.push_back(weight(n.down_proj[e], C, Fe, kColumns, out_std));
       if (const int64_t S = a.moe_shared_expert_intermediate_size; S > 0) {
         specs.push_back(weight(n.shared_gate, S, C, kRows, std));
         specs.push_back(weight(n.shared_up, S, C, kRows, std));
@@ -199,11 +208,14 @@ LlamaModel::LlamaModel(const ModelArgs& args, int64_t max_seq_length, Device dev
       pipeline_(parallel.pipeline),
       tp_(parallel.tp),
       cp_(parallel.cp),
+      ep_(parallel.ep),
       sequence_parallel_(parallel.sequence_parallel && parallel.tp.size() > 1),
       max_seq_length_(max_seq_length),
       device_(device),
       compute_dtype_(compute_dtype),
-      params_(param_specs(args, parallel.tp.size(), parallel.tp.rank(), parallel.pipeline), device) {
+      params_(param_specs(args, parallel.tp.size(), parallel.tp.rank(), parallel.pipeline, parallel.ep.size(),
+                          parallel.ep.rank()),
+              device) {
   PRIMUS_CHECK(pipeline_.stages >= 1 && pipeline_.stage >= 0 && pipeline_.stage < pipeline_.stages,
                "[model] pipeline stage {} of {}", pipeline_.stage, pipeline_.stages);
   chunks_ = pipeline_.chunks;
@@ -305,29 +317,37 @@ void LlamaModel::bind_layers(const UnitBuffers& buffers) {
   // contiguous), the shared expert.
   auto bind_moe = [&](MoeLayer& moe, const std::string& pre) {
     const MoeParamNames n = moe_param_names(args_, pre);
-    const int64_t E = args_.num_experts, C = args_.hidden_size, F = args_.moe_ffn_hidden_size;
+    // This rank's experts: E of them, from `first` (all of them, from 0, without expert parallelism).
+    const int64_t E = ep_.local_experts(args_.num_experts), first = ep_.first_expert(args_.num_experts);
+    const int64_t C = args_.hidden_size, F = args_.moe_ffn_hidden_size;
     auto shaped = [&](const std::vector<Tensor>& unit_buffers, const std::string& name, const Shape& shape) {
       const size_t i = params_.index_of(name);
       const size_t u = unit_of(i, units);
       return unit_buffers[u].slice_elements(params_.offset(i) - units[u].begin, shape);
     };
     auto at = [&](const std::string& name) { return params_.offset(params_.index_of(name)); };
-    for (int64_t e = 0; e < E; ++e) {
-      PRIMUS_CHECK(at(n.gate_proj[e]) == at(n.gate_proj[0]) + e * 2 * F * C &&
+    for (int64_t e = first; e < first + E; ++e) {
+      PRIMUS_CHECK(at(n.gate_proj[e]) == at(n.gate_proj[first]) + (e - first) * 2 * F * C &&
                        at(n.up_proj[e]) == at(n.gate_proj[e]) + F * C &&
-                       at(n.down_proj[e]) == at(n.down_proj[0]) + e * C * F,
+                       at(n.down_proj[e]) == at(n.down_proj[first]) + (e - first) * C * F,
                    "[model] the experts of {} must be contiguous for the grouped GEMMs", pre);
     }
     moe.gate = std::make_unique<Linear>(p(n.gate), g(n.gate));
     // The fp32 master itself, not the bf16 copy: its steps (moe_router_bias_update_rate) are finer than bf16 resolves
-    // near the bias's values, and the optimizer never changes it.
+    // near the bias's values, and the optimizer never changes it. Every expert's (the router is not split).
     moe.expert_bias = args_.moe_router_enable_expert_bias
-                          ? params_.flat_params().slice_elements(at(n.expert_bias), {E})
+                          ? params_.flat_params().slice_elements(at(n.expert_bias), {args_.num_experts})
                           : Tensor();
-    moe.gate_up_weight = shaped(buffers.compute, n.gate_proj[0], {E, 2 * F, C});
-    moe.gate_up_grad = shaped(buffers.grads, n.gate_proj[0], {E, 2 * F, C});
-    moe.down_weight = shaped(buffers.compute, n.down_proj[0], {E, C, F});
-    moe.down_grad = shaped(buffers.grads, n.down_proj[0], {E, C, F});
+    moe.gate_up_weight = shaped(buffers.compute, n.gate_proj[first], {E, 2 * F, C});
+    moe.gate_up_grad = shaped(buffers.grads, n.gate_proj[first], {E, 2 * F, C});
+    moe.down_weight = shaped(buffers.compute, n.down_proj[first], {E, C, F});
+    moe.down_grad = shaped(buffers.grads, n.down_proj[first], {E, C, F});
+    // Expert parallelism injects the dispatcher that carries rows to the ranks of their experts.
+    if (ep_.size() > 1) {
+      moe.dispatcher = std::make_shared<AllToAllTokenDispatcher>(ep_);
+    } else {
+      moe.dispatcher = std::make_shared<LocalTokenDispatcher>();
+    }
     moe.routing = MoeRouting{
         args_.moe_router_topk,
         args_.moe_router_score_function == "sigmoid" ? MoeScoreFunction::kSigmoid : MoeScoreFunction::kSoftmax,
@@ -760,7 +780,7 @@ std::vector<MoeLayerRouting> LlamaModel::moe_routing() const {
     const MoeRoutingTally& tally = b.moe.tally;
     MoeLayerRouting r;
     r.layer = static_cast<int64_t>(i);
-    r.tokens_per_expert.assign(static_cast<size_t>(b.moe.experts()), 0.0);
+    r.tokens_per_expert.assign(static_cast<size_t>(args_.num_experts), 0.0);
     r.micro_batches = static_cast<int64_t>(tally.offsets.size());
     for (const Tensor& offsets : tally.offsets) {
       const Tensor host = ops::to_device(offsets, kCpuDevice);
@@ -776,6 +796,21 @@ std::vector<MoeLayerRouting> LlamaModel::moe_routing() const {
 
 void LlamaModel::clear_moe_routing() {
   for (Block& b : blocks_) b.moe.tally = MoeRoutingTally();
+}
+
+std::vector<FlatRange> LlamaModel::expert_ranges() const {
+  std::vector<FlatRange> ranges;
+  if (ep_.size() == 1) return ranges;
+  const int64_t first = ep_.first_expert(args_.num_experts), local = ep_.local_experts(args_.num_experts);
+  for (int64_t i = 0; i < args_.num_layers; ++i) {
+    if (!owns_layer(i) || !args_.is_moe_layer(i)) continue;
+    // Each layer's experts are one contiguous run: every gate/up projection, then every down projection.
+    const MoeParamNames n = moe_param_names(args_, layer_prefix(i));
+    const size_t last = params_.index_of(n.down_proj[first + local - 1]);
+    const int64_t begin = params_.offset(params_.index_of(n.gate_proj[first]));
+    ranges.push_back({begin, params_.offset(last) + shape_numel(params_.specs()[last].shape)});
+  }
+  return ranges;
 }
 
 TensorParallelGradSums LlamaModel::tensor_parallel_grad_sums() const {

@@ -43,6 +43,10 @@ class LlamaModel final : public Model {
   // last), the chunks' layers, the final norm and untied output layer on the last.
   static std::vector<ParamSpec> param_specs(const ModelArgs& args, int tp_size, int tp_rank,
                                             const PipelineStage& stage);
+  // And of expert-parallel rank `ep_rank` of `ep_size` (dividing num_experts): its experts
+  // [ep_rank · E / ep_size, (ep_rank + 1) · E / ep_size) of every MoE layer, whole, under their own names.
+  static std::vector<ParamSpec> param_specs(const ModelArgs& args, int tp_size, int tp_rank,
+                                            const PipelineStage& stage, int ep_size, int ep_rank);
   // Parameters in the matmuls of one token's forward, the output layer included even when tied.
   static int64_t matmul_params(const ModelArgs& args);
   // Training FLOPs per token: 6 × matmul_params + 12 × layers × seq × heads × head_dim (causal not halved).
@@ -89,6 +93,7 @@ class LlamaModel final : public Model {
   TensorParallelGradSums tensor_parallel_grad_sums() const override;
   std::vector<MoeLayerRouting> moe_routing() const override;
   void clear_moe_routing() override;
+  std::vector<FlatRange> expert_ranges() const override;
 
  private:
   struct Block {
@@ -162,6 +167,7 @@ class LlamaModel final : public Model {
   size_t head_unit_ = 0;                             // the final norm's (and untied output layer's) unit
   TensorParallelGroup tp_;
   ContextParallelGroup cp_;
+  ExpertParallelGroup ep_;
   bool sequence_parallel_ = false;  // with more than one tp rank
   Tensor cp_positions_;  // [2B, C] i32 on the device: the positions of the last chunk layout seen (context parallel)
   RecomputeConfig recompute_;  // for the forwards to come

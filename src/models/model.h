@@ -18,6 +18,7 @@
 #include "config/experiment.h"
 #include "layers/attention.h"
 #include "layers/context_parallel.h"
+#include "layers/expert_parallel.h"
 #include "layers/linear.h"
 #include "layers/tensor_parallel.h"
 #include "ops/param_store.h"
@@ -65,6 +66,9 @@ class MicroBatchContext {
 // output layer and the loss; with tied embeddings the last stage holds a copy of the embedding as its output layer
 // (the parallel code keeps the two equal). Parameter names stay the whole model's ("model.layers.5..."), so
 // checkpoints and Hugging Face files need no renaming. Default: one rank, one stage of one chunk holding every layer.
+// Expert parallelism (ep of more than one rank): every MoE layer holds its rank's num_experts / ep whole experts (the
+// parameters keep their names, "...experts.5.w1.weight") and its tokens reach them through the all-to-all dispatcher
+// (layers/expert_parallel.h); the router and everything else are whole on every rank.
 struct PipelineStage {
   int stage = 0;
   int stages = 1;
@@ -78,6 +82,7 @@ struct ModelParallel {
   ContextParallelGroup cp;
   bool sequence_parallel = false;
   PipelineStage pipeline;
+  ExpertParallelGroup ep;
 };
 
 // One MoE layer's routing over the training forwards of the last step (Model::moe_routing), on this rank.
@@ -194,6 +199,10 @@ class Model {
   // the device. Empty for a dense model.
   virtual std::vector<MoeLayerRouting> moe_routing() const { return {}; }
   virtual void clear_moe_routing() {}
+  // The ranges of the flat buffers holding this rank's share of the experts under expert parallelism (ascending,
+  // disjoint): their gradients sum over the ranks holding the same experts, not over all data-parallel ranks. Empty
+  // without expert parallelism.
+  virtual std::vector<FlatRange> expert_ranges() const { return {}; }
 };
 
 // A family's parameter table, cost figures and constructor.

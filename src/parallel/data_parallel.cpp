@@ -54,26 +54,41 @@ DataParallel::DataParallel(std::shared_ptr<Communicator> dp, ParamStore& params,
   PRIMUS_CHECK(params.flat_grads().device() == dp_->device(),
                "[ddp] gradients on {} but the data-parallel communicator ({}) works on {}",
                params.flat_grads().device().str(), dp_->backend_name(), dp_->device().str());
+  const bool experts = !options_.expert_ranges.empty();
+  if (experts) {
+    PRIMUS_CHECK(options_.expert_dp != nullptr && options_.ep != nullptr &&
+                     options_.expert_dp->size() * options_.ep->size() == dp_->size(),
+                 "[ddp] expert ranges need the expert-data-parallel and ep groups, together the data-parallel group");
+    if (options_.fully_sharded) {
+      throw UsageError("[config] expert_model_parallel_size > 1 with FSDP's optim_grads or optim_grads_params is not "
+                       "implemented; use use_distributed_optimizer: true");
+    }
+    expert_dp_ = options_.expert_dp->split(0, options_.expert_dp->rank());
+    ep_control_ = options_.ep->split(0, options_.ep->rank());
+  }
   if (options_.fully_sharded) {
     fsdp_ = std::make_unique<FullyShardedDataParallel>(*dp_, params, options_.units, options_.compute_dtype,
                                                        *options_.fully_sharded, options_.overlap_param_gather);
     return;
   }
   reducer_ = std::make_unique<GradReducer>(
-      *dp_, params.flat_grads(), BucketLayout(params.numel(), options_.bucket_size, dp_->size()),
+      *dp_, params.flat_grads(),
+      experts ? BucketLayout(params.numel(), options_.bucket_size, dp_->size(), options_.expert_ranges,
+                             expert_dp_->size())
+              : BucketLayout(params.numel(), options_.bucket_size, dp_->size()),
       options_.distributed_optimizer ? GradReducer::Mode::kReduceScatter : GradReducer::Mode::kAllReduce,
-      options_.overlap_grad_reduce);
+      options_.overlap_grad_reduce, expert_dp_.get());
 }
 
 std::vector<FlatRange> DataParallel::optimizer_ranges() const {
   if (fsdp_) return fsdp_->owned();
   if (!sharded()) return {FlatRange{0, params_.numel()}};
-  return reducer_->layout().owned(dp_->rank());
+  return reducer_->layout().owned(dp_->rank(), expert_dp_ ? expert_dp_->rank() : 0);
 }
 
 std::vector<FlatRange> DataParallel::shard_ranges() const {
   if (fsdp_) return fsdp_->owned();
-  return reducer_->layout().owned(dp_->rank());
+  return reducer_->layout().owned(dp_->rank(), expert_dp_ ? expert_dp_->rank() : 0);
 }
 
 std::vector<FlatRange> DataParallel::checkpoint_ranges() const {
@@ -155,6 +170,7 @@ double DataParallel::grad_norm() {
   Communicator* parts = options_.model && options_.model->size() > 1 ? options_.model.get()
                         : options_.tp && options_.tp->size() > 1   ? options_.tp.get()
                                                                     : nullptr;
+  if (expert_dp_) return std::sqrt(expert_parallel_sum_squares(parts));
   double local = 0.0;
   if (parts != nullptr) {
     // Each parameter counted once over the parts: tensor-parallel duplicates and pipeline copies left out.
@@ -169,6 +185,24 @@ double DataParallel::grad_norm() {
   if (sharded()) local = sum(local);
   if (parts != nullptr) local = all_reduce_value<float>(*parts, static_cast<float>(local), ReduceOp::kSum);
   return std::sqrt(local);
+}
+
+double DataParallel::expert_parallel_sum_squares(Communicator* parts) {
+  const int64_t n = params_.numel();
+  const std::vector<FlatRange> counted = counted_ranges();
+  const double shared = held_sum_squares(intersect(counted, complement(options_.expert_ranges, n)));
+  const double experts = held_sum_squares(intersect(counted, options_.expert_ranges));
+  double local = 0.0;
+  if (sharded()) {
+    // Each shared element is held by one rank of the data-parallel group, each expert element by one rank of its
+    // expert-data-parallel group; the data-parallel group is all of those groups.
+    local = sum(shared + experts);
+  } else {
+    // Every rank holds the reduced shared gradients; the experts differ over the ep group.
+    local = shared + all_reduce_value<float>(*ep_control_, static_cast<float>(experts), ReduceOp::kSum);
+  }
+  if (parts != nullptr) local = all_reduce_value<float>(*parts, static_cast<float>(local), ReduceOp::kSum);
+  return local;
 }
 
 std::vector<Tensor> DataParallel::held_grads() const {

@@ -46,6 +46,12 @@ struct DataParallelOptions {
   // The whole job, when it is more than this group (model parallelism): any() decides over it, so that every rank
   // stops, saves or refuses a save at the same step.
   std::shared_ptr<Communicator> world;
+  // Expert parallelism: the ranges of this rank's experts (Model::expert_ranges; empty: none), whose gradients are
+  // summed, and whose optimizer state is sharded, over `expert_dp` (the ranks holding the same experts) instead of
+  // the data-parallel group; `ep` (the ranks holding the other experts) sums their part of the gradient norm.
+  std::vector<FlatRange> expert_ranges;
+  std::shared_ptr<Communicator> expert_dp;
+  std::shared_ptr<Communicator> ep;
 };
 
 class DataParallel final : public ParamUnitHooks {
@@ -119,6 +125,8 @@ class DataParallel final : public ParamUnitHooks {
   // The ranges this rank counts in the gradient norm and writes into checkpoints (of its shards): all but
   // tp_duplicates and the pipeline's copies.
   std::vector<FlatRange> counted_ranges() const;
+  // The global Σ g² under expert parallelism: the shared parameters counted once, every rank's experts once.
+  double expert_parallel_sum_squares(Communicator* parts);
   // Σ g² over the parts of `ranges` (of the flat buffer) whose reduced gradient this rank holds.
   double held_sum_squares(const std::vector<FlatRange>& ranges) const;
   // The reduced gradients of optimizer_ranges()' ranges, in order: views of the flat buffer or FSDP's shards.
@@ -132,6 +140,10 @@ class DataParallel final : public ParamUnitHooks {
   // communicator's collectives in issue order) and, on CPU ranks, run on the caller's thread while dp_'s run on
   // the communication thread (Gloo takes one thread per communicator).
   std::unique_ptr<Communicator> control_;
+  // Expert parallelism (else null): the expert-data-parallel group for the bulk gradient and weight collectives, and
+  // the ep group for the gradient norm, each this object's own (DataParallel's collectives run on its threads).
+  std::unique_ptr<Communicator> expert_dp_;
+  std::unique_ptr<Communicator> ep_control_;
   ParamStore& params_;
   DataParallelOptions options_;
   std::unique_ptr<GradReducer> reducer_;            // buckets: DDP and the distributed optimizer

@@ -10,6 +10,12 @@
 // first. A bucket of n elements is split into dp equal shards of ceil(n / dp); rank r owns shard r (cut at
 // the bucket's end). Only a bucket whose size dp does not divide (the top one) goes through a padded copy.
 //
+// Expert parallelism: the ranges holding this rank's experts are reduced over the expert-data-parallel group (the
+// ranks holding the same experts) instead, and the distributed optimizer shards them over it. The layout is then cut
+// into regions, the expert ranges and the ranges between them, each bucketed as above with its own group's size; a
+// region's top bucket that its group does not divide is split into an even part and a tail of fewer elements than
+// the group has ranks, which alone goes through a (tiny) padded copy. Without expert ranges the layout is as above.
+//
 // Gradients are already scaled by 1 / (tokens of the global batch), so the reduction is a plain sum.
 #pragma once
 
@@ -27,31 +33,46 @@ class BucketLayout {
  public:
   // numel: elements of the flat buffer; bucket_size: elements per bucket (>= 1); dp: data-parallel size.
   BucketLayout(int64_t numel, int64_t bucket_size, int dp);
+  // With expert ranges (sorted, disjoint, inside [0, numel)) reduced over a group of expert_dp ranks.
+  BucketLayout(int64_t numel, int64_t bucket_size, int dp, const std::vector<FlatRange>& expert, int expert_dp);
 
   int64_t numel() const { return numel_; }
   int dp() const { return dp_; }
+  int expert_dp() const { return expert_dp_; }
   // Buckets in the order backward finishes them (top of the buffer first).
   const std::vector<FlatRange>& buckets() const { return buckets_; }
-  // Elements per shard of bucket k: ceil(size / dp).
+  // Whether bucket k holds expert gradients (reduced over the expert-data-parallel group), and that group's size or dp.
+  bool expert(size_t k) const { return expert_[k]; }
+  int group_size(size_t k) const { return expert_[k] ? expert_dp_ : dp_; }
+  // Elements per shard of bucket k: ceil(size / its group's size).
   int64_t shard_size(size_t k) const;
-  // The part of bucket k that rank r owns (empty when the bucket is smaller than the shards before it).
+  // The part of bucket k that the rank of index r in its group owns (empty when the bucket is smaller than the
+  // shards before it).
   FlatRange shard(size_t k, int rank) const;
-  // Every range rank r owns, in bucket order.
-  std::vector<FlatRange> owned(int rank) const;
+  // Every range a rank owns, in bucket order: of index `rank` in the data-parallel group and `expert_rank` in the
+  // expert-data-parallel one.
+  std::vector<FlatRange> owned(int rank, int expert_rank = 0) const;
 
  private:
+  // Buckets of [begin, end) for a group of `group` ranks, appended bottom up.
+  void cut(FlatRange region, int64_t bucket_size, int group, bool expert, bool split_tail);
+
   int64_t numel_;
   int dp_;
+  int expert_dp_ = 1;
   std::vector<FlatRange> buckets_;
+  std::vector<bool> expert_;  // per bucket
 };
 
 class GradReducer {
  public:
   enum class Mode { kAllReduce, kReduceScatter };
 
-  // grads: the flat gradient buffer [numel] f32 (on the communicator's device); dp: the data-parallel group.
+  // grads: the flat gradient buffer [numel] f32 (on the communicator's device); dp: the data-parallel group;
+  // expert_dp: the expert-data-parallel group, for a layout with expert buckets (else null).
   // overlap: launch each bucket during backward (else all of them in finish()).
-  GradReducer(Communicator& dp, Tensor grads, BucketLayout layout, Mode mode, bool overlap);
+  GradReducer(Communicator& dp, Tensor grads, BucketLayout layout, Mode mode, bool overlap,
+              Communicator* expert_dp = nullptr);
 
   // Call before the backward whose gradients complete the step (the last micro-batch's), then pass
   // grads_ready() to that backward as its hook, then call finish().
@@ -78,11 +99,14 @@ class GradReducer {
 
  private:
   void launch(size_t k);
-  bool padded(size_t k) const;
-  // The gathered padded bucket from its staging buffer into `gathered_flat_`.
-  void finish_padded_gather();
+  bool padded(size_t k) const { return staging_[k].defined(); }
+  // Bucket k's group.
+  Communicator& group(size_t k) const { return layout_.expert(k) ? *expert_dp_ : dp_; }
+  // The gathered padded bucket k from its staging buffer into `gathered_flat_`.
+  void finish_padded_gather(size_t k);
 
   Communicator& dp_;
+  Communicator* expert_dp_;
   Tensor grads_;
   BucketLayout layout_;
   Mode mode_;
@@ -90,9 +114,10 @@ class GradReducer {
   int64_t ready_from_ = 0;   // gradients at and above this offset are final
   size_t next_bucket_ = 0;   // next bucket (in layout order) to launch
   CommStream comm_;
-  std::optional<size_t> padded_bucket_;  // the bucket dp does not divide (sharded mode), if any
-  Tensor staging_;  // [dp × its shard size] f32 for that bucket
-  Tensor gather_staging_;  // the same for the weights' dtype
+  // Per bucket, for one its group does not divide (sharded mode), else undefined: [group × its shard size] f32, and
+  // the same in the weights' dtype.
+  std::vector<Tensor> staging_;
+  std::vector<Tensor> gather_staging_;
   // Weight gathers not waited for yet, per bucket (all_gather_shards without wait).
   std::vector<std::optional<CommStream::Ticket>> gathering_;
   Tensor gathered_flat_;  // the buffer they gather into

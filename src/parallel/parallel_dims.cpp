@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <iterator>
 
 #include "core/error.h"
@@ -179,8 +180,33 @@ ParallelDims ParallelDims::make(int world_size, const ParallelSizes& sizes, cons
     }
   }
 
+  // Expert parallelism: the experts of each MoE layer split evenly over ep ranks taken from dp × cp (Megatron's
+  // rule: the expert-data-parallel size is then dp × cp / ep).
+  const int64_t dp_cp = world_size / model_ranks * sizes.cp;
+  if (sizes.ep < 1) {
+    throw UsageError(fmt::format("[config] expert_model_parallel_size {} must be >= 1", sizes.ep));
+  }
+  if (sizes.ep > 1 && model.num_experts == 0) {
+    throw UsageError(fmt::format("[config] expert_model_parallel_size {} needs a MoE model (num_experts): a dense "
+                                 "model has no experts to split",
+                                 sizes.ep));
+  }
+  if (sizes.ep > 1 && model.num_experts % sizes.ep != 0) {
+    throw UsageError(fmt::format("[config] expert_model_parallel_size {} does not divide num_experts {} (each "
+                                 "expert-parallel rank holds num_experts / expert_model_parallel_size whole experts)",
+                                 sizes.ep, model.num_experts));
+  }
+  if (dp_cp % sizes.ep != 0) {
+    throw UsageError(fmt::format(
+        "[config] expert_model_parallel_size {} does not divide the data-parallel size {} x context_parallel_size "
+        "{} = {} (WORLD_SIZE {} / tensor x pipeline x context parallel ranks {}): the expert-parallel ranks are "
+        "taken from the data- and context-parallel ones",
+        sizes.ep, world_size / model_ranks, sizes.cp, dp_cp, world_size, model_ranks));
+  }
+
   ParallelDims d;
   d.world_ = world_size;
+  d.ep_ = sizes.ep;
   d.tp_ = tp;
   d.pp_ = sizes.pp;
   d.cp_ = sizes.cp;
@@ -245,6 +271,28 @@ std::vector<int> ParallelDims::pp_group(int rank) const { return ranks_varying(r
 std::vector<int> ParallelDims::dp_cp_group(int rank) const { return ranks_varying(rank, kVaryDp | kVaryCp); }
 std::vector<int> ParallelDims::model_group(int rank) const { return ranks_varying(rank, kVaryTp | kVaryPp); }
 
+int ParallelDims::ep_rank(int rank) const {
+  const RankCoord c = coord(rank);
+  return (c.cp + cp_ * c.dp) % ep_;
+}
+
+std::vector<int> ParallelDims::ep_group(int rank) const {
+  const std::vector<int> members = dp_cp_group(rank);  // ascending: index cp_rank + cp · dp_rank
+  const RankCoord c = coord(rank);
+  const auto first = static_cast<size_t>((c.cp + cp_ * c.dp) / ep_ * ep_);
+  return {members.begin() + static_cast<std::ptrdiff_t>(first),
+          members.begin() + static_cast<std::ptrdiff_t>(first + static_cast<size_t>(ep_))};
+}
+
+std::vector<int> ParallelDims::expert_dp_group(int rank) const {
+  const std::vector<int> members = dp_cp_group(rank);
+  std::vector<int> group;
+  for (size_t i = static_cast<size_t>(ep_rank(rank)); i < members.size(); i += static_cast<size_t>(ep_)) {
+    group.push_back(members[i]);
+  }
+  return group;
+}
+
 std::vector<int> ParallelDims::embedding_group(int rank) const {
   if (pp_ == 1 || !(is_first_stage(rank) || is_last_stage(rank))) return {rank};
   const std::vector<int> pipeline = pp_group(rank);
@@ -265,6 +313,7 @@ int ParallelDims::pipeline_next(int rank) const {
 
 std::string ParallelDims::describe() const {
   std::string text = fmt::format("dp {} x tp {} x pp {} x cp {} = {} ranks", dp_, tp_, pp_, cp_, world_);
+  if (ep_ > 1) text += fmt::format(", ep {} (experts) x expert-data-parallel {}", ep_, dp_ * cp_ / ep_);
   if (vpp_ > 1) text += fmt::format(", {} virtual stages per pipeline stage", vpp_);
   if (sequence_parallel_) text += ", sequence parallel";
   return text;
@@ -286,6 +335,8 @@ ProcessGroups ProcessGroups::build(std::shared_ptr<Communicator> world, const Pa
       {&ParallelDims::dp_cp_group, &ProcessGroups::dp_cp},
       {&ParallelDims::model_group, &ProcessGroups::model},
       {&ParallelDims::embedding_group, &ProcessGroups::embedding},
+      {&ParallelDims::ep_group, &ProcessGroups::ep},
+      {&ParallelDims::expert_dp_group, &ProcessGroups::expert_dp},
   };
   auto same_on_every_rank = [&](Members a, Members b) {
     for (int r = 0; r < dims.world(); ++r) {

@@ -11,7 +11,11 @@
 //   tp_rank  0 1 0 1 0 1 0 1     tp groups {0,1} {2,3} {4,5} {6,7}
 //   dp_rank  0 0 1 1 0 0 1 1     dp groups {0,2} {1,3} {4,6} {5,7}
 //   pp_rank  0 0 0 0 1 1 1 1     pp groups {0,4} {1,5} {2,6} {3,7} (also the embedding groups at pp 2)
-// Expert parallelism (later) subdivides dp × cp for the experts only.
+// Expert parallelism subdivides dp × cp for the experts only (Megatron's default: ep fastest inside it). Number the
+// ranks of a dp × cp group by i = cp_rank + cp · dp_rank; then ep_rank = i % ep, and
+//   ep group (the ranks that exchange tokens, each holding num_experts / ep experts): consecutive i, ⌊i / ep⌋ equal;
+//   expert-data-parallel group (the ranks holding the same experts, which reduce their gradients): i % ep equal.
+// 4 ranks at dp 4, ep 2: ep groups {0,1} {2,3}; expert-data-parallel groups {0,2} {1,3}.
 //
 // Where the checks live, each once: config/resolve.cpp (check_parallel_keys) refuses combinations of the parallel
 // keys among themselves and what is not implemented yet, when the config loads; ParallelDims::make checks what
@@ -32,6 +36,7 @@ struct ParallelSizes {
   int tp = 1;                            // tensor_model_parallel_size
   int pp = 1;                            // pipeline_model_parallel_size
   int cp = 1;                            // context_parallel_size
+  int ep = 1;                            // expert_model_parallel_size (inside dp × cp)
   bool sequence_parallel = false;        // sequence_parallel (the config requires tp > 1)
   int64_t layers_per_virtual_stage = 0;  // num_layers_per_virtual_pipeline_stage
   int64_t virtual_stages = 0;            // num_virtual_stages_per_pipeline_rank (exclusive with the one above)
@@ -49,6 +54,7 @@ struct ParallelModelShape {
   int64_t num_layers = 1;
   int64_t seq_length = 1;
   int64_t micro_batch_size = 1;  // with seq_length / cp: the rows sequence parallelism splits over tp
+  int64_t num_experts = 0;       // routed experts per MoE layer; 0: a dense model
 };
 
 // Transformer layers [begin, end).
@@ -87,7 +93,8 @@ class ParallelDims {
   // tp unless there are fewer groups than tp and tp is a multiple of them (each key/value head is then replicated
   // on tp / num_query_groups ranks); the layers over the pipeline stages (stage_layers; the virtual stages from
   // num_layers_per_virtual_pipeline_stage need num_layers / pp to be a multiple of it); seq_length by 2 × cp; with
-  // sequence_parallel, a micro-batch's rows on a cp rank (micro_batch_size × seq_length / cp) by tp.
+  // sequence_parallel, a micro-batch's rows on a cp rank (micro_batch_size × seq_length / cp) by tp; with
+  // expert_model_parallel_size > 1: a MoE model (num_experts), whose experts ep divides, and ep dividing dp × cp.
   static ParallelDims make(int world_size, const ParallelSizes& sizes, const ParallelModelShape& model);
 
   int world() const { return world_; }
@@ -95,6 +102,9 @@ class ParallelDims {
   int tp() const { return tp_; }
   int pp() const { return pp_; }
   int cp() const { return cp_; }
+  int ep() const { return ep_; }
+  // rank's place in its ep group: it holds experts [ep_rank · num_experts / ep, (ep_rank + 1) · num_experts / ep).
+  int ep_rank(int rank) const;
   // Model chunks per pipeline stage (Megatron's virtual_pipeline_model_parallel_size); 1 without interleaving.
   int vpp() const { return vpp_; }
   bool sequence_parallel() const { return sequence_parallel_; }
@@ -121,6 +131,8 @@ class ParallelDims {
   std::vector<int> dp_cp_group(int rank) const;  // same tp, pp: where gradients are reduced (= dp_group at cp 1)
   std::vector<int> model_group(int rank) const;  // same cp, dp: tp × pp, the ranks that hold one model replica's
                                                  // distinct parameters (gradient norm, NaN check)
+  std::vector<int> ep_group(int rank) const;         // ep consecutive members of dp_cp_group: tokens go to experts
+  std::vector<int> expert_dp_group(int rank) const;  // dp_cp_group's members with rank's ep_rank: same experts
   // The first and last stage of rank's pipeline (one rank at pp 1), which hold the embedding and the output layer
   // (tied embeddings are kept in sync over it); a middle stage's rank is alone in its own.
   std::vector<int> embedding_group(int rank) const;
@@ -140,7 +152,7 @@ class ParallelDims {
   std::vector<int> ranks_varying(int rank, unsigned varying) const;
 
   int world_ = 1;
-  int tp_ = 1, pp_ = 1, cp_ = 1, dp_ = 1, vpp_ = 1;
+  int tp_ = 1, pp_ = 1, cp_ = 1, dp_ = 1, vpp_ = 1, ep_ = 1;
   bool sequence_parallel_ = false;
   int64_t heads_per_rank_ = 1, kv_heads_per_rank_ = 1;
   int kv_head_replicas_ = 1;
@@ -162,6 +174,8 @@ struct ProcessGroups {
   std::shared_ptr<Communicator> dp_cp;
   std::shared_ptr<Communicator> model;
   std::shared_ptr<Communicator> embedding;
+  std::shared_ptr<Communicator> ep;         // a rank's index in it is its ep_rank
+  std::shared_ptr<Communicator> expert_dp;  // where expert gradients are reduced
 
   // Collective over `world`: every rank calls it with the same dims.
   static ProcessGroups build(std::shared_ptr<Communicator> world, const ParallelDims& dims);

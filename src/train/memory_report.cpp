@@ -44,9 +44,20 @@ std::string describe_recompute(const RecomputeConfig& r) {
   return fmt::format("full (uniform, {} layer{} a chunk)", r.num_layers, r.num_layers == 1 ? "" : "s");
 }
 
-int64_t parameter_count(const ModelArgs& args) {
+// Under expert parallelism a rank holds num_experts / ep of each MoE layer's routed experts
+// ("...experts.5.w1.weight"; not the shared expert's): whether `name` is among expert-parallel rank 0's (every rank
+// holds as many).
+bool held_by_expert_rank0(const std::string& name, const ModelArgs& args, int64_t ep) {
+  const size_t at = name.find(".experts.");
+  if (ep <= 1 || at == std::string::npos) return true;
+  return std::stoll(name.substr(at + 9)) < args.num_experts / ep;
+}
+
+int64_t parameter_count(const ModelArgs& args, int64_t ep) {
   int64_t total = 0;
-  for (const ParamSpec& spec : model_family(args).param_specs(args)) total += shape_numel(spec.shape);
+  for (const ParamSpec& spec : model_family(args).param_specs(args)) {
+    if (held_by_expert_rank0(spec.name, args, ep)) total += shape_numel(spec.shape);
+  }
   return total;
 }
 
@@ -232,7 +243,9 @@ StageShare stage_share(const ModelArgs& args, const TrainingArgs& t, int stage) 
     } else {
       mine = last;  // final norm, untied output layer
     }
-    if (mine) share.parameters += shape_numel(spec.shape);
+    if (mine && held_by_expert_rank0(spec.name, args, t.expert_model_parallel_size)) {
+      share.parameters += shape_numel(spec.shape);
+    }
   }
   share.description = fmt::format("stage {} of {}: layers {}{}{}", stage, pp, ranges, first ? ", embedding" : "",
                                   last ? (tied ? ", output layer (a copy of the embedding) and loss"
@@ -254,7 +267,7 @@ MemoryPlan plan_memory(const ModelArgs& whole, const TrainingArgs& t, Device dev
   plan.model = whole;
   plan.train = t;
   plan.device = device.str();
-  plan.parameters = parameter_count(args);
+  plan.parameters = parameter_count(args, t.expert_model_parallel_size);
   std::optional<StageShare> share;
   if (t.pipeline_model_parallel_size > 1) {
     share = stage_share(args, t, stage);
@@ -273,7 +286,8 @@ MemoryPlan plan_memory(const ModelArgs& whole, const TrainingArgs& t, Device dev
   plan.grad_bytes = 4 * plan.parameters;
   // The distributed optimizer keeps the moments of this rank's shards only (parallel/grad_reducer.h), plus a
   // staging buffer for the one bucket the data-parallel size does not divide. It shards over the ranks gradients
-  // reduce over: data × context parallel.
+  // reduce over: data × context parallel (under expert parallelism the experts shard over fewer ranks, dp × cp / ep:
+  // this estimate shards them over all).
   plan.data_parallel_size = t.data_parallel_size * std::max<int64_t>(1, t.context_parallel_size);
   plan.sharded_optimizer =
       t.use_distributed_optimizer || (t.use_megatron_fsdp && t.data_parallel_sharding_strategy == "optim");

@@ -443,15 +443,17 @@ int run_training(const ExperimentConfig& config, const RunOptions& options, std:
   if (step_bar) step_bar->finish();
   save();
   saver.wait();
-  // Rank 0 shows the sample; under FSDP or tensor parallelism every rank runs the same forwards, whose weight
-  // gathers and tensor-parallel sums are collectives (the sampling is seeded, so the ranks draw the same tokens).
+  // Rank 0 shows the sample; under FSDP, tensor or expert parallelism every rank runs the same forwards, whose
+  // weight gathers, tensor-parallel sums and token all-to-alls are collectives (the sampling is seeded, so the ranks
+  // draw the same tokens).
   // Through a pipeline every stage runs its chunks (the last stage broadcasts the logits to the others).
   if (t.sample_length > 0 && pipeline.active()) {
     const std::string text = generate_sample(
         [&](const std::vector<int32_t>& context) { return pipeline_next_token_logits(model, pipeline, context); },
         *tokenizer, t.sample_prompt, t.sample_length, t.seq_length, static_cast<uint64_t>(t.seed));
     if (rank0) spdlog::info("sample after {} iterations:\n{}{}", state.iteration, t.sample_prompt, text);
-  } else if (t.sample_length > 0 && (rank0 || dp->fsdp() != nullptr || groups.tp->size() > 1)) {
+  } else if (t.sample_length > 0 && (rank0 || dp->fsdp() != nullptr || groups.tp->size() > 1 ||
+                                     groups.ep->size() > 1)) {
     const std::string text = generate_sample(model, *tokenizer, t.sample_prompt, t.sample_length, t.seq_length,
                                              static_cast<uint64_t>(t.seed));
     if (rank0) spdlog::info("sample after {} iterations:\n{}{}", state.iteration, t.sample_prompt, text);

@@ -169,6 +169,7 @@ ParallelDims parallel_dims_for(const ModelArgs& model, const TrainingArgs& t, in
       ParallelSizes{.tp = static_cast<int>(t.tensor_model_parallel_size),
                     .pp = static_cast<int>(t.pipeline_model_parallel_size),
                     .cp = static_cast<int>(t.context_parallel_size),
+                    .ep = static_cast<int>(t.expert_model_parallel_size),
                     .sequence_parallel = t.sequence_parallel,
                     .layers_per_virtual_stage = t.num_layers_per_virtual_pipeline_stage,
                     .virtual_stages = t.num_virtual_stages_per_pipeline_rank,
@@ -180,7 +181,8 @@ ParallelDims parallel_dims_for(const ModelArgs& model, const TrainingArgs& t, in
                          .vocab_size = model.vocab_size,
                          .num_layers = model.num_layers,
                          .seq_length = t.seq_length,
-                         .micro_batch_size = t.micro_batch_size});
+                         .micro_batch_size = t.micro_batch_size,
+                         .num_experts = model.num_experts});
 }
 
 ProcessGroups make_process_groups(std::shared_ptr<Communicator> world, const ModelArgs& model, const TrainingArgs& t) {
@@ -210,9 +212,14 @@ std::unique_ptr<Model> make_parallel_model(const ModelArgs& args, const Training
       pipeline.chunks.push_back({layers.begin, layers.end});
     }
   }
+  // The experts' all-to-alls run inside forward and backward, beside data parallelism's collectives; at ep = dp × cp
+  // the ep group is the very communicator those reduce on, so it gets one of its own too.
+  ExpertParallelGroup ep;
+  if (groups.ep->size() > 1)
+    ep = ExpertParallelGroup(std::shared_ptr<Communicator>(groups.ep->split(0, groups.ep->rank())));
   return make_model(args, t.seq_length, device, compute_dtype(t, device),
                     ModelParallel{TensorParallelGroup(groups.tp), std::move(cp), groups.dims.sequence_parallel(),
-                                  std::move(pipeline)});
+                                  std::move(pipeline), std::move(ep)});
 }
 
 std::unique_ptr<DataParallel> make_data_parallel(const ProcessGroups& groups, Model& model,
@@ -251,6 +258,9 @@ std::unique_ptr<DataParallel> make_data_parallel(const ProcessGroups& groups, Mo
       options.tp_duplicates.push_back({begin, end});
     }
   }
+  options.expert_ranges = model.expert_ranges();
+  options.expert_dp = groups.expert_dp;
+  options.ep = groups.ep;
   if (fully_sharded) {
     options.fully_sharded = strategy == "optim_grads" ? FullyShardedDataParallel::Strategy::kOptimGrads
                                                       : FullyShardedDataParallel::Strategy::kOptimGradsParams;

@@ -167,7 +167,7 @@ std::string check_model_rank(const ModelArgs& args, int rank, int cp, int port, 
   const ContextParallelGroup ring(std::shared_ptr<Communicator>(world->split(0, rank)));
   const int64_t T = 4 * cp;  // chunks of 2 tokens
   const std::unique_ptr<Model> whole = make_model(args, T);
-  const std::unique_ptr<Model> part = make_model(args, T, kCpuDevice, DType::kF32, ModelParallel{{}, ring, false, {}});
+  const std::unique_ptr<Model> part = make_model(args, T, kCpuDevice, DType::kF32, ModelParallel{{}, ring, false, {}, {}});
   part->set_recompute(recompute);  // full: backward runs each block's forward, the ring included, again
   whole->params().initialize(seed);
   part->params().initialize(seed);

@@ -47,7 +47,7 @@ std::string check_rank(const ModelArgs& args, int rank, int tp, bool sequence_pa
   constexpr int64_t kSeq = 12;
   const std::unique_ptr<Model> whole = make_model(args, kSeq);
   const std::unique_ptr<Model> part =
-      make_model(args, kSeq, kCpuDevice, DType::kF32, ModelParallel{TensorParallelGroup(group), {}, sequence_parallel, {}});
+      make_model(args, kSeq, kCpuDevice, DType::kF32, ModelParallel{TensorParallelGroup(group), {}, sequence_parallel, {}, {}});
   whole->params().initialize(seed);
   part->params().initialize(seed);
   std::string errors;

@@ -470,3 +470,52 @@ TEST(ProcessGroups, EveryRankSplitsAlikeIntoTheGroupsOfItsLayout) {
 
 }  // namespace
 }  // namespace primus
+
+namespace primus {
+namespace {
+
+// Expert parallelism inside dp × cp (Megatron's order tp-cp-ep-dp-pp): ep groups are consecutive members of the
+// dp × cp group, the expert-data-parallel groups the members with the same ep rank; together they tile dp × cp.
+TEST(ParallelDims, ExpertGroupsSubdivideDataAndContextParallelRanks) {
+  ParallelModelShape m = model8();
+  m.num_experts = 8;
+  const ParallelDims dp4 = ParallelDims::make(4, {.ep = 2}, m);
+  EXPECT_EQ(dp4.ep(), 2);
+  EXPECT_EQ(dp4.ep_group(0), (std::vector<int>{0, 1}));
+  EXPECT_EQ(dp4.ep_group(3), (std::vector<int>{2, 3}));
+  EXPECT_EQ(dp4.expert_dp_group(0), (std::vector<int>{0, 2}));
+  EXPECT_EQ(dp4.expert_dp_group(3), (std::vector<int>{1, 3}));
+  EXPECT_EQ(dp4.ep_rank(2), 0);
+  EXPECT_EQ(dp4.ep_rank(3), 1);
+  // tp 2 × cp 2 × dp 2 × pp 2 at ep 4: the dp × cp group of rank 0 is {0, 2, 4, 6}, all one ep group.
+  const ParallelDims mixed = ParallelDims::make(16, {.tp = 2, .pp = 2, .cp = 2, .ep = 4}, m);
+  EXPECT_EQ(mixed.ep_group(0), (std::vector<int>{0, 2, 4, 6}));
+  EXPECT_EQ(mixed.expert_dp_group(4), (std::vector<int>{4}));
+  EXPECT_EQ(mixed.ep_group(9), (std::vector<int>{9, 11, 13, 15}));
+  for (int world : {2, 4, 8}) {
+    for (int ep = 1; ep <= world; ep *= 2) {
+      const ParallelDims d = ParallelDims::make(world, {.ep = ep}, m);
+      for (int r = 0; r < world; ++r) {
+        const std::vector<int> g = d.ep_group(r), e = d.expert_dp_group(r);
+        EXPECT_EQ(static_cast<int>(g.size()), ep);
+        EXPECT_EQ(static_cast<int>(e.size()), world / ep);
+        EXPECT_EQ(g[static_cast<size_t>(d.ep_rank(r))], r);  // a member's index is its ep rank
+        for (int other : e) EXPECT_EQ(d.ep_rank(other), d.ep_rank(r));
+      }
+    }
+  }
+}
+
+TEST(ParallelDims, ExpertParallelChecksNameTheKey) {
+  ParallelModelShape m = model8();
+  EXPECT_CONTAINS(make_error(2, {.ep = 2}, m), "expert_model_parallel_size 2 needs a MoE model (num_experts)");
+  m.num_experts = 6;
+  EXPECT_CONTAINS(make_error(4, {.ep = 4}, m), "expert_model_parallel_size 4 does not divide num_experts 6");
+  m.num_experts = 8;
+  EXPECT_CONTAINS(make_error(6, {.ep = 4}, m),
+                  "expert_model_parallel_size 4 does not divide the data-parallel size 6 x context_parallel_size 1");
+  EXPECT_CONTAINS(make_error(4, {.tp = 2, .ep = 4}, m), "does not divide the data-parallel size 2");
+}
+
+}  // namespace
+}  // namespace primus

@@ -77,7 +77,7 @@ struct TpRank {
     tp_rank = rank % tp;
     dp_rank = rank / tp;
     tp_group = world->split(dp_rank, tp_rank);
-    model = make_model(args(), 16, kCpuDevice, DType::kF32, ModelParallel{TensorParallelGroup(tp_group), {}, false, {}});
+    model = make_model(args(), 16, kCpuDevice, DType::kF32, ModelParallel{TensorParallelGroup(tp_group), {}, false, {}, {}});
     const int64_t n = model->params().numel();
     optimizer =
         std::make_unique<AdamW>(model->params(), AdamWConfig{},
