@@ -209,6 +209,7 @@ namespace {
 struct StageShare {
   int64_t parameters = 0;
   int64_t layers = 0;
+  std::vector<int64_t> moe_layers;  // per layer held, in order: 1 when it is a MoE layer
   int chunks = 1;
   std::string description;
 };
@@ -229,7 +230,10 @@ StageShare stage_share(const ModelArgs& args, const TrainingArgs& t, int stage) 
   std::string ranges;
   for (int v = 0; v < vpp; ++v) {
     const LayerRange r = layout[static_cast<size_t>(v * pp + stage)];
-    for (int64_t i = r.begin; i < r.end; ++i) held[static_cast<size_t>(i)] = true;
+    for (int64_t i = r.begin; i < r.end; ++i) {
+      held[static_cast<size_t>(i)] = true;
+      share.moe_layers.push_back(args.is_moe_layer(i) ? 1 : 0);
+    }
     share.layers += r.size();
     ranges += fmt::format("{}{}-{}", ranges.empty() ? "" : ", ", r.begin, r.end - 1);
   }
@@ -316,6 +320,10 @@ MemoryPlan plan_memory(const ModelArgs& whole, const TrainingArgs& t, Device dev
   // stage), kept for as many micro-batches as the schedule has in flight there.
   ModelArgs stage_args = args;
   stage_args.num_layers = share->layers;
+  // Which of the stage's layers are MoE, by the whole model's numbering (a one-entry list reads as a frequency,
+  // which gives the same answer for 0 and 1).
+  stage_args.moe_layer_freq = share->moe_layers;
+  stage_args.moe_first_k_dense_replace = 0;
   plan.rank_model = stage_args;
   plan.activations = estimate_activations(stage_args, t.micro_batch_size, plan.seq_length, compute_dtype, recompute,
                                           plan.sequence_parallel_ranks);

@@ -323,6 +323,27 @@ TEST(MemoryPlan, DistributedOptimizerShardsTheOptimizerStatePerRank) {
   EXPECT_NE(table.find("communication buffers"), std::string::npos) << table;
 }
 
+// Under pipeline parallelism a stage's layers keep the whole model's MoE and dense kinds: with the first layer dense,
+// the second stage (layers 2-3) holds two MoE layers and the first stage one of each.
+TEST(MemoryPlan, PipelineStagesKnowWhichOfTheirLayersAreMoe) {
+  ModelArgs args = testing::tiny_llama_args();
+  args.num_layers = 4;
+  args.num_experts = 4;
+  args.moe_router_topk = 2;
+  args.moe_ffn_hidden_size = 24;
+  args.moe_first_k_dense_replace = 1;
+  TrainingArgs t;
+  t.micro_batch_size = 2;
+  t.seq_length = 8;
+  t.pipeline_model_parallel_size = 2;
+  for (int stage : {0, 1}) {
+    const MemoryPlan plan = plan_memory(args, t, kCpuDevice, DType::kF32, stage);
+    ASSERT_EQ(plan.rank_model.num_layers, 2);
+    EXPECT_EQ(plan.rank_model.is_moe_layer(0), stage == 1) << stage;
+    EXPECT_TRUE(plan.rank_model.is_moe_layer(1)) << stage;
+  }
+}
+
 // Context parallelism: a rank's activations are those of its chunks (seq_length / cp tokens of each sequence), and
 // the distributed optimizer shards over data × context parallel ranks (where the gradients reduce).
 TEST(MemoryPlan, ContextParallelRanksHoldTheirChunksAndShardOverDataTimesContext) {
