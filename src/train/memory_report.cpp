@@ -53,10 +53,22 @@ bool held_by_expert_rank0(const std::string& name, const ModelArgs& args, int64_
   return std::stoll(name.substr(at + 9)) < args.num_experts / ep;
 }
 
+bool is_routed_expert(const std::string& name) { return name.find(".experts.") != std::string::npos; }
+
 int64_t parameter_count(const ModelArgs& args, int64_t ep) {
   int64_t total = 0;
   for (const ParamSpec& spec : model_family(args).param_specs(args)) {
     if (held_by_expert_rank0(spec.name, args, ep)) total += shape_numel(spec.shape);
+  }
+  return total;
+}
+
+// The routed experts' part of parameter_count: under expert parallelism they shard over the expert-data-parallel
+// ranks, the rest over data × context parallel.
+int64_t expert_parameter_count(const ModelArgs& args, int64_t ep) {
+  int64_t total = 0;
+  for (const ParamSpec& spec : model_family(args).param_specs(args)) {
+    if (is_routed_expert(spec.name) && held_by_expert_rank0(spec.name, args, ep)) total += shape_numel(spec.shape);
   }
   return total;
 }
@@ -208,6 +220,7 @@ namespace {
 // tensor-parallel shapes `args`), its layers, and a description.
 struct StageShare {
   int64_t parameters = 0;
+  int64_t expert_parameters = 0;  // of them, routed experts
   int64_t layers = 0;
   std::vector<int64_t> moe_layers;  // per layer held, in order: 1 when it is a MoE layer
   int chunks = 1;
@@ -249,6 +262,7 @@ StageShare stage_share(const ModelArgs& args, const TrainingArgs& t, int stage) 
     }
     if (mine && held_by_expert_rank0(spec.name, args, t.expert_model_parallel_size)) {
       share.parameters += shape_numel(spec.shape);
+      if (is_routed_expert(spec.name)) share.expert_parameters += shape_numel(spec.shape);
     }
   }
   share.description = fmt::format("stage {} of {}: layers {}{}{}", stage, pp, ranges, first ? ", embedding" : "",
@@ -272,10 +286,12 @@ MemoryPlan plan_memory(const ModelArgs& whole, const TrainingArgs& t, Device dev
   plan.train = t;
   plan.device = device.str();
   plan.parameters = parameter_count(args, t.expert_model_parallel_size);
+  int64_t expert_parameters = expert_parameter_count(args, t.expert_model_parallel_size);
   std::optional<StageShare> share;
   if (t.pipeline_model_parallel_size > 1) {
     share = stage_share(args, t, stage);
     plan.parameters = share->parameters;
+    expert_parameters = share->expert_parameters;
     plan.pipeline_stage = share->description;
   }
   plan.micro_batch_size = t.micro_batch_size;
@@ -290,19 +306,28 @@ MemoryPlan plan_memory(const ModelArgs& whole, const TrainingArgs& t, Device dev
   plan.grad_bytes = 4 * plan.parameters;
   // The distributed optimizer keeps the moments of this rank's shards only (parallel/grad_reducer.h), plus a
   // staging buffer for the one bucket the data-parallel size does not divide. It shards over the ranks gradients
-  // reduce over: data × context parallel (under expert parallelism the experts shard over fewer ranks, dp × cp / ep:
-  // this estimate shards them over all).
+  // reduce over: data × context parallel, and under expert parallelism the routed experts over their
+  // expert-data-parallel ranks, dp × cp / ep (estimated as two regions; the trainer interleaves them by layer).
   plan.data_parallel_size = t.data_parallel_size * std::max<int64_t>(1, t.context_parallel_size);
   plan.sharded_optimizer =
       t.use_distributed_optimizer || (t.use_megatron_fsdp && t.data_parallel_sharding_strategy == "optim");
   if (plan.sharded_optimizer) {
-    const BucketLayout layout(plan.parameters, ddp_bucket_size(t), static_cast<int>(plan.data_parallel_size));
+    const int64_t ep = std::max<int64_t>(1, t.expert_model_parallel_size);
+    const int64_t expert_sharded = ep > 1 ? expert_parameters : 0;
     int64_t owned = 0;
-    for (const FlatRange& r : layout.owned(0)) owned += r.size();  // rank 0 owns the largest shards
+    auto shard = [&](int64_t numel, int64_t ranks) {
+      if (numel == 0) return;
+      const BucketLayout layout(numel, ddp_bucket_size(t), static_cast<int>(ranks));
+      for (const FlatRange& r : layout.owned(0)) owned += r.size();  // rank 0 owns the largest shards
+      for (size_t k = 0; k < layout.buckets().size(); ++k) {
+        if (layout.buckets()[k].size() % layout.dp() != 0) {
+          plan.comm_bytes = std::max(plan.comm_bytes, 4 * layout.shard_size(k) * layout.dp());
+        }
+      }
+    };
+    shard(plan.parameters - expert_sharded, plan.data_parallel_size);
+    shard(expert_sharded, std::max<int64_t>(1, plan.data_parallel_size / ep));
     plan.optimizer_bytes = 2 * 4 * owned;
-    for (size_t k = 0; k < layout.buckets().size(); ++k) {
-      if (layout.buckets()[k].size() % layout.dp() != 0) plan.comm_bytes = 4 * layout.shard_size(k) * layout.dp();
-    }
   } else {
     plan.optimizer_bytes = 2 * 4 * plan.parameters;
   }

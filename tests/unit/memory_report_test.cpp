@@ -323,6 +323,30 @@ TEST(MemoryPlan, DistributedOptimizerShardsTheOptimizerStatePerRank) {
   EXPECT_NE(table.find("communication buffers"), std::string::npos) << table;
 }
 
+// Expert parallelism ep 2 inside dp 4: a rank holds half the experts, and the distributed optimizer shards their
+// state over the 2 ranks holding the same experts, the rest over all 4.
+TEST(MemoryPlan, ExpertStateShardsOverTheExpertDataParallelRanks) {
+  ModelArgs args = testing::tiny_llama_args();
+  args.num_experts = 4;
+  args.moe_router_topk = 2;
+  args.moe_ffn_hidden_size = 24;
+  TrainingArgs t;
+  t.micro_batch_size = 2;
+  t.seq_length = 8;
+  t.data_parallel_size = 4;
+  t.ddp_bucket_size = 1 << 30;  // one bucket a region: no rounding to bound
+  t.use_distributed_optimizer = true;
+  const MemoryPlan whole = plan_memory(args, t, kCpuDevice, DType::kF32);
+  t.expert_model_parallel_size = 2;
+  const MemoryPlan ep = plan_memory(args, t, kCpuDevice, DType::kF32);
+  // Each layer's 4 experts hold 3·24·32 parameters each; ep 2 keeps 2 of them.
+  const int64_t experts = 2 * 4 * 3 * 24 * 32, mine = experts / 2;
+  EXPECT_EQ(ep.parameters, whole.parameters - experts + mine);
+  const int64_t dense = whole.parameters - experts;
+  EXPECT_NEAR(static_cast<double>(ep.optimizer_bytes), 8.0 * (dense / 4.0 + mine / 2.0), 8.0 * 2);
+  EXPECT_NEAR(static_cast<double>(whole.optimizer_bytes), 8.0 * whole.parameters / 4.0, 8.0 * 1);
+}
+
 // Under pipeline parallelism a stage's layers keep the whole model's MoE and dense kinds: with the first layer dense,
 // the second stage (layers 2-3) holds two MoE layers and the first stage one of each.
 TEST(MemoryPlan, PipelineStagesKnowWhichOfTheirLayersAreMoe) {
