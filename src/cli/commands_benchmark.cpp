@@ -11,7 +11,6 @@
 #include "checkpoint/checkpoint_benchmark.h"
 #include "cli/cli.h"
 #include "config/config.h"
-#include "data/tokenizer.h"
 #include "parallel/comm_benchmark.h"
 #include "parallel/distributed_env.h"
 #include "tools/kernel_benchmark.h"
@@ -162,11 +161,7 @@ struct KernelCommandOptions {
 int run_kernel_benchmark(const std::string& kind, const KernelCommandOptions& o, const std::vector<std::string>& overrides) {
   LoadedConfig loaded = load_experiment_config(o.config_path, overrides);
   const TrainingArgs& t = loaded.config.train;
-  ModelArgs args = loaded.config.model;
-  if (args.vocab_size == 0) {  // as a run pads its tokenizer's vocabulary
-    args.vocab_size = padded_vocab_size(make_tokenizer(t.tokenizer_type, t.tokenizer_model)->vocab_size(),
-                                        args.make_vocab_size_divisible_by * t.tensor_model_parallel_size);
-  }
+  const ModelArgs args = with_vocab_size(loaded.config.model, t);
   std::ofstream jsonl;
   if (!o.jsonl.empty()) {
     jsonl.open(o.jsonl, std::ios::trunc);

@@ -77,6 +77,14 @@ BenchmarkResult time_steps(Model& model, AdamW& optimizer, DataParallel& dp, con
 
 }  // namespace
 
+ModelArgs with_vocab_size(ModelArgs args, const TrainingArgs& t) {
+  if (args.vocab_size == 0) {
+    args.vocab_size = padded_vocab_size(make_tokenizer(t.tokenizer_type, t.tokenizer_model)->vocab_size(),
+                                        args.make_vocab_size_divisible_by * t.tensor_model_parallel_size);
+  }
+  return args;
+}
+
 BenchmarkResult run_benchmark_train(const ExperimentConfig& config, const BenchmarkOptions& options) {
   PRIMUS_CHECK(options.timed_steps >= 1 && options.warmup_steps >= 0, "benchmark needs >= 1 timed step");
   TrainingArgs t = config.train;
@@ -92,13 +100,9 @@ BenchmarkResult run_benchmark_train(const ExperimentConfig& config, const Benchm
   const DistributedEnv env = DistributedEnv::from_environment();
   const Device device = select_device(t.device, env.local_rank);
   if (t.deterministic_mode) ops::set_deterministic(device, true);
-  ModelArgs args = config.model;
   // Synthetic tokens need no tokenizer, only a vocabulary size: the tokenizer file is read only when the model
   // takes its size from it, so a config naming data and a tokenizer benchmarks where they are not present.
-  if (args.vocab_size == 0) {
-    args.vocab_size = padded_vocab_size(make_tokenizer(t.tokenizer_type, t.tokenizer_model)->vocab_size(),
-                                        args.make_vocab_size_divisible_by * t.tensor_model_parallel_size);
-  }
+  const ModelArgs args = with_vocab_size(config.model, t);
   MemoryPlan plan = plan_memory(args, t, device, compute_dtype(t, device));
   add_device_memory(plan, device);
   log_memory_plan(plan);

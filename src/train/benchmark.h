@@ -35,6 +35,10 @@ struct BenchmarkResult {
 // Builds the configured model with random weights on the configured device, runs warm-up and timed steps
 // on mock tokens (whatever data_path says), with the config's batch shape, optimizer and clipping. Logs the
 // memory table first; a device out of memory ends in OutOfMemoryError carrying it and what to try.
+// `args` with a vocab_size: the config's, or the tokenizer's padded as a run pads it (the tokenizer file is read only
+// then, so a config whose model gives its vocabulary needs no tokenizer). For commands on random tokens.
+ModelArgs with_vocab_size(ModelArgs args, const TrainingArgs& t);
+
 BenchmarkResult run_benchmark_train(const ExperimentConfig& config, const BenchmarkOptions& options);
 
 // A table for people and one JSON line for scripts.

@@ -55,22 +55,21 @@ bool held_by_expert_rank0(const std::string& name, const ModelArgs& args, int64_
 
 bool is_routed_expert(const std::string& name) { return name.find(".experts.") != std::string::npos; }
 
-int64_t parameter_count(const ModelArgs& args, int64_t ep) {
+// A rank's parameters and, of them, its routed experts' (under expert parallelism those shard over the
+// expert-data-parallel ranks, the rest over data × context parallel).
+struct ParameterCount {
   int64_t total = 0;
-  for (const ParamSpec& spec : model_family(args).param_specs(args)) {
-    if (held_by_expert_rank0(spec.name, args, ep)) total += shape_numel(spec.shape);
-  }
-  return total;
-}
+  int64_t experts = 0;
+};
 
-// The routed experts' part of parameter_count: under expert parallelism they shard over the expert-data-parallel
-// ranks, the rest over data × context parallel.
-int64_t expert_parameter_count(const ModelArgs& args, int64_t ep) {
-  int64_t total = 0;
+ParameterCount parameter_count(const ModelArgs& args, int64_t ep) {
+  ParameterCount count;
   for (const ParamSpec& spec : model_family(args).param_specs(args)) {
-    if (is_routed_expert(spec.name) && held_by_expert_rank0(spec.name, args, ep)) total += shape_numel(spec.shape);
+    if (!held_by_expert_rank0(spec.name, args, ep)) continue;
+    count.total += shape_numel(spec.shape);
+    if (is_routed_expert(spec.name)) count.experts += shape_numel(spec.shape);
   }
-  return total;
+  return count;
 }
 
 }  // namespace
@@ -285,8 +284,9 @@ MemoryPlan plan_memory(const ModelArgs& whole, const TrainingArgs& t, Device dev
   plan.model = whole;
   plan.train = t;
   plan.device = device.str();
-  plan.parameters = parameter_count(args, t.expert_model_parallel_size);
-  int64_t expert_parameters = expert_parameter_count(args, t.expert_model_parallel_size);
+  const ParameterCount count = parameter_count(args, t.expert_model_parallel_size);
+  plan.parameters = count.total;
+  int64_t expert_parameters = count.experts;
   std::optional<StageShare> share;
   if (t.pipeline_model_parallel_size > 1) {
     share = stage_share(args, t, stage);

@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <cctype>
 
-#include "data/tokenizer.h"
 #include "parallel/parallel_dims.h"
+#include "train/benchmark.h"
 #include "train/train_step.h"
 #if PRIMUS_WITH_CUDA
 #include "backend/cuda/device_info.h"
@@ -80,11 +80,7 @@ MemoryVerdict memory_verdict(int64_t bytes, int64_t capacity) {
 
 MemoryProjection project_memory(const ExperimentConfig& config, const GpuModel& gpu, int world_size) {
   const TrainingArgs& t = config.train;
-  ModelArgs args = config.model;
-  if (args.vocab_size == 0) {  // as a run pads its tokenizer's vocabulary
-    args.vocab_size = padded_vocab_size(make_tokenizer(t.tokenizer_type, t.tokenizer_model)->vocab_size(),
-                                        args.make_vocab_size_divisible_by * t.tensor_model_parallel_size);
-  }
+  const ModelArgs args = with_vocab_size(config.model, t);
   const ParallelDims dims = parallel_dims_for(args, t, world_size);
   MemoryProjection p;
   p.gpu = gpu;
