@@ -1,14 +1,17 @@
-// `primus-cli -- projection memory`: will a config fit, on how many GPUs of which kind, before any GPU is allocated
-// (train/projection.h).
+// `primus-cli -- projection memory|performance`: will a config fit, and how fast will it run, on how many GPUs of which
+// kind, before any GPU is allocated (train/projection.h, train/step_projection.h).
 #include <fmt/format.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 
 #include "cli/cli.h"
 #include "config/config.h"
 #include "train/projection.h"
+#include "train/step_projection.h"
+#include "train/tune.h"
 
 namespace primus::cli {
 
@@ -20,50 +23,107 @@ struct ProjectionOptions {
   int gpus_per_node = 1;
   std::string gpu;  // empty: this machine's GPU, else H200
   bool json = false;
+  double nic_gbps = 400.0;         // performance only
+  std::vector<std::string> rates;  // performance only: JSONL of benchmark gemm|attention
 };
 
-int run_projection_memory(const LaunchOptions& launch, const ProjectionOptions& o,
-                          const std::vector<std::string>& overrides) {
+GpuModel chosen_gpu(const ProjectionOptions& o) {
+  GpuModel gpu;
+  if (!o.gpu.empty()) return find_gpu(o.gpu);
+  if (local_gpu(&gpu)) return gpu;
+  gpu = find_gpu("H200");
+  gpu.source += "; no GPU here, --gpu names another";
+  return gpu;
+}
+
+// Loads the config as each rank of the job would see it (torchrun's WORLD_SIZE sets the data-parallel size) and runs
+// `project` on it, unless --dry-run.
+int run_projection(const LaunchOptions& launch, const ProjectionOptions& o, const std::vector<std::string>& overrides,
+                   const std::function<void(const ExperimentConfig&, int world)>& project) {
   const int64_t world = int64_t{o.nnodes} * o.gpus_per_node;
-  // The config resolves as each rank of that job would see it (torchrun's WORLD_SIZE sets the data-parallel size).
   setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
   LoadedConfig loaded = load_experiment_config(o.config_path, overrides);
   if (launch.dry_run) {
     print_dry_run(launch, o.config_path, overrides, &loaded);
     return static_cast<int>(kExitOk);
   }
-  GpuModel gpu;
-  if (!o.gpu.empty()) {
-    gpu = find_gpu(o.gpu);
-  } else if (!local_gpu(&gpu)) {
-    gpu = find_gpu("H200");
-    gpu.source += "; no GPU here, --gpu names another";
+  project(loaded.config, static_cast<int>(world));
+  std::fflush(stdout);
+  return static_cast<int>(kExitOk);
+}
+
+int run_projection_memory(const LaunchOptions& launch, const ProjectionOptions& o,
+                          const std::vector<std::string>& overrides) {
+  return run_projection(launch, o, overrides, [&o](const ExperimentConfig& config, int world) {
+    const MemoryProjection projection = project_memory(config, chosen_gpu(o), world);
+    fmt::print("{}", o.json ? memory_projection_json(projection).dump() + "\n" : format_memory_projection(projection));
+  });
+}
+
+int run_projection_performance(const LaunchOptions& launch, const ProjectionOptions& o,
+                               const std::vector<std::string>& overrides) {
+  return run_projection(launch, o, overrides, [&o](const ExperimentConfig& config, int) {
+    const ClusterShape cluster{o.nnodes, o.gpus_per_node, o.nic_gbps};
+    const MeasuredRates measured = read_measured_rates(o.rates);
+    const PerformanceProjection projection =
+        project_performance(config, chosen_gpu(o), cluster, o.rates.empty() ? nullptr : &measured);
+    fmt::print("{}", o.json ? performance_projection_json(projection).dump() + "\n"
+                            : format_performance_projection(projection));
+  });
+}
+
+int run_tune(const LaunchOptions& launch, const ProjectionOptions& o, int top, const std::vector<std::string>& overrides) {
+  if (launch.dry_run) {
+    setenv("WORLD_SIZE", std::to_string(int64_t{o.nnodes} * o.gpus_per_node).c_str(), 1);
+    LoadedConfig loaded = load_experiment_config(o.config_path, overrides);
+    print_dry_run(launch, o.config_path, overrides, &loaded);
+    return static_cast<int>(kExitOk);
   }
-  const MemoryProjection projection = project_memory(loaded.config, gpu, static_cast<int>(world));
+  const ClusterShape cluster{o.nnodes, o.gpus_per_node, o.nic_gbps};
+  const GpuModel gpu = chosen_gpu(o);
+  const TuneResult result = tune_layouts(o.config_path, overrides, gpu, cluster);
   if (o.json) {
-    fmt::print("{}\n", memory_projection_json(projection).dump());
+    nlohmann::json ranked = nlohmann::json::array();
+    for (int i = 0; i < std::min<int>(top, static_cast<int>(result.ranked.size())); ++i) {
+      const TuneCandidate& c = result.ranked[static_cast<size_t>(i)];
+      ranked.push_back({{"overrides", c.overrides},
+                        {"summary", c.summary},
+                        {"memory_bytes", c.memory_bytes},
+                        {"projection", performance_projection_json(c.performance)}});
+    }
+    fmt::print("{}\n", nlohmann::json{{"tried", result.tried},
+                                      {"fit", result.ranked.size()},
+                                      {"too_big", result.too_big},
+                                      {"invalid", result.invalid},
+                                      {"ranked", ranked}}
+                           .dump());
   } else {
-    fmt::print("{}", format_memory_projection(projection));
+    fmt::print("{}", format_tune_result(result, gpu, cluster, top));
   }
   std::fflush(stdout);
   return static_cast<int>(kExitOk);
+}
+
+// The options both subcommands take.
+void add_common_options(CLI::App* command, ProjectionOptions& o) {
+  command->add_option("--config", o.config_path, "Experiment YAML file")->required()->type_name("FILE");
+  command->add_option("--nnodes", o.nnodes, "Nodes of the job (default 1)")->check(CLI::PositiveNumber);
+  command->add_option("--gpus-per-node", o.gpus_per_node, "GPUs per node (default 1)")->check(CLI::PositiveNumber);
+  command->add_option("--gpu", o.gpu, "H100, H200, B200, MI300X, MI325X or MI355X (default: this machine's GPU, else H200)");
+  command->add_flag("--json", o.json, "One JSON object instead of the table");
+  command->allow_extras();
 }
 
 }  // namespace
 
 void add_projection_commands(CLI::App& root, const LaunchOptions& launch, Action& action) {
   CLI::App* projection =
-      root.add_subcommand("projection", "Plan before you train: memory per GPU of a config at a given scale");
+      root.add_subcommand("projection", "Plan before you train: memory per GPU and step time of a config at a given scale");
   projection->require_subcommand(1);
   CLI::App* memory = projection->add_subcommand(
       "memory", "Per-GPU bytes of each pipeline stage and a verdict (FITS, AT-RISK, OOM), without a GPU");
   auto o = std::make_shared<ProjectionOptions>();
-  memory->add_option("--config", o->config_path, "Experiment YAML file")->required()->type_name("FILE");
-  memory->add_option("--nnodes", o->nnodes, "Nodes of the job (default 1)")->check(CLI::PositiveNumber);
-  memory->add_option("--gpus-per-node", o->gpus_per_node, "GPUs per node (default 1)")->check(CLI::PositiveNumber);
-  memory->add_option("--gpu", o->gpu, "H100, H200, B200, MI300X, MI325X or MI355X (default: this machine's GPU, else H200)");
-  memory->add_flag("--json", o->json, "One JSON object instead of the table");
-  memory->allow_extras();
+  add_common_options(memory, *o);
   memory->footer(
       "Overrides: KEY=VALUE as for 'train pretrain' (micro_batch_size=2, tensor_model_parallel_size=2, ...).\n"
       "The layout (tp x pp x cp, the data-parallel size from nnodes x gpus-per-node) is checked against the model\n"
@@ -78,6 +138,60 @@ void add_projection_commands(CLI::App& root, const LaunchOptions& launch, Action
       "tensor_model_parallel_size=8 --json");
   memory->final_callback([&launch, &action, memory, o] {
     action = [&launch, memory, o] { return run_projection_memory(launch, *o, normalize_overrides(memory->remaining())); };
+  });
+
+  CLI::App* performance = projection->add_subcommand(
+      "performance", "Step time, tokens/s per GPU and MFU of a config at a scale, part by part, without a GPU");
+  auto p = std::make_shared<ProjectionOptions>();
+  add_common_options(performance, *p);
+  performance->add_option("--nic-gbps", p->nic_gbps, "NIC line rate per GPU between nodes, Gb/s (default 400)")
+      ->check(CLI::PositiveNumber);
+  performance->add_option("--rates", p->rates,
+                          "JSONL of `benchmark gemm|attention --jsonl` measured on the GPU: their TFLOP/s replace the "
+                          "table's for the ops they time (repeatable)")
+      ->type_name("FILE");
+  performance->footer(
+      "Overrides: KEY=VALUE as for 'train pretrain'. The step of one rank of the slowest pipeline stage: every GEMM\n"
+      "of a layer (forward, data and weight gradient; a recomputed layer's forward twice) at the GPU's GEMM rate or\n"
+      "at the rate --rates measured for it, causal attention at the attention rate, the memory-bound passes (norms,\n"
+      "RoPE, SwiGLU, residual adds, the loss) at the HBM bandwidth, the tp all-reduces, ep all-to-alls and the\n"
+      "cp ring's excess over attention, times the micro-batches a step; the pipeline bubble (p - 1)/v micro-batches;\n"
+      "the gradient all-reduce or reduce-scatter and the weight all-gather, as much as overlap_grad_reduce and\n"
+      "overlap_param_gather leave showing; AdamW. Collectives: ring traffic at the link's bus bandwidth (NVLink/xGMI\n"
+      "inside a node, the NIC across nodes) plus a latency per step. Only the H200's rates are calibrated against\n"
+      "the engine's measured steps (docs/perf/projection.md); the other GPUs' are their datasheets scaled alike.\n\n"
+      "Examples:\n"
+      "  primus-cli -- projection performance --config configs/H200/llama3.2_3B-bf16-pretrain.yaml\n"
+      "  primus-cli -- projection performance --config exp.yaml --nnodes 8 --gpus-per-node 8 --gpu MI300X "
+      "tensor_model_parallel_size=8\n"
+      "  primus-cli -- benchmark gemm --config exp.yaml --jsonl gemm.jsonl && \\\n"
+      "    primus-cli -- projection performance --config exp.yaml --rates gemm.jsonl");
+  performance->final_callback([&launch, &action, performance, p] {
+    action = [&launch, performance, p] {
+      return run_projection_performance(launch, *p, normalize_overrides(performance->remaining()));
+    };
+  });
+
+  CLI::App* tune = root.add_subcommand(
+      "tune", "Rank the layouts a config could train with on a cluster by projected tokens/s, memory as a hard limit");
+  auto u = std::make_shared<ProjectionOptions>();
+  auto top = std::make_shared<int>(10);
+  add_common_options(tune, *u);
+  tune->add_option("--nic-gbps", u->nic_gbps, "NIC line rate per GPU between nodes, Gb/s (default 400)")
+      ->check(CLI::PositiveNumber);
+  tune->add_option("--top", *top, "Candidates shown (default 10)")->check(CLI::PositiveNumber);
+  tune->footer(
+      "Overrides: KEY=VALUE as for 'train pretrain'; they hold for every candidate. The search: tensor parallelism 1,\n"
+      "2, 4, 8 inside a node (with sequence_parallel), pipeline stages in powers of two with and without two virtual\n"
+      "stages, context parallelism 1-8, expert parallelism over the experts, micro_batch_size 1-8 and recompute\n"
+      "none/selective/full; the data-parallel size is what is left, with the distributed optimizer and overlapped\n"
+      "communication. Each candidate is loaded and checked as a job would be, planned for memory (only FITS counts:\n"
+      "`projection memory`) and ranked by `projection performance`. The global batch and sequence length stay.\n\n"
+      "Examples:\n"
+      "  primus-cli -- tune --config configs/H200/llama3.2_3B-bf16-pretrain.yaml --gpus-per-node 8\n"
+      "  primus-cli -- tune --config exp.yaml --nnodes 4 --gpus-per-node 8 --gpu MI300X global_batch_size=256");
+  tune->final_callback([&launch, &action, tune, u, top] {
+    action = [&launch, tune, u, top] { return run_tune(launch, *u, *top, normalize_overrides(tune->remaining())); };
   });
 }
 

@@ -6,6 +6,8 @@
 #include <functional>
 
 #include "layers/basic_layers.h"
+#include "models/gemm_shapes.h"
+#include "models/model.h"
 #include "ops/moe_ops.h"
 #include "ops/ops.h"
 #if PRIMUS_WITH_CUDA
@@ -92,6 +94,11 @@ void time_grouped(const std::string& op, int64_t rows, int64_t experts, int64_t 
       median_ms(device, o, [&] { ops::grouped_linear_backward(x, w, offsets, dy, none, dw); }));
 }
 
+// Rows of one logits chunk of `vocab` columns: the loss never holds more than LmLoss::max_logits_bytes of logits.
+int64_t lm_head_chunk_rows(int64_t vocab, int64_t tokens, DType dtype) {
+  return std::clamp<int64_t>(LmLoss().max_logits_bytes / (vocab * static_cast<int64_t>(dtype_size(dtype))), 1, tokens);
+}
+
 int64_t rank_tokens(const TrainingArgs& t) {
   return t.micro_batch_size * t.seq_length / std::max<int64_t>(1, t.context_parallel_size);
 }
@@ -117,32 +124,30 @@ std::optional<double> dense_peak_tflops(Device device, DType dtype) {
 
 std::vector<KernelTiming> benchmark_gemms(const ModelArgs& a, const TrainingArgs& t, Device device, DType dtype,
                                           const KernelBenchmarkOptions& o) {
-  const int64_t tp = std::max<int64_t>(1, t.tensor_model_parallel_size);
-  const int64_t n = rank_tokens(t), c = a.hidden_size, d = a.kv_channels;
-  // Key/value heads are replicated when there are fewer than tp ranks.
-  const int64_t hq = a.num_attention_heads / tp, hkv = std::max<int64_t>(1, a.num_query_groups / tp);
-  std::vector<KernelTiming> timings;
-  time_linear("q_proj", n, c, hq * d, device, dtype, o, timings);
-  time_linear("k_proj", n, c, hkv * d, device, dtype, o, timings);
-  time_linear("v_proj", n, c, hkv * d, device, dtype, o, timings);
-  time_linear("o_proj", n, hq * d, c, device, dtype, o, timings);
-  if (a.num_experts > 0) {
-    const int64_t routed = n * a.moe_router_topk, f = a.moe_ffn_hidden_size;
-    time_linear("router", n, c, a.num_experts, device, dtype, o, timings);
-    time_grouped("experts.gate_up", routed, a.num_experts, c, 2 * f, device, dtype, o, timings);
-    time_grouped("experts.down", routed, a.num_experts, f, c, device, dtype, o, timings);
+  const ModelArgs rank = tensor_parallel_shapes(a, static_cast<int>(std::max<int64_t>(1, t.tensor_model_parallel_size)));
+  const int64_t n = rank_tokens(t), ep = std::max<int64_t>(1, t.expert_model_parallel_size);
+  bool moe_layers = false, dense_layers = false;
+  for (int64_t i = 0; i < a.num_layers; ++i) (a.is_moe_layer(i) ? moe_layers : dense_layers) = true;
+  // Each GEMM once: the attention projections are the same in MoE and dense layers.
+  std::vector<GemmShape> shapes;
+  for (const bool moe : {true, false}) {
+    if (!(moe ? moe_layers : dense_layers)) continue;
+    for (const GemmShape& g : layer_gemms(rank, ep, moe)) {
+      const bool seen = std::any_of(shapes.begin(), shapes.end(), [&](const GemmShape& s) { return s.op == g.op; });
+      if (!seen) shapes.push_back(g);
+    }
   }
-  bool dense_layers = false;
-  for (int64_t i = 0; i < a.num_layers; ++i) dense_layers |= !a.is_moe_layer(i);
-  if (dense_layers) {
-    time_linear("gate_up_proj", n, c, 2 * a.ffn_hidden_size / tp, device, dtype, o, timings);
-    time_linear("down_proj", n, a.ffn_hidden_size / tp, c, device, dtype, o, timings);
+  std::vector<KernelTiming> timings;
+  for (const GemmShape& g : shapes) {
+    if (g.experts > 0) {
+      time_grouped(g.op, n * g.rows_per_token, g.experts, g.in, g.out, device, dtype, o, timings);
+    } else {
+      time_linear(g.op, n, g.in, g.out, device, dtype, o, timings);
+    }
   }
   // The loss computes the logits a chunk of rows at a time (LmLoss::max_logits_bytes): one chunk's GEMMs.
-  const int64_t vocab = a.vocab_size / tp;
-  const int64_t chunk_rows = std::clamp<int64_t>(
-      LmLoss().max_logits_bytes / (vocab * static_cast<int64_t>(dtype_size(dtype))), 1, n);
-  time_linear("lm_head", chunk_rows, c, vocab, device, dtype, o, timings);
+  const GemmShape head = output_gemm(rank);
+  time_linear(head.op, lm_head_chunk_rows(head.out, n, dtype), head.in, head.out, device, dtype, o, timings);
   return timings;
 }
 

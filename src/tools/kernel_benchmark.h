@@ -1,9 +1,9 @@
 // `primus-cli benchmark gemm` and `benchmark attention`: the engine's own GEMMs and attention at the shapes one rank
 // of a config runs, timed on a device: the measured rates a performance projection starts from (issue 17).
 //
-// GEMMs, per linear module of a layer (q_proj, k_proj, v_proj, o_proj, the joint gate_up_proj, down_proj; a MoE
-// layer's router and its experts' grouped gate/up and down GEMMs at an even routing) and the output layer (one
-// logits chunk, as the loss runs it), each in its three passes with M, N, K as the GEMM sees them:
+// GEMMs: each of models/gemm_shapes.h (the linear modules of the config's dense and MoE layers, the experts' grouped
+// GEMMs at an even routing over this rank's experts, and the output layer over one logits chunk, as the loss runs it)
+// in its three passes with M, N, K as the GEMM sees them:
 //   forward      y  = x · wᵀ      M = tokens, N = out, K = in
 //   data grad    dx = dy · w      M = tokens, N = in,  K = out
 //   weight grad  dw += dyᵀ · x    M = out,    N = in,  K = tokens

@@ -26,14 +26,31 @@ std::string lower(std::string_view text) {
 
 }  // namespace
 
+// Rates: the H200's as the engine measured them there (docs/perf/projection.md): its GEMMs at 0.77 of the peak
+// (740-790 TFLOP/s at a training step's shapes), cuDNN's fused attention at 456 TFLOP/s forward and backward at head
+// dim 128, device copies at 4.26 TB/s, and the memory-bound rest of a step (norms, RoPE, SwiGLU, adds, the loss,
+// launch gaps) at 0.45 of that: the one figure fitted, to three measured steps. The other GPUs: their datasheets'
+// dense bf16 peak and HBM bandwidth at the H200's shares, and each link's bandwidth per direction at the share NCCL's
+// ring reaches over NVLink 4 without multicast (about 370 of 450 GB/s: assumed, no multi-GPU machine has been
+// measured yet). Only the H200 row is calibrated.
 const std::vector<GpuModel>& known_gpus() {
+  constexpr double kGemmShare = 0.77, kAttentionShare = 456.0 / 989.0, kCopyShare = 0.8875, kElementwiseShare = 0.45,
+                   kLinkShare = 0.82;
+  const std::string measured = "measured by this engine on an H200 (docs/perf/projection.md); link assumed";
+  const std::string scaled = "the datasheet's peak and bandwidths at the H200's measured shares (not calibrated)";
+  auto gpu = [&](std::string name, int64_t gb, std::string what, double tflops, double hbm_tb, double link_gb,
+                 const std::string& rates) {
+    const double copy = kCopyShare * hbm_tb * 1000.0;
+    return GpuModel{std::move(name), gb * kGB,   "the vendor's capacity (" + what + ")", tflops, kGemmShare,
+                    kAttentionShare * tflops, copy, kElementwiseShare * copy, kLinkShare * link_gb, rates};
+  };
   static const std::vector<GpuModel> gpus = {
-      {"H100", 80 * kGB, "the vendor's capacity (H100 SXM, 80 GB HBM3)"},
-      {"H200", 141 * kGB, "the vendor's capacity (H200 SXM, 141 GB HBM3e)"},
-      {"B200", 180 * kGB, "the vendor's capacity (B200, 180 GB HBM3e)"},
-      {"MI300X", 192 * kGB, "the vendor's capacity (MI300X, 192 GB HBM3)"},
-      {"MI325X", 256 * kGB, "the vendor's capacity (MI325X, 256 GB HBM3e)"},
-      {"MI355X", 288 * kGB, "the vendor's capacity (MI355X, 288 GB HBM3e)"},
+      gpu("H100", 80, "H100 SXM, 80 GB HBM3", 989.0, 3.35, 450.0, scaled),
+      gpu("H200", 141, "H200 SXM, 141 GB HBM3e", 989.0, 4.8, 450.0, measured),
+      gpu("B200", 180, "B200, 180 GB HBM3e", 2250.0, 8.0, 900.0, scaled),
+      gpu("MI300X", 192, "MI300X, 192 GB HBM3", 1307.4, 5.3, 448.0, scaled),
+      gpu("MI325X", 256, "MI325X, 256 GB HBM3e", 1307.4, 6.0, 448.0, scaled),
+      gpu("MI355X", 288, "MI355X, 288 GB HBM3e", 2516.6, 8.0, 537.6, scaled),
   };
   return gpus;
 }
@@ -52,7 +69,10 @@ bool local_gpu(GpuModel* gpu) {
   CudaDeviceInfo info;
   std::string why;
   if (!cuda_device_info(0, &info, &why)) return false;
-  *gpu = GpuModel{info.name, info.total_bytes, "the driver (cuda:0)"};
+  *gpu = GpuModel{};
+  gpu->name = info.name;
+  gpu->memory_bytes = info.total_bytes;
+  gpu->source = "the driver (cuda:0)";
   return true;
 #else
   (void)gpu;

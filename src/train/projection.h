@@ -13,14 +13,22 @@
 
 namespace primus {
 
-// A GPU the projection plans for: its name and the memory a job may use.
+// A GPU the projection plans for: the memory a job may use, and the rates a step's time is projected from.
 struct GpuModel {
   std::string name;
   int64_t memory_bytes = 0;
   std::string source;  // where the figure is from: "the vendor's capacity", "the driver (cuda:0)"
+  double bf16_tflops = 0.0;        // dense bf16 peak (the datasheet's; the MFU denominator)
+  double gemm_efficiency = 0.0;    // the share of it the engine's GEMMs reach at the shapes of a training step
+  double attention_tflops = 0.0;   // causal flash attention at head dim 128, forward and backward, causal half
+  double hbm_gbytes_per_s = 0.0;   // what a device copy reaches (read + write)
+  double elementwise_gbytes_per_s = 0.0;  // what a step's memory-bound kernels reach, launch gaps included
+  double link_gbytes_per_s = 0.0;  // a collective's bus bandwidth inside a node (NVLink / xGMI)
+  std::string rates_source;        // where the six figures above come from
 };
 
-// The shipped table (the vendors' HBM capacities): H100, H200, B200, MI300X, MI325X, MI355X.
+// The shipped table: the vendors' HBM capacities; the H200's rates as measured by this engine, the others' scaled from
+// their datasheets (see known_gpus in projection.cpp).
 const std::vector<GpuModel>& known_gpus();
 // A known GPU by name, any case; UsageError naming --gpu and the known names for another.
 GpuModel find_gpu(std::string_view name);

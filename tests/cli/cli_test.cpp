@@ -121,7 +121,7 @@ TEST_F(CliTest, HelpAtEveryLevelExitsZeroAndListsWhatIsThere) {
 TEST_F(CliTest, UnknownCommandsAndFlagsExitTwoWithAHint) {
   CliResult result = run({"--", "bogus"});
   EXPECT_EQ(result.exit_code, 2);
-  EXPECT_CONTAINS(result.err, "primus-cli: error: unknown command 'bogus' (expected one of: train, config, data, benchmark, report, checkpoint, preflight, projection)");
+  EXPECT_CONTAINS(result.err, "primus-cli: error: unknown command 'bogus' (expected one of: train, config, data, benchmark, report, checkpoint, preflight, projection, tune)");
   EXPECT_CONTAINS(result.err, "run 'primus-cli --help'");
   EXPECT_TRUE(result.out.empty());
 

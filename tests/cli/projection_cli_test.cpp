@@ -1,8 +1,10 @@
-// `primus-cli projection memory` through the binary, without a GPU: every preset answers; a 405B model planned on
-// 8 x 8 GPUs gives one plan per pipeline stage; the bytes are the trainer's own table (the same total `benchmark
-// train` logs for the same config); bad layouts and GPUs exit 2 naming what to change.
+// `primus-cli projection memory|performance` and `tune` through the binary, without a GPU: every preset answers both
+// projections; a 405B model planned on 8 x 8 GPUs gives one plan per pipeline stage and a step; the bytes are the
+// trainer's own table (the same total `benchmark train` logs for the same config); tune prints a winner that loads;
+// bad layouts, GPUs and rate files exit 2 naming what to change.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -79,6 +81,12 @@ TEST_F(ProjectionCliTest, EveryLoadablePresetAnswers) {
     }
     EXPECT_EQ(bytes["total"].get<int64_t>(), sum) << name;
     EXPECT_EQ(j["gpu"]["name"], "H100") << name;
+    const nlohmann::json step = run_json({"--", "projection", "performance", "--config", write_config(name, "", 256),
+                                          "--gpu", "H100", "--json"});
+    ASSERT_FALSE(step.is_null()) << name;
+    EXPECT_GT(step["step_ms"].get<double>(), 0.0) << name;
+    EXPECT_GT(step["mfu"].get<double>(), 0.0) << name;
+    EXPECT_LT(step["mfu"].get<double>(), 0.8) << name;
     ++answered;
   }
   EXPECT_GE(answered, 20);
@@ -107,6 +115,19 @@ TEST_F(ProjectionCliTest, Llama405BOnSixtyFourGpusPlansEachStage) {
   for (const nlohmann::json& stage : many["stages"]) parameters += stage["parameters"].get<int64_t>();
   EXPECT_NEAR(static_cast<double>(parameters) * 8.0, 405.85e9, 1.5e9);  // the stages hold 1/tp each
   EXPECT_NE(many["verdict"], "OOM") << many.dump(1);
+  const nlohmann::json step = run_json({"--", "projection", "performance", "--config", config, "--nnodes", "8",
+                                        "--gpus-per-node", "8", "--gpu", "h200", "--json"});
+  ASSERT_FALSE(step.is_null());
+  EXPECT_EQ(step["micro_batches"], 64);
+  std::vector<std::string> parts;
+  for (const nlohmann::json& part : step["parts"]) parts.push_back(part["name"]);
+  for (const char* part : {"GEMMs", "attention", "tensor-parallel all-reduce", "pipeline bubble", "optimizer (AdamW)"}) {
+    EXPECT_NE(std::find(parts.begin(), parts.end(), part), parts.end()) << part << " missing in " << step.dump(1);
+  }
+  // Published runs of this model on thousands of H100s reached 38-43% MFU; the projection should not promise more
+  // than the single-GPU engine reaches (~0.6).
+  EXPECT_GT(step["mfu"].get<double>(), 0.25);
+  EXPECT_LT(step["mfu"].get<double>(), 0.6);
   // The same model on one GPU cannot fit, and the report says what to change.
   const testing::CliResult one =
       run({"--", "projection", "memory", "--config", write_config("llama3.1_405B"), "--gpu", "H200"});
@@ -147,6 +168,35 @@ TEST_F(ProjectionCliTest, TheTotalIsTheOneTheTrainerLogs) {
   EXPECT_EQ(total_line(projected.out), total_line(bench.err)) << projected.out << "\n---\n" << bench.err;
 }
 
+TEST_F(ProjectionCliTest, TunePrintsAWinnerThatLoads) {
+  const std::string config = write_config("llama3.2_1B", "      global_batch_size: 16\n");
+  const testing::CliResult r = run({"--", "tune", "--config", config, "--gpus-per-node", "4", "--gpu", "H200", "--top", "3"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("layouts on 1 node(s) x 4 H200"), std::string::npos) << r.out;
+  // The winner's overrides, as printed, give the projection tune ranked it by.
+  std::vector<std::string> overrides;
+  const size_t start = r.out.find("The fastest, as overrides");
+  ASSERT_NE(start, std::string::npos) << r.out;
+  std::istringstream in(r.out.substr(start));
+  std::string line;
+  std::getline(in, line);
+  while (std::getline(in, line) && line.rfind("  ", 0) == 0) {
+    const size_t colon = line.find(": ");
+    overrides.push_back(line.substr(2, colon - 2) + "=" + line.substr(colon + 2));
+  }
+  ASSERT_FALSE(overrides.empty()) << r.out;
+  const nlohmann::json tuned = run_json({"--", "tune", "--config", config, "--gpus-per-node", "4", "--gpu", "H200", "--json"});
+  ASSERT_FALSE(tuned.is_null());
+  EXPECT_GT(tuned["fit"].get<int64_t>(), 0);
+  std::vector<std::string> command = {"--", "projection", "performance", "--config", config, "--gpus-per-node", "4",
+                                      "--gpu", "H200", "--json"};
+  command.insert(command.end(), overrides.begin(), overrides.end());
+  const nlohmann::json step = run_json(command);
+  ASSERT_FALSE(step.is_null());
+  EXPECT_DOUBLE_EQ(step["tokens_per_s_per_gpu"].get<double>(),
+                   tuned["ranked"][0]["projection"]["tokens_per_s_per_gpu"].get<double>());
+}
+
 TEST_F(ProjectionCliTest, BadLayoutsAndGpusExit2NamingWhatToChange) {
   const std::string config = write_config("llama3.2_1B");
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
@@ -156,13 +206,20 @@ TEST_F(ProjectionCliTest, BadLayoutsAndGpusExit2NamingWhatToChange) {
       {{"--gpus-per-node", "2", "pipeline_model_parallel_size=2", "num_layers_per_virtual_pipeline_stage=3"},
        "num_layers_per_virtual_pipeline_stage"},
   };
-  for (const auto& [args, message] : cases) {
-    std::vector<std::string> command = {"--", "projection", "memory", "--config", config};
-    command.insert(command.end(), args.begin(), args.end());
-    const testing::CliResult r = run(command);
-    EXPECT_EQ(r.exit_code, 2) << args.back() << "\n" << r.err;
-    EXPECT_NE(r.err.find(message), std::string::npos) << "missing '" << message << "' in:\n" << r.err;
+  for (const char* what : {"memory", "performance"}) {
+    for (const auto& [args, message] : cases) {
+      std::vector<std::string> command = {"--", "projection", what, "--config", config};
+      command.insert(command.end(), args.begin(), args.end());
+      const testing::CliResult r = run(command);
+      EXPECT_EQ(r.exit_code, 2) << what << " " << args.back() << "\n" << r.err;
+      EXPECT_NE(r.err.find(message), std::string::npos) << "missing '" << message << "' in:\n" << r.err;
+    }
   }
+  std::ofstream(dir_ + "/rates.jsonl") << "{\"op\": \"q_proj\"}\n";
+  const testing::CliResult rates =
+      run({"--", "projection", "performance", "--config", config, "--rates", dir_ + "/rates.jsonl"});
+  EXPECT_EQ(rates.exit_code, 2) << rates.err;
+  EXPECT_NE(rates.err.find("rates.jsonl line 1: no \"pass\""), std::string::npos) << rates.err;
 }
 
 }  // namespace
