@@ -12,6 +12,7 @@
 #include "train/projection.h"
 #include "train/step_projection.h"
 #include "train/tune.h"
+#include "cli/tune_confirm.h"
 
 namespace primus::cli {
 
@@ -72,7 +73,22 @@ int run_projection_performance(const LaunchOptions& launch, const ProjectionOpti
   });
 }
 
-int run_tune(const LaunchOptions& launch, const ProjectionOptions& o, int top, const std::vector<std::string>& overrides) {
+struct TuneOptions {
+  int top = 10;
+  int confirm = 0;  // candidates timed with benchmark train
+  int confirm_warmup = 2;
+  int confirm_steps = 5;
+};
+
+constexpr const char* kOverridesHeading = "as overrides (under modules.<module>.overrides, or key=value on the command line):\n";
+
+int run_tune(const LaunchOptions& launch, const ProjectionOptions& o, const TuneOptions& u,
+             const std::vector<std::string>& overrides) {
+  if (u.confirm > 0 && o.nnodes > 1) {
+    throw UsageError(fmt::format("--confirm runs the candidates on this machine's GPUs; with --nnodes {} time them as "
+                                 "jobs (`primus-cli slurm ... -- benchmark train`) with the overrides tune prints",
+                                 o.nnodes));
+  }
   if (launch.dry_run) {
     setenv("WORLD_SIZE", std::to_string(int64_t{o.nnodes} * o.gpus_per_node).c_str(), 1);
     LoadedConfig loaded = load_experiment_config(o.config_path, overrides);
@@ -82,23 +98,68 @@ int run_tune(const LaunchOptions& launch, const ProjectionOptions& o, int top, c
   const ClusterShape cluster{o.nnodes, o.gpus_per_node, o.nic_gbps};
   const GpuModel gpu = chosen_gpu(o);
   const TuneResult result = tune_layouts(o.config_path, overrides, gpu, cluster);
+  // The top candidates timed for real, each with the user's overrides and its own.
+  std::vector<ConfirmRun> runs;
+  for (int i = 0; i < std::min<int>(u.confirm, static_cast<int>(result.ranked.size())); ++i) {
+    std::vector<std::string> all = overrides;
+    const std::vector<std::string>& own = result.ranked[static_cast<size_t>(i)].overrides;
+    all.insert(all.end(), own.begin(), own.end());
+    if (!o.json) fmt::print(stderr, "tune: timing candidate {} of {} with benchmark train\n", i + 1, u.confirm);
+    runs.push_back(confirm_layout(o.config_path, all, o.gpus_per_node, u.confirm_warmup, u.confirm_steps));
+  }
+  int measured_best = -1;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    if (runs[i].ok && (measured_best < 0 || runs[i].tokens_per_s_per_gpu > runs[measured_best].tokens_per_s_per_gpu)) {
+      measured_best = static_cast<int>(i);
+    }
+  }
   if (o.json) {
     nlohmann::json ranked = nlohmann::json::array();
-    for (int i = 0; i < std::min<int>(top, static_cast<int>(result.ranked.size())); ++i) {
+    for (int i = 0; i < std::min<int>(std::max(u.top, u.confirm), static_cast<int>(result.ranked.size())); ++i) {
       const TuneCandidate& c = result.ranked[static_cast<size_t>(i)];
-      ranked.push_back({{"overrides", c.overrides},
-                        {"summary", c.summary},
-                        {"memory_bytes", c.memory_bytes},
-                        {"projection", performance_projection_json(c.performance)}});
+      nlohmann::json row = {{"overrides", c.overrides},
+                            {"summary", c.summary},
+                            {"memory_bytes", c.memory_bytes},
+                            {"projection", performance_projection_json(c.performance)}};
+      if (static_cast<size_t>(i) < runs.size()) {
+        const ConfirmRun& run = runs[static_cast<size_t>(i)];
+        row["measured"] = run.ok ? nlohmann::json{{"tokens_per_s_per_gpu", run.tokens_per_s_per_gpu},
+                                                  {"step_ms", run.step_ms}}
+                                 : nlohmann::json{{"failure", run.failure}};
+      }
+      ranked.push_back(row);
     }
     fmt::print("{}\n", nlohmann::json{{"tried", result.tried},
                                       {"fit", result.ranked.size()},
                                       {"too_big", result.too_big},
                                       {"invalid", result.invalid},
-                                      {"ranked", ranked}}
+                                      {"ranked", ranked},
+                                      {"measured_best", measured_best}}
                            .dump());
   } else {
-    fmt::print("{}", format_tune_result(result, gpu, cluster, top));
+    fmt::print("{}", format_tune_result(result, gpu, cluster, u.top));
+    if (!runs.empty()) {
+      fmt::print("\nTimed with benchmark train ({} warm-up + {} steps on {} rank(s)):\n", u.confirm_warmup,
+                 u.confirm_steps, o.gpus_per_node);
+      fmt::print("  {:>4}  {:>12}  {:>12}  {:>8}  {}\n", "rank", "projected", "measured", "ratio", "layout");
+      for (size_t i = 0; i < runs.size(); ++i) {
+        const TuneCandidate& c = result.ranked[i];
+        const double projected = c.performance.tokens_per_s_per_gpu;
+        if (runs[i].ok) {
+          fmt::print("  {:>4}  {:>12.0f}  {:>12.0f}  {:>8.3f}  {}\n", i + 1, projected, runs[i].tokens_per_s_per_gpu,
+                     runs[i].tokens_per_s_per_gpu / projected, c.summary);
+        } else {
+          fmt::print("  {:>4}  {:>12.0f}  {:>12}  {:>8}  {} ({})\n", i + 1, projected, "failed", "", c.summary,
+                     runs[i].failure);
+        }
+      }
+    }
+    if (!result.ranked.empty()) {
+      const bool measured = measured_best >= 0;
+      const TuneCandidate& winner = result.ranked[static_cast<size_t>(measured ? measured_best : 0)];
+      fmt::print("\nThe fastest {}, {}{}", measured ? "measured" : "by projection", kOverridesHeading,
+                 format_overrides_yaml(winner.overrides));
+    }
   }
   std::fflush(stdout);
   return static_cast<int>(kExitOk);
@@ -175,23 +236,34 @@ void add_projection_commands(CLI::App& root, const LaunchOptions& launch, Action
   CLI::App* tune = root.add_subcommand(
       "tune", "Rank the layouts a config could train with on a cluster by projected tokens/s, memory as a hard limit");
   auto u = std::make_shared<ProjectionOptions>();
-  auto top = std::make_shared<int>(10);
+  auto tuning = std::make_shared<TuneOptions>();
   add_common_options(tune, *u);
   tune->add_option("--nic-gbps", u->nic_gbps, "NIC line rate per GPU between nodes, Gb/s (default 400)")
       ->check(CLI::PositiveNumber);
-  tune->add_option("--top", *top, "Candidates shown (default 10)")->check(CLI::PositiveNumber);
+  tune->add_option("--top", tuning->top, "Candidates shown (default 10)")->check(CLI::PositiveNumber);
+  tune->add_option("--confirm", tuning->confirm,
+                   "Time the K best with `benchmark train` on this machine's --gpus-per-node GPUs and pick the "
+                   "fastest measured (one node only)")
+      ->check(CLI::NonNegativeNumber);
+  tune->add_option("--confirm-warmup", tuning->confirm_warmup, "Untimed steps of each confirmation run (default 2)")
+      ->check(CLI::NonNegativeNumber);
+  tune->add_option("--confirm-steps", tuning->confirm_steps, "Timed steps of each confirmation run (default 5)")
+      ->check(CLI::PositiveNumber);
   tune->footer(
       "Overrides: KEY=VALUE as for 'train pretrain'; they hold for every candidate. The search: tensor parallelism 1,\n"
       "2, 4, 8 inside a node (with sequence_parallel), pipeline stages in powers of two with and without two virtual\n"
       "stages, context parallelism 1-8, expert parallelism over the experts, micro_batch_size 1-8 and recompute\n"
       "none/selective/full; the data-parallel size is what is left, with the distributed optimizer and overlapped\n"
       "communication. Each candidate is loaded and checked as a job would be, planned for memory (only FITS counts:\n"
-      "`projection memory`) and ranked by `projection performance`. The global batch and sequence length stay.\n\n"
+      "`projection memory`) and ranked by `projection performance`. The global batch and sequence length stay.\n"
+      "With --confirm K the K best run as short `benchmark train` jobs here (a child process each, so an\n"
+      "out-of-memory candidate only fails its row) and the fastest measured wins.\n\n"
       "Examples:\n"
       "  primus-cli -- tune --config configs/H200/llama3.2_3B-bf16-pretrain.yaml --gpus-per-node 8\n"
-      "  primus-cli -- tune --config exp.yaml --nnodes 4 --gpus-per-node 8 --gpu MI300X global_batch_size=256");
-  tune->final_callback([&launch, &action, tune, u, top] {
-    action = [&launch, tune, u, top] { return run_tune(launch, *u, *top, normalize_overrides(tune->remaining())); };
+      "  primus-cli -- tune --config exp.yaml --nnodes 4 --gpus-per-node 8 --gpu MI300X global_batch_size=256\n"
+      "  primus-cli -- tune --config configs/H200/llama3.2_1B-bf16-pretrain.yaml --confirm 3");
+  tune->final_callback([&launch, &action, tune, u, tuning] {
+    action = [&launch, tune, u, tuning] { return run_tune(launch, *u, *tuning, normalize_overrides(tune->remaining())); };
   });
 }
 

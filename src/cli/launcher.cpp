@@ -33,9 +33,12 @@ constexpr const char* kLauncherFooter = R"(Commands (given after `--`; `--` may 
   data preprocess --input PATH... --output-prefix P   text/JSONL(.zst) -> Megatron .bin/.idx
   data inspect PREFIX                             documents, tokens, lengths, a decoded sample
   benchmark train --config FILE [KEY=VALUE ...]   time the training step on random tokens
+  benchmark gemm|attention|comm|checkpoint        the step's GEMMs and attention, collectives, checkpoint I/O
   report RUN_DIR [--output FILE]                  an HTML page of a run: loss/lr/throughput charts, config
   preflight [--report-dir DIR]                    check host, GPUs, network, GEMM, bandwidth, all-reduce
   projection memory --config FILE [--nnodes N --gpus-per-node G --gpu NAME]   per-GPU memory, FITS or not
+  projection performance --config FILE [same]     step time, tokens/s per GPU and MFU, part by part
+  tune --config FILE [same] [--confirm K]         the layouts ranked by projected tokens/s, memory a hard limit
 Run 'primus-cli -- <command> --help' for the options of a command.
 
 Exit codes: 0 ok, 1 preflight checks failed, 2 bad arguments or config, 3 runtime failure, 128+N stopped by

@@ -149,8 +149,12 @@ std::string format_tune_result(const TuneResult& r, const GpuModel& gpu, const C
                         c.performance.tokens_per_s_per_gpu, c.performance.step_ms, c.performance.mfu,
                         format_memory_bytes(c.memory_bytes), c.summary);
   }
-  text += "\nThe fastest, as overrides (under modules.<module>.overrides, or key=value on the command line):\n";
-  for (const std::string& o : r.ranked.front().overrides) {
+  return text;
+}
+
+std::string format_overrides_yaml(const std::vector<std::string>& overrides) {
+  std::string text;
+  for (const std::string& o : overrides) {
     const size_t eq = o.find('=');
     text += fmt::format("  {}: {}\n", o.substr(0, eq), o.substr(eq + 1));
   }

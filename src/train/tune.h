@@ -40,7 +40,9 @@ struct TuneResult {
 TuneResult tune_layouts(const std::string& config_path, const std::vector<std::string>& overrides,
                         const GpuModel& gpu, const ClusterShape& cluster);
 
-// The top `rows` candidates as a table, then the winner's overrides as YAML to paste under the module's overrides.
+// What was searched and the top `rows` candidates as a table.
 std::string format_tune_result(const TuneResult& result, const GpuModel& gpu, const ClusterShape& cluster, int rows);
+// A candidate's overrides as YAML lines to paste under the module's overrides ("  key: value").
+std::string format_overrides_yaml(const std::vector<std::string>& overrides);
 
 }  // namespace primus

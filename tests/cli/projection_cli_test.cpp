@@ -175,7 +175,7 @@ TEST_F(ProjectionCliTest, TunePrintsAWinnerThatLoads) {
   EXPECT_NE(r.out.find("layouts on 1 node(s) x 4 H200"), std::string::npos) << r.out;
   // The winner's overrides, as printed, give the projection tune ranked it by.
   std::vector<std::string> overrides;
-  const size_t start = r.out.find("The fastest, as overrides");
+  const size_t start = r.out.find("The fastest by projection, as overrides");
   ASSERT_NE(start, std::string::npos) << r.out;
   std::istringstream in(r.out.substr(start));
   std::string line;
@@ -195,6 +195,44 @@ TEST_F(ProjectionCliTest, TunePrintsAWinnerThatLoads) {
   ASSERT_FALSE(step.is_null());
   EXPECT_DOUBLE_EQ(step["tokens_per_s_per_gpu"].get<double>(),
                    tuned["ranked"][0]["projection"]["tokens_per_s_per_gpu"].get<double>());
+}
+
+// --confirm times the best candidates with benchmark train in child processes (here two CPU ranks over Gloo each) and
+// names the fastest measured one; it needs the candidates to run on this machine.
+TEST_F(ProjectionCliTest, TuneConfirmTimesTheBestCandidates) {
+  const std::string config = dir_ + "/tiny.yaml";
+  std::ofstream(config) << "exp_name: tune_cpu\n"
+                           "workspace: " << dir_ << "/workspace\n"
+                           "modules:\n"
+                           "  pre_trainer:\n"
+                           "    framework: megatron\n"
+                           "    model: tiny_llama\n"
+                           "    overrides:\n"
+                           "      device: cpu\n"
+                           "      train_iters: 2\n"
+                           "      seq_length: 64\n"
+                           "      global_batch_size: 8\n"
+                           "      lr: 1.0e-3\n"
+                           "      mock_data: true\n";
+  const nlohmann::json j = run_json({"--", "tune", "--config", config, "--gpus-per-node", "2", "--gpu", "H200",
+                                     "--confirm", "2", "--confirm-warmup", "1", "--confirm-steps", "1", "--json"});
+  ASSERT_FALSE(j.is_null());
+  ASSERT_GE(j["ranked"].size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    const nlohmann::json& measured = j["ranked"][i]["measured"];
+    ASSERT_TRUE(measured.contains("tokens_per_s_per_gpu")) << measured.dump();
+    EXPECT_GT(measured["tokens_per_s_per_gpu"].get<double>(), 0.0);
+  }
+  EXPECT_FALSE(j["ranked"][2].contains("measured"));
+  const int best = j["measured_best"].get<int>();
+  ASSERT_TRUE(best == 0 || best == 1) << j.dump(1);
+  EXPECT_GE(j["ranked"][best]["measured"]["tokens_per_s_per_gpu"].get<double>(),
+            j["ranked"][1 - best]["measured"]["tokens_per_s_per_gpu"].get<double>());
+
+  const testing::CliResult nodes =
+      run({"--", "tune", "--config", config, "--nnodes", "2", "--gpus-per-node", "2", "--confirm", "1"});
+  EXPECT_EQ(nodes.exit_code, 2) << nodes.err;
+  EXPECT_NE(nodes.err.find("--confirm runs the candidates on this machine's GPUs"), std::string::npos) << nodes.err;
 }
 
 TEST_F(ProjectionCliTest, BadLayoutsAndGpusExit2NamingWhatToChange) {
