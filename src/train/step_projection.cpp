@@ -64,7 +64,9 @@ double attention_rate(const GpuModel& gpu, int64_t head_dim) {
 }
 
 std::string tflop(double flops) { return fmt::format("{:.1f} TFLOP", flops / 1e12); }
-std::string gbytes(double bytes) { return fmt::format("{:.1f} GB", bytes / 1e9); }
+std::string gbytes(double bytes) {
+  return bytes < 1e9 ? fmt::format("{:.1f} MB", bytes / 1e6) : fmt::format("{:.1f} GB", bytes / 1e9);
+}
 
 // The compute of one micro-batch on one rank of a stage, and how each part was costed.
 struct MicroBatchCost {

@@ -10,7 +10,7 @@
 //                chunks hold 1/cp of the causal work), backward 2.5 × that, at the attention rate (or measured)
 //   memory-bound the engine's passes over activations outside GEMMs and attention (RMSNorm, RoPE, SwiGLU, residual
 //                adds, MoE permutation, the loss over the logits), each tensor read or written once per pass, at the
-//                HBM bandwidth: per layer and token a·(10·C + 2·(Hq + Hkv)·D + 3·F) in forward and twice that in
+//                bandwidth such kernels reach in a step (GpuModel::elementwise_gbytes_per_s): per layer and token a·(10·C + 2·(Hq + Hkv)·D + 3·F) in forward and twice that in
 //                backward (C/tp for the norms' rows under sequence parallelism; a MoE layer's F is top-k × the
 //                expert width plus the shared expert's, and its permutation moves 4·top-k·C); the loss 3·a·V/tp
 //   tp / ep / cp the collectives inside a micro-batch: 4 all-reduces (or reduce-scatter + all-gather pairs) of
@@ -21,7 +21,9 @@
 // (p − 1)/v micro-batches' time (1F1B, interleaved with v virtual stages); the p2p transfer of each micro-batch's
 // activations and gradients; the data-parallel gradient all-reduce (the distributed optimizer's reduce-scatter and
 // weight all-gather), of which overlap_grad_reduce hides all but max(one bucket, what the last micro-batch's backward
-// cannot cover) and overlap_param_gather likewise with the next forward; AdamW's pass over the rank's fp32 state.
+// cannot cover) and overlap_param_gather likewise with the next forward; AdamW's pass over the rank's fp32 state at
+// the HBM bandwidth. No launch gaps or per-kernel overheads beyond what the fitted elementwise bandwidth absorbs: a
+// micro-batch of one sequence costs what a quarter of four does.
 // A collective's time is its ring traffic over the group's bus bandwidth (NVLink/xGMI when the group lies inside a
 // node, the NIC when it spans nodes) plus a latency per ring step. Rank order is Megatron's (tp fastest, then cp, dp,
 // pp), as parallel/parallel_dims.h lays the groups out.
