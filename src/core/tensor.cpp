@@ -1,12 +1,18 @@
 #include "core/tensor.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
 
+#include "core/host_memory.h"
+
 namespace primus {
 
 namespace {
+
+std::atomic<int64_t> g_host_live{0};
+std::atomic<int64_t> g_host_peak{0};
 
 class CpuAllocator : public Allocator {
  public:
@@ -15,9 +21,16 @@ class CpuAllocator : public Allocator {
     size_t rounded = (bytes + 63) / 64 * 64;
     void* ptr = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
     if (ptr == nullptr) throw RuntimeError(fmt::format("out of host memory allocating {} bytes", bytes));
+    const int64_t live = g_host_live.fetch_add(static_cast<int64_t>(bytes)) + static_cast<int64_t>(bytes);
+    int64_t peak = g_host_peak.load();
+    while (live > peak && !g_host_peak.compare_exchange_weak(peak, live)) {
+    }
     return ptr;
   }
-  void deallocate(void* ptr, size_t) override { std::free(ptr); }
+  void deallocate(void* ptr, size_t bytes) override {
+    g_host_live.fetch_sub(static_cast<int64_t>(bytes));
+    std::free(ptr);
+  }
   Device device() const override { return kCpuDevice; }
 };
 
@@ -25,6 +38,10 @@ CpuAllocator g_cpu_allocator;
 Allocator* g_allocators[2] = {&g_cpu_allocator, nullptr};
 
 }  // namespace
+
+HostMemoryStats host_memory_stats() { return {g_host_live.load(), g_host_peak.load()}; }
+
+void reset_host_memory_peak() { g_host_peak.store(g_host_live.load()); }
 
 Allocator& allocator_for(Device device) {
   Allocator* allocator = g_allocators[static_cast<int>(device.type)];

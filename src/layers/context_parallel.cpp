@@ -41,10 +41,15 @@ struct ContextParallelGroup::Ring {
     if (send.device().is_cpu()) {
       // One exchange at a time on the communicator, in the order queued (Gloo takes one thread at a time, and every
       // rank must issue them in the same order).
-      x.host = std::async(std::launch::async, [comm = comm, before = last, send, recv, next, prev]() mutable {
+      // The task drops what it captured once done: std::async keeps the callable in the future's shared state, so a
+      // captured `before` would chain every exchange since the start (and its buffers) to the last one.
+      x.host = std::async(std::launch::async, [comm = comm, before = last, send = Tensor(send), recv, next, prev]() mutable {
                  if (before.valid()) before.get();
+                 before = {};
                  const auto begin = std::chrono::steady_clock::now();
                  comm->send_recv(send, next, recv, prev);
+                 send = Tensor();
+                 recv = Tensor();
                  ops::Trace::add_span("communication (ring thread)", "context parallel: ring exchange", begin,
                                       std::chrono::steady_clock::now());
                }).share();

@@ -132,10 +132,8 @@ BenchmarkResult run_benchmark_train(const ExperimentConfig& config, const Benchm
   result.tokens_per_s = static_cast<double>(result.tokens_per_step) / (result.step_ms / 1000.0);
   result.tflops_per_gpu = result.tokens_per_s * model_family(args).flops_per_token(args, t.seq_length) / 1e12 /
                           static_cast<double>(result.world_size);
-  if (!device.is_cpu()) {
-    result.mfu = result.tflops_per_gpu / kPeakBf16Tflops;
-    result.mem_peak_gib = device_peak_memory_gib(device);
-  }
+  if (!device.is_cpu()) result.mfu = result.tflops_per_gpu / kPeakBf16Tflops;
+  result.mem_peak_gib = device_peak_memory_gib(device);
   return result;
 }
 

@@ -26,7 +26,7 @@ struct BenchmarkResult {
   double tokens_per_s = 0.0;   // the whole job's
   double tflops_per_gpu = 0.0; // by the model family's flops_per_token, per rank
   double mfu = 0.0;            // against kPeakBf16Tflops (GPU only)
-  double mem_peak_gib = 0.0;   // device allocator peak (GPU only)
+  double mem_peak_gib = 0.0;   // device allocator peak (host tensors' on the CPU)
   double time_to_first_step_s = 0.0;  // from process start to the end of step 1
   double first_loss = 0.0;
   double last_loss = 0.0;

@@ -75,6 +75,7 @@ ParameterCount parameter_count(const ModelArgs& args, int64_t ep) {
 }  // namespace
 
 std::string format_memory_bytes(int64_t bytes) {
+  if (bytes < 0) return "-" + format_memory_bytes(-bytes);
   const double b = static_cast<double>(bytes);
   if (b >= kGiB) return fmt::format("{:.2f} GiB", b / kGiB);
   if (b >= kMiB) return fmt::format("{:.2f} MiB", b / kMiB);
@@ -87,12 +88,15 @@ namespace {
 // router's logits and scores (f32 in every run, as the router is), the top-k choices and weights and the slots, the
 // M = N·k dispatched rows, their gate_up, act and expert outputs (activation dtype), the aux and z losses' gradients
 // when on (f32), and the shared expert's gate_up and act (act dropped by selective recompute, as the dense MLP's).
-int64_t moe_layer_bytes(const ModelArgs& m, int64_t n, int64_t a, bool selective) {
+int64_t moe_layer_bytes(const ModelArgs& m, int64_t n, int64_t a, bool selective, int64_t expert_parallel_ranks) {
   constexpr int64_t f32 = 4, i32 = 4;
   const int64_t e = m.num_experts, k = m.moe_router_topk, c = m.hidden_size, fe = m.moe_ffn_hidden_size;
   const int64_t rows = n * k, s = m.moe_shared_expert_intermediate_size;
   int64_t bytes = 2 * f32 * n * e + (i32 + f32) * n * k + i32 * (rows + e + 1);
   bytes += rows * a * (2 * c + 3 * fe);
+  // The all-to-all dispatcher also keeps the rows that came back [N·k, C] (for the combine's backward) and the
+  // received rows' regrouping [M] (M = N·k at an even routing).
+  if (expert_parallel_ranks > 1) bytes += rows * a * c + i32 * rows;
   if (m.moe_router_load_balancing_type == "aux_loss" && m.moe_aux_loss_coeff > 0.0) bytes += f32 * n * e;
   if (m.moe_z_loss_coeff > 0.0) bytes += f32 * n * e;
   if (s > 0) bytes += n * a * (2 * s + (selective ? 0 : s));
@@ -103,7 +107,7 @@ int64_t moe_layer_bytes(const ModelArgs& m, int64_t n, int64_t a, bool selective
 
 ActivationEstimate estimate_activations(const ModelArgs& m, int64_t micro_batch_size, int64_t seq_length,
                                         DType activation_dtype, const RecomputeConfig& recompute,
-                                        int64_t sequence_parallel_ranks) {
+                                        int64_t sequence_parallel_ranks, int64_t expert_parallel_ranks) {
   const int64_t N = micro_batch_size * seq_length;
   const int64_t R = N / std::max<int64_t>(1, sequence_parallel_ranks);  // rows of the residual stream held here
   const int64_t a = static_cast<int64_t>(dtype_size(activation_dtype));
@@ -118,7 +122,7 @@ ActivationEstimate estimate_activations(const ModelArgs& m, int64_t micro_batch_
   int64_t attention_and_norms = R * a * 2 * C + N * a * (2 * C + 2 * Hq * D + 2 * Hkv * D) + f32 * (2 * R + N * Hq);
   if (m.qk_layernorm) attention_and_norms += N * a * (Hq + Hkv) * D + f32 * N * (Hq + Hkv);
   const int64_t dense_layer = attention_and_norms + dense_mlp;
-  const int64_t moe_layer = attention_and_norms + moe_layer_bytes(m, N, a, selective);
+  const int64_t moe_layer = attention_and_norms + moe_layer_bytes(m, N, a, selective, expert_parallel_ranks);
   auto layer_bytes = [&](int64_t i) { return m.is_moe_layer(i) ? moe_layer : dense_layer; };
   e.layer_bytes = 0;
   for (int64_t i = 0; i < L; ++i) e.layer_bytes = std::max(e.layer_bytes, layer_bytes(i));
@@ -136,6 +140,7 @@ ActivationEstimate estimate_activations(const ModelArgs& m, int64_t micro_batch_
     kept_by_layer[static_cast<size_t>(i)] = !recomputed ? layer_bytes(i) : (i == first ? row_block : 0);
     kept += kept_by_layer[static_cast<size_t>(i)];
   }
+  e.layers_saved_bytes = kept;
   e.saved_bytes = kept + final_norm + row_block;  // + the loss gradient dhidden
 
   // The loss: final norm output, losses and lse, one logits chunk, on top of everything saved.
@@ -183,8 +188,10 @@ std::vector<int64_t> unit_sizes(const ModelArgs& args) {
 // the gathers), the first and last unit gathered with their gradients throughout, and the blocks' gathered weights
 // and gradients: all of them (ZeRO-2 weights) or the one in use and the one prefetched (ZeRO-3; a recomputed
 // chunk holds its blocks during its backward).
-void plan_fully_sharded(MemoryPlan& plan, const ModelArgs& args, const std::string& zero,
-                        const RecomputeConfig& recompute) {
+// Returns what of the units' buffers counted here is not held at the loss, where the activations peak: during the
+// loss only the next block in backward order is gathered (ZeRO-3) and no block's gradient exists yet.
+int64_t plan_fully_sharded(MemoryPlan& plan, const ModelArgs& args, const std::string& zero,
+                           const RecomputeConfig& recompute) {
   const int64_t d = plan.data_parallel_size;
   const int64_t c = static_cast<int64_t>(dtype_size(plan.activation_dtype));
   int64_t shards = 0, outer = 0, all = 0, block = 0;
@@ -209,6 +216,7 @@ void plan_fully_sharded(MemoryPlan& plan, const ModelArgs& args, const std::stri
   const int64_t gathered = zero == "ZeRO-2" ? all : outer + held_blocks * block;
   plan.compute_copy_bytes = (c == 4 ? 0 : c * shards) + c * gathered;
   plan.grad_bytes = 4 * shards + 4 * (outer + 2 * block);
+  return (zero == "ZeRO-2" ? 0 : c * (held_blocks - 1) * block) + 4 * 2 * block;
 }
 
 }  // namespace
@@ -332,13 +340,18 @@ MemoryPlan plan_memory(const ModelArgs& whole, const TrainingArgs& t, Device dev
     plan.optimizer_bytes = 2 * 4 * plan.parameters;
   }
   const std::string& strategy = t.data_parallel_sharding_strategy;
+  int64_t units_released_at_loss = 0;
   if (t.use_megatron_fsdp && (strategy == "optim_grads" || strategy == "optim_grads_params")) {
-    plan_fully_sharded(plan, args, strategy == "optim_grads" ? "ZeRO-2" : "ZeRO-3", recompute);
+    units_released_at_loss =
+        plan_fully_sharded(plan, args, strategy == "optim_grads" ? "ZeRO-2" : "ZeRO-3", recompute);
   }
   if (!share) {
     plan.rank_model = args;
     plan.activations = estimate_activations(args, t.micro_batch_size, plan.seq_length, compute_dtype, recompute,
-                                            plan.sequence_parallel_ranks);
+                                            plan.sequence_parallel_ranks, t.expert_model_parallel_size);
+    // The units' buffers peak in backward, after the loss's transients are gone: the two peaks do not add up.
+    plan.not_at_once_bytes =
+        std::min(units_released_at_loss, plan.activations.peak_bytes - plan.activations.saved_bytes);
     return plan;
   }
   // A stage's layers, with the output layer's loss counted as if every stage had it (an overestimate off the last
@@ -351,12 +364,14 @@ MemoryPlan plan_memory(const ModelArgs& whole, const TrainingArgs& t, Device dev
   stage_args.moe_first_k_dense_replace = 0;
   plan.rank_model = stage_args;
   plan.activations = estimate_activations(stage_args, t.micro_batch_size, plan.seq_length, compute_dtype, recompute,
-                                          plan.sequence_parallel_ranks);
+                                          plan.sequence_parallel_ranks, t.expert_model_parallel_size);
   const int64_t pp = t.pipeline_model_parallel_size, v = share->chunks, m = micro_batches_per_step(t);
   const int64_t virtual_in_flight =
       v == 1 ? std::min(pp - stage, m) : std::min((pp - stage - 1) * 2 + (v - 1) * pp + 1, m * v);
   plan.micro_batches_in_flight = (virtual_in_flight + v - 1) / v;
-  const int64_t extra = (plan.micro_batches_in_flight - 1) * plan.activations.saved_bytes;
+  // Each virtual micro-batch in flight holds one model chunk's layers (1/v of the stage's; the chunks are equal, as
+  // interleaving requires); the output layer's part is counted once.
+  const int64_t extra = (virtual_in_flight - v) * plan.activations.layers_saved_bytes / v;
   plan.activations.saved_bytes += extra;
   plan.activations.peak_bytes += extra;
   return plan;
@@ -448,6 +463,9 @@ std::vector<std::string> format_memory_table(const MemoryPlan& p) {
           p.activations.peak_bytes,
           fmt::format("(kept for backward {}, logits chunk {})", format_memory_bytes(p.activations.saved_bytes),
                       format_memory_bytes(p.activations.logits_chunk_bytes))));
+  if (p.not_at_once_bytes > 0) {
+    lines.push_back(row("not held at once", -p.not_at_once_bytes, "(units' buffers peak after the loss's transients)"));
+  }
   lines.push_back(row("total", p.total_bytes()));
   if (p.device_total_bytes > 0) {
     lines.push_back(row("device memory", p.device_total_bytes,
@@ -478,7 +496,8 @@ std::vector<std::string> memory_suggestions(const MemoryPlan& plan) {
       changed.recompute_num_layers = 1;
     }
     return format_memory_bytes(estimate_activations(args, micro_batch_size, plan.seq_length, plan.activation_dtype,
-                                                    RecomputeConfig::from(changed), plan.sequence_parallel_ranks)
+                                                    RecomputeConfig::from(changed), plan.sequence_parallel_ranks,
+                                                    t.expert_model_parallel_size)
                                    .peak_bytes);
   };
   std::vector<std::string> tips;
@@ -502,7 +521,8 @@ std::vector<std::string> memory_suggestions(const MemoryPlan& plan) {
     tips.push_back(fmt::format(
         "recompute_method: uniform with recompute_num_layers: 1 (every layer, about {} of activations)",
         format_memory_bytes(estimate_activations(args, t.micro_batch_size, plan.seq_length, plan.activation_dtype,
-                                                 RecomputeConfig::from(every), plan.sequence_parallel_ranks)
+                                                 RecomputeConfig::from(every), plan.sequence_parallel_ranks,
+                                                 t.expert_model_parallel_size)
                                 .peak_bytes)));
   }
   tips.push_back(fmt::format("a shorter seq_length (now {}; activations scale with it)", t.seq_length));

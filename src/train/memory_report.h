@@ -46,16 +46,18 @@ struct ActivationEstimate {
   int64_t tokens = 0;              // N: tokens of one micro-batch
   int64_t layer_bytes = 0;         // the largest layer keeping all it saves (MoE and dense layers differ)
   int64_t saved_bytes = 0;         // held from the end of forward until backward: layers and output layer
+  int64_t layers_saved_bytes = 0;  // of saved_bytes, the layers' (what each further micro-batch in flight adds)
   int64_t logits_chunk_bytes = 0;  // the output layer's logits buffer
   int64_t peak_bytes = 0;          // the most held at once (see above)
 };
 
 // sequence_parallel_ranks: under sequence parallelism (tensor_model_parallel_size ranks) each rank holds 1/tp of the
 // residual stream's rows: the norms' inputs and rstd, a chunk's input, dhidden; the gathered inputs of attention
-// and the MLP stay whole.
+// and the MLP stay whole. expert_parallel_ranks > 1: a MoE layer's all-to-all dispatcher keeps the rows that came
+// back too ([N·k, C]); its experts' rows are counted at an even routing (an imbalanced one holds more).
 ActivationEstimate estimate_activations(const ModelArgs& args, int64_t micro_batch_size, int64_t seq_length,
                                         DType activation_dtype, const RecomputeConfig& recompute,
-                                        int64_t sequence_parallel_ranks = 1);
+                                        int64_t sequence_parallel_ranks = 1, int64_t expert_parallel_ranks = 1);
 
 struct MemoryPlan {
   ModelArgs model;  // what the plan is for (vocab_size resolved)
@@ -81,15 +83,20 @@ struct MemoryPlan {
   // at once, grad_bytes the gradient shards plus the units' gradients held at once.
   std::string fully_sharded;
   // Pipeline parallelism: "stage 0 of 2: layers 0-1, embedding", and the micro-batches whose activations the stage
-  // holds at once (1F1B: pp − stage; interleaved: its warm-up's virtual micro-batches, in whole-stage units).
+  // holds at once (1F1B: pp − stage; interleaved: its warm-up's virtual micro-batches, rounded up to whole stages here;
+  // the activation bytes count each virtual micro-batch as one model chunk's layers).
   std::string pipeline_stage;
   int64_t micro_batches_in_flight = 1;
   ActivationEstimate activations;
   int64_t device_total_bytes = 0;  // CUDA: as the driver reports it; 0 on the CPU
   int64_t device_free_bytes = 0;   // CUDA: free when the plan was made
 
+  // FSDP: of the units' buffers above, what is released while the activations peak (at the loss), so that the peak
+  // of the whole is less than the sum of the rows' peaks.
+  int64_t not_at_once_bytes = 0;
+
   int64_t static_bytes() const { return param_bytes + compute_copy_bytes + grad_bytes + optimizer_bytes + comm_bytes; }
-  int64_t total_bytes() const { return static_bytes() + activations.peak_bytes; }
+  int64_t total_bytes() const { return static_bytes() + activations.peak_bytes - not_at_once_bytes; }
 };
 
 // `args.vocab_size` must be resolved. A pure estimate: the device is only named (see add_device_memory). At

@@ -412,10 +412,8 @@ int run_training(const ExperimentConfig& config, const RunOptions& options, std:
       m.tflops_per_gpu = m.tokens_per_s * flops_per_token / static_cast<double>(world->size()) / 1e12;
       m.consumed_samples = loader.consumed_samples();
       m.elapsed_s = seconds_since(start);
-      if (!device.is_cpu()) {
-        m.mfu = m.tflops_per_gpu / kPeakBf16Tflops;
-        m.mem_peak_gib = device_peak_memory_gib(device);
-      }
+      if (!device.is_cpu()) m.mfu = m.tflops_per_gpu / kPeakBf16Tflops;
+      m.mem_peak_gib = device_peak_memory_gib(device);
       m.eval_loss = eval_loss;
       if (log_step) m.phases = StepMetrics::Phases{data_ms, times.forward_ms, times.backward_ms, times.optimizer_ms};
       if (model.args().num_experts > 0) {  // collective: every rank logs the same steps

@@ -155,6 +155,7 @@ nlohmann::json memory_projection_json(const MemoryProjection& p) {
                         {"optimizer", plan.optimizer_bytes},
                         {"communication", plan.comm_bytes},
                         {"activations", plan.activations.peak_bytes},
+                        {"not_at_once", plan.not_at_once_bytes},
                         {"total", plan.total_bytes()}}},
                       {"micro_batches_in_flight", plan.micro_batches_in_flight},
                       {"verdict", verdict_name(p.verdicts[s])}});

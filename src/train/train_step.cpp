@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "core/host_memory.h"
 #include "data/tokenizer.h"
 #include "ops/ops.h"
 #include "ops/profile.h"
@@ -347,7 +348,7 @@ double device_peak_memory_gib(Device device) {
     return static_cast<double>(start_cuda_backend(device.index).allocator().stats().peak_allocated_bytes) / (1ull << 30);
   }
 #endif
-  return 0.0;
+  return static_cast<double>(host_memory_stats().peak_bytes) / (1ull << 30);
 }
 
 }  // namespace primus

@@ -124,7 +124,8 @@ PackedSequence packed_on(const Batch& batch, Device device);
 Device select_device(const std::string& device_key, int local_rank = 0);
 // The model's compute dtype for `bf16`; throws UsageError for bf16 on the CPU.
 DType compute_dtype(const TrainingArgs& t, Device device);
-// Peak bytes allocated on the device since start, in GiB; 0 for the CPU (not tracked).
+// Peak bytes allocated on the device since start, in GiB: the CUDA allocator's, or the host tensors' on the CPU
+// (core/host_memory.h).
 double device_peak_memory_gib(Device device);
 
 }  // namespace primus

@@ -179,7 +179,7 @@ TEST_F(ReportRenderTest, TinyRunReportRendersInHeadlessChromiumWithoutErrors) {
   CliResult report = cli({"report", run_dir});
   ASSERT_EQ(report.exit_code, 0) << report.err;
   const fs::path html = fs::path(run_dir) / "report.html";
-  EXPECT_CONTAINS(report.out, "wrote " + html.string() + ": 6 charts from 12 metric records (steps 2 to 24)");
+  EXPECT_CONTAINS(report.out, "wrote " + html.string() + ": 7 charts from 12 metric records (steps 2 to 24)");
   ASSERT_TRUE(fs::exists(html));
 
   const std::string url = "file://" + html.string();
@@ -196,8 +196,9 @@ TEST_F(ReportRenderTest, TinyRunReportRendersInHeadlessChromiumWithoutErrors) {
   ProcessResult dom = chromium(url, {"--dump-dom"});
   ASSERT_EQ(dom.exit_code, 0) << dom.err;
   EXPECT_EQ(join(console_lines(dom.err)), "");
-  EXPECT_EQ(count(dom.out, "<svg"), 6u);
-  for (const char* series : {"loss", "eval_loss", "lr", "tokens_per_s", "tflops_per_gpu", "grad_norm", "step_ms"}) {
+  EXPECT_EQ(count(dom.out, "<svg"), 7u);
+  for (const char* series :
+       {"loss", "eval_loss", "lr", "tokens_per_s", "tflops_per_gpu", "grad_norm", "step_ms", "mem_peak_gib"}) {
     EXPECT_CONTAINS(dom.out, std::string("data-series=\"") + series + "\"");
   }
   EXPECT_CONTAINS(dom.out, "data-series=\"loss\" data-points=\"12\"");
