@@ -93,7 +93,7 @@ int64_t moe_layer_bytes(const ModelArgs& m, int64_t n, int64_t a, bool selective
   const int64_t rows = n * k, s = m.moe_shared_expert_intermediate_size;
   int64_t bytes = 2 * f32 * n * e + (i32 + f32) * n * k + i32 * (rows + e + 1);
   bytes += rows * a * (2 * c + 3 * fe);
-  if (m.moe_router_load_balancing_type == "aux_loss" && m.moe_aux_loss_coeff > 0.0) bytes += f32 * n * e;
+  if (m.moe_router_load_balancing_type != "none" && m.moe_aux_loss_coeff > 0.0) bytes += f32 * n * e;
   if (m.moe_z_loss_coeff > 0.0) bytes += f32 * n * e;
   if (s > 0) bytes += n * a * (2 * s + (selective ? 0 : s));
   return bytes;
