@@ -226,15 +226,24 @@ void check_moe_keys(const ModuleKeys& keys, const Origin& module_origin) {
   if (!experts.value.is_set) {
     // Keys that only shape experts would silently do nothing in a dense model.
     for (const char* name : {"moe_ffn_hidden_size", "moe_shared_expert_intermediate_size", "moe_router_num_groups",
-                             "moe_router_group_topk", "moe_router_topk_scaling_factor", "moe_expert_capacity_factor",
-                             "moe_token_drop_policy", "moe_pad_expert_input_to_capacity"}) {
+                             "moe_router_group_topk", "moe_router_topk_scaling_factor", "moe_expert_capacity_factor"}) {
       const ModuleKey& key = get(keys, name);
-      if (key.value.is_set && key.origin.kind != OriginKind::kDefault) {
+      if (key.value.is_set) {
         config_error(place(key, module_origin),
                      fmt::format("{} is set but num_experts is not: a dense model has no experts; set num_experts "
                                  "or remove {}",
                                  name, name));
       }
+    }
+    // Keys with defaults: refused when they ask for something (an effective config lists them all).
+    const ModuleKey& policy = get(keys, "moe_token_drop_policy");
+    const ModuleKey& pad = get(keys, "moe_pad_expert_input_to_capacity");
+    if (policy.value.s != "probs" || pad.value.b) {
+      const ModuleKey& key = pad.value.b ? pad : policy;
+      config_error(place(key, module_origin),
+                   fmt::format("{} is set but num_experts is not: a dense model has no experts; set num_experts "
+                               "or remove {}",
+                               key.spec->name, key.spec->name));
     }
     const ModuleKey& ep = get(keys, "expert_model_parallel_size");
     if (ep.value.i > 1) {

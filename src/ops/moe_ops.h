@@ -1,7 +1,7 @@
 // Mixture-of-experts op entry points (backend/backend.h, MoeRouting ... MoeAuxLossArgs, has the math): the router,
 // the sort of routing entries into expert order, token permutation and un-permutation, the per-expert grouped GEMM
 // and the load-balancing losses. Shapes, dtypes and devices are checked here with messages naming the op. A layer runs them in this order:
-//   moe_router_forward → moe_sort → moe_permute → grouped_linear_forward ... → moe_unpermute
+//   moe_router_forward → (moe_capacity) → moe_sort → moe_permute → grouped_linear_forward ... → moe_unpermute
 // and backward the other way round. The per-expert counts stay on the device as offsets: no host sync in a step.
 // Dtypes: the router, sort and losses are f32 throughout; the token rows of moe_permute and moe_unpermute (x, out,
 // y, dout, dx, dy) are the activation dtype, f32 or bf16 on cuda, with weights and dweights f32.
