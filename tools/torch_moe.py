@@ -9,14 +9,19 @@ and the gradient of every parameter of
 
 where aux_weight = tokens / counted tokens (the engine weighs a micro-batch's router losses by its share of the
 step's tokens). The routing follows Megatron's TopKRouter: softmax or sigmoid scores, optional grouped selection,
-top-k, renormalisation, scaling; the experts are dropless SwiGLU MLPs, written out as a loop over experts.
-Attention, norms and RoPE are tools/torch_llama.py's.
+top-k, renormalisation, scaling; the experts are SwiGLU MLPs, written out as a loop over experts. Dropless unless
+moe_expert_capacity_factor is set: then each expert keeps ceil(N k / E x factor) of its tokens, those of the largest
+routing weights (drop policy probs) or the earliest (position), and the dropped ones contribute nothing (padding to
+the capacity adds zero rows, which change nothing here). The balancing loss is the switch aux loss over the batch
+(aux_loss) or Megatron's per-sequence form averaged over the batch rows (seq_aux_loss), both counting the router's
+choices before any drop. Attention, norms and RoPE are tools/torch_llama.py's.
 
 Exit codes: 0 ok, 2 bad arguments or unsupported config, 3 unreadable or corrupt input file.
 """
 
 import argparse
 import json
+import math
 import os
 import sys
 
@@ -62,6 +67,9 @@ class MoeConfig:
             self.z_coeff = float(c["moe_z_loss_coeff"])
             self.groups = int(c["moe_router_num_groups"])
             self.group_topk = int(c["moe_router_group_topk"])
+            self.capacity_factor = float(c.get("moe_expert_capacity_factor", 0.0))
+            self.drop_by_position = c.get("moe_token_drop_policy", "probs") == "position"
+            self.seq_aux = c.get("moe_router_load_balancing_type", "aux_loss") == "seq_aux_loss"
         except (KeyError, TypeError, ValueError) as e:
             raise base.UsageError(f"{path}: bad or missing key: {e}") from None
         if len(self.layer_is_moe) != self.layers:
@@ -102,6 +110,39 @@ def route(cfg, logits):
     return scores, chosen, weights * cfg.scaling
 
 
+def kept_entries(cfg, chosen, weights, n):
+    """[N, k] bool: the routing entries within their expert's capacity (all of them without one)."""
+    keep = torch.ones_like(chosen, dtype=torch.bool)
+    if cfg.capacity_factor <= 0:
+        return keep
+    capacity = math.ceil(n * cfg.topk / cfg.experts * cfg.capacity_factor)
+    keep[:] = False
+    w = weights.detach()
+    for e in range(cfg.experts):
+        rows, slot = (chosen == e).nonzero(as_tuple=True)  # tokens ascending
+        if cfg.drop_by_position:
+            order = torch.arange(rows.numel())
+        else:
+            order = torch.sort(w[rows, slot], descending=True, stable=True).indices
+        order = order[:capacity]
+        keep[rows[order], slot[order]] = True
+    return keep
+
+
+def balancing_loss(cfg, scores, chosen, sequences):
+    """The aux loss with its coefficient: over all N tokens, or per sequence (Megatron's seq form) averaged."""
+    n = scores.shape[0]
+    p = scores / (scores.sum(-1, keepdim=True) + 1e-20) if cfg.sigmoid else scores
+    if not cfg.seq_aux:
+        counts = torch.bincount(chosen.flatten(), minlength=cfg.experts).to(scores.dtype)
+        return cfg.aux_coeff * cfg.experts / (cfg.topk * n * n) * (counts * p.sum(0)).sum()
+    s = n // sequences
+    one_hot = torch.zeros(n, cfg.experts, dtype=scores.dtype).scatter(1, chosen, 1.0)
+    counts = one_hot.view(sequences, s, cfg.experts).sum(1)  # [B, E]
+    cost = counts / (s * cfg.topk / cfg.experts)
+    return cfg.aux_coeff * (cost * p.view(sequences, s, cfg.experts).mean(1)).sum(1).mean()
+
+
 def moe_block(cfg, params, pre, x):
     """x [B, T, C] -> (the block's output [B, T, C], its aux + z losses)."""
     b, t, c = x.shape
@@ -110,9 +151,10 @@ def moe_block(cfg, params, pre, x):
     gate, experts, shared = moe_names(cfg, pre)
     logits = h @ params[gate].T  # [N, E]
     scores, chosen, weights = route(cfg, logits)
+    keep = kept_entries(cfg, chosen, weights, n)
     out = torch.zeros_like(h)
     for e, (w1, w3, w2) in enumerate(experts):
-        rows, slot = (chosen == e).nonzero(as_tuple=True)
+        rows, slot = ((chosen == e) & keep).nonzero(as_tuple=True)
         if rows.numel() == 0:
             continue
         y = swiglu(h[rows], params[w1], params[w3], params[w2])
@@ -122,9 +164,7 @@ def moe_block(cfg, params, pre, x):
                            params[shared + "down_proj.weight"])
     losses = torch.zeros((), dtype=h.dtype)
     if cfg.aux_coeff > 0:
-        counts = torch.bincount(chosen.flatten(), minlength=cfg.experts).to(h.dtype)
-        p = scores / (scores.sum(-1, keepdim=True) + 1e-20) if cfg.sigmoid else scores
-        losses = losses + cfg.aux_coeff * cfg.experts / (cfg.topk * n * n) * (counts * p.sum(0)).sum()
+        losses = losses + balancing_loss(cfg, scores, chosen, b)
     if cfg.z_coeff > 0:
         losses = losses + cfg.z_coeff * torch.logsumexp(logits, dim=-1).pow(2).mean()
     return out.view(b, t, c), losses

@@ -21,6 +21,7 @@ void Backend::attention_merge(const AttentionMergeArgs&) { unimplemented("attent
 void Backend::moe_router_forward(const MoeRouterArgs&) { unimplemented("moe_router_forward"); }
 void Backend::moe_router_backward(const MoeRouterArgs&) { unimplemented("moe_router_backward"); }
 void Backend::moe_sort(const MoeSortArgs&) { unimplemented("moe_sort"); }
+void Backend::moe_capacity(const MoeCapacityArgs&) { unimplemented("moe_capacity"); }
 void Backend::moe_permute(const MoePermuteArgs&) { unimplemented("moe_permute"); }
 void Backend::moe_permute_backward(const MoePermuteArgs&) { unimplemented("moe_permute_backward"); }
 void Backend::moe_unpermute(const MoePermuteArgs&) { unimplemented("moe_unpermute"); }

@@ -212,6 +212,20 @@ struct MoePermuteArgs {
   Tensor* dweights = nullptr;       // [N, k] f32 (unpermute backward)
 };
 
+// Expert capacity (Megatron's moe_expert_capacity_factor): each expert keeps at most `capacity` of the routing
+// entries that chose it, the others are dropped. By weight (drop policy probs): the entries of the largest
+// topk_weights, ties to the earlier entry; by position: the earliest entries (token order). kept_experts is
+// topk_experts with every dropped entry replaced by `experts` (E, a bucket past the last expert that moe_sort with
+// offsets [E + 2] puts last and no expert computes).
+struct MoeCapacityArgs {
+  int64_t experts = 0;                   // E
+  int64_t capacity = 0;                  // ≥ 0 entries per expert
+  bool by_position = false;              // false: keep the largest weights
+  const Tensor* topk_experts = nullptr;  // [N, k] i32 in [0, E)
+  const Tensor* topk_weights = nullptr;  // [N, k] f32
+  Tensor* kept_experts = nullptr;        // [N, k] i32 in [0, E] (overwritten)
+};
+
 // One GEMM per expert over its rows: y[r] = x[r] · w[e]ᵀ for r in [offsets[e], offsets[e + 1]). Backward:
 // dx[r] = dy[r] · w[e] (overwritten), dw[e] += dy[rows]ᵀ · x[rows] (accumulated). offsets as MoeSortArgs's.
 struct GroupedLinearArgs {
@@ -316,6 +330,7 @@ class Backend {
   virtual void moe_router_forward(const MoeRouterArgs& args);
   virtual void moe_router_backward(const MoeRouterArgs& args);
   virtual void moe_sort(const MoeSortArgs& args);
+  virtual void moe_capacity(const MoeCapacityArgs& args);
   virtual void moe_permute(const MoePermuteArgs& args);
   virtual void moe_permute_backward(const MoePermuteArgs& args);
   virtual void moe_unpermute(const MoePermuteArgs& args);

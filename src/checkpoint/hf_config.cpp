@@ -144,7 +144,10 @@ void write_moe_fields(const ModelArgs& m, json& j) {
                      {"moe_z_loss_coeff", m.moe_z_loss_coeff},
                      {"moe_router_load_balancing_type", m.moe_router_load_balancing_type},
                      {"moe_router_num_groups", m.moe_router_num_groups},
-                     {"moe_router_group_topk", m.moe_router_group_topk}};
+                     {"moe_router_group_topk", m.moe_router_group_topk},
+                     {"moe_expert_capacity_factor", m.moe_expert_capacity_factor},
+                     {"moe_token_drop_policy", m.moe_token_drop_policy},
+                     {"moe_pad_expert_input_to_capacity", m.moe_pad_expert_input_to_capacity}};
   if (const char* key = inexpressible_moe_key(m); *key != '\0') {
     j["model_type"] = "primus_moe";
     j["architectures"] = json::array({"PrimusMoeForCausalLM"});
@@ -191,6 +194,13 @@ void read_primus_moe(const json& block, const std::string& source_name, ModelArg
   m.moe_router_load_balancing_type = r.string("moe_router_load_balancing_type", "aux_loss");
   m.moe_router_num_groups = r.positive_int("moe_router_num_groups", 1);
   m.moe_router_group_topk = r.positive_int("moe_router_group_topk", 1);
+  // Expert capacity (absent from files written before it existed: dropless).
+  m.moe_expert_capacity_factor = r.number("moe_expert_capacity_factor", 0.0);
+  m.moe_token_drop_policy = r.string("moe_token_drop_policy", "probs");
+  if (m.moe_token_drop_policy != "probs" && m.moe_token_drop_policy != "position") {
+    r.fail("moe_token_drop_policy", fmt::format("\"{}\" is not probs or position", m.moe_token_drop_policy));
+  }
+  m.moe_pad_expert_input_to_capacity = r.boolean("moe_pad_expert_input_to_capacity", false);
   if (m.num_experts % m.moe_router_num_groups != 0 || m.moe_router_group_topk > m.moe_router_num_groups) {
     r.fail("moe_router_num_groups", fmt::format("({}, top {}) do not split {} experts", m.moe_router_num_groups,
                                                 m.moe_router_group_topk, m.num_experts));

@@ -44,10 +44,14 @@ struct ModelArgs {
   double moe_router_topk_scaling_factor = 1.0;
   double moe_aux_loss_coeff = 0.0;
   double moe_z_loss_coeff = 0.0;
-  std::string moe_router_load_balancing_type = "aux_loss";  // aux_loss | none
+  std::string moe_router_load_balancing_type = "aux_loss";  // aux_loss | seq_aux_loss | none
   bool moe_router_enable_expert_bias = false;
   int64_t moe_router_num_groups = 1;                // 1: no grouped selection
   int64_t moe_router_group_topk = 1;
+  // Expert capacity (token dropping): 0 is dropless.
+  double moe_expert_capacity_factor = 0.0;
+  std::string moe_token_drop_policy = "probs";  // probs | position
+  bool moe_pad_expert_input_to_capacity = false;
 
   // Whether layer i's MLP is a mixture of experts (num_experts > 0, past the first dense layers, and marked by
   // moe_layer_freq).

@@ -174,6 +174,50 @@ void check_parallel_keys(const ModuleKeys& keys, const Origin& module_origin) {
   }
 }
 
+// Token dropping and the sequence-level aux loss (a MoE model): their keys among themselves, and what the engine
+// does not do with them yet. Kept apart from the general MoE-on-a-GPU refusal so it holds once that is lifted.
+void check_capacity_keys(const ModuleKeys& keys, const Origin& module_origin) {
+  const ModuleKey& factor = get(keys, "moe_expert_capacity_factor");
+  const ModuleKey& policy = get(keys, "moe_token_drop_policy");
+  const ModuleKey& pad = get(keys, "moe_pad_expert_input_to_capacity");
+  const ModuleKey& balancing = get(keys, "moe_router_load_balancing_type");
+  if (!factor.value.is_set) {
+    // Without a capacity nothing is dropped: a drop policy other than the default or padding would do nothing.
+    if (pad.value.b) {
+      config_error(place(pad, module_origin),
+                   "moe_pad_expert_input_to_capacity needs moe_expert_capacity_factor (without a capacity nothing is "
+                   "dropped or padded)");
+    }
+    if (policy.value.s != "probs") {
+      config_error(place(policy, module_origin),
+                   fmt::format("moe_token_drop_policy {} needs moe_expert_capacity_factor (without a capacity "
+                               "nothing is dropped)",
+                               policy.value.s));
+    }
+  }
+  const ModuleKey& cp = get(keys, "context_parallel_size");
+  if (balancing.value.s == "seq_aux_loss" && cp.value.i > 1) {
+    config_error(place(balancing, module_origin),
+                 fmt::format("moe_router_load_balancing_type seq_aux_loss with context parallelism ({}) is not "
+                             "implemented: each rank holds part of every sequence; use aux_loss",
+                             describe(cp)));
+  }
+  const ModuleKey& device = get(keys, "device");
+  if (device.value.s != "cuda") return;
+  if (factor.value.is_set) {
+    config_error(place(factor, module_origin),
+                 fmt::format("moe_expert_capacity_factor (token dropping) runs on the CPU engine only: the CUDA "
+                             "engine has no kernel for it yet ({}); unset it for a dropless MoE",
+                             describe(device)));
+  }
+  if (balancing.value.s == "seq_aux_loss") {
+    config_error(place(balancing, module_origin),
+                 fmt::format("moe_router_load_balancing_type seq_aux_loss runs on the CPU engine only: the CUDA "
+                             "engine does not form it yet ({}); use aux_loss",
+                             describe(device)));
+  }
+}
+
 // The MoE keys among themselves and with the model and parallel keys: each bad value names its key.
 void check_moe_keys(const ModuleKeys& keys, const Origin& module_origin) {
   const ModuleKey& experts = get(keys, "num_experts");
@@ -182,7 +226,7 @@ void check_moe_keys(const ModuleKeys& keys, const Origin& module_origin) {
   if (!experts.value.is_set) {
     // Keys that only shape experts would silently do nothing in a dense model.
     for (const char* name : {"moe_ffn_hidden_size", "moe_shared_expert_intermediate_size", "moe_router_num_groups",
-                             "moe_router_group_topk", "moe_router_topk_scaling_factor"}) {
+                             "moe_router_group_topk", "moe_router_topk_scaling_factor", "moe_expert_capacity_factor"}) {
       const ModuleKey& key = get(keys, name);
       if (key.value.is_set) {
         config_error(place(key, module_origin),
@@ -190,6 +234,16 @@ void check_moe_keys(const ModuleKeys& keys, const Origin& module_origin) {
                                  "or remove {}",
                                  name, name));
       }
+    }
+    // Keys with defaults: refused when they ask for something (an effective config lists them all).
+    const ModuleKey& policy = get(keys, "moe_token_drop_policy");
+    const ModuleKey& pad = get(keys, "moe_pad_expert_input_to_capacity");
+    if (policy.value.s != "probs" || pad.value.b) {
+      const ModuleKey& key = pad.value.b ? pad : policy;
+      config_error(place(key, module_origin),
+                   fmt::format("{} is set but num_experts is not: a dense model has no experts; set num_experts "
+                               "or remove {}",
+                               key.spec->name, key.spec->name));
     }
     const ModuleKey& ep = get(keys, "expert_model_parallel_size");
     if (ep.value.i > 1) {
@@ -292,6 +346,7 @@ void check_moe_keys(const ModuleKeys& keys, const Origin& module_origin) {
                              "(use_distributed_optimizer: true, or the strategy optim)",
                              ep.value.i, strategy.value.s));
   }
+  check_capacity_keys(keys, module_origin);
   const ModuleKey& device = get(keys, "device");
   if (device.value.s == "cuda") {
     config_error(place(experts, module_origin), fmt::format("{} ({})", kMoeGpuNotVerified, describe(device)));

@@ -467,9 +467,12 @@ std::vector<KeySpec> build_specs() {
        .type = kString,
        .group = kModel,
        .default_yaml = "aux_loss",
-       .choices = {"aux_loss", "none"},
-       .why = "seq_aux_loss and sinkhorn are not implemented",
-       .help = "aux_loss: the switch load-balancing loss weighted by moe_aux_loss_coeff; none: no balancing loss.",
+       .choices = {"aux_loss", "seq_aux_loss", "none"},
+       .why = "sinkhorn is not implemented",
+       .help = "aux_loss: the switch load-balancing loss weighted by moe_aux_loss_coeff, over each micro-batch's "
+               "tokens; seq_aux_loss: the same loss per sequence of the micro-batch (its own counts and mean "
+               "scores), averaged over the sequences (DeepSeek-V2/V3; CPU engine, not with context parallelism); "
+               "none: no balancing loss.",
        .apply = model_field<&ModelArgs::moe_router_load_balancing_type>},
       {.name = "moe_router_enable_expert_bias",
        .type = kBool,
@@ -498,6 +501,34 @@ std::vector<KeySpec> build_specs() {
                "moe_router_topk / moe_router_group_topk best scores); must divide moe_router_topk.",
        .aliases = {"topk_group"},
        .apply = model_field<&ModelArgs::moe_router_group_topk>},
+      // ---- expert capacity (token dropping; Megatron's keys) ----
+      {.name = "moe_expert_capacity_factor",
+       .type = kFloat,
+       .group = kModel,
+       .presence = kOptional,
+       .min = 0,
+       .min_exclusive = true,
+       .help = "Token dropping: each expert computes at most ceil(N x moe_router_topk / num_experts x factor) of the "
+               "routing entries of the N tokens one rank routes in one micro-batch (before the all-to-all under "
+               "expert parallelism); the others are dropped (the residual carries the token). metrics.jsonl counts "
+               "them (moe dropped_tokens). Unset: dropless. CPU engine only.",
+       .apply = model_field<&ModelArgs::moe_expert_capacity_factor>},
+      {.name = "moe_token_drop_policy",
+       .type = kString,
+       .group = kModel,
+       .default_yaml = "probs",
+       .choices = {"probs", "position"},
+       .help = "Which routing entries an expert over its capacity keeps: probs, those of the largest routing "
+               "weights (ties to the earlier token); position, the earliest tokens. With moe_expert_capacity_factor.",
+       .apply = model_field<&ModelArgs::moe_token_drop_policy>},
+      {.name = "moe_pad_expert_input_to_capacity",
+       .type = kBool,
+       .group = kModel,
+       .default_yaml = "false",
+       .help = "Pad each expert's rows with zero rows to its capacity (times the expert-parallel ranks sending to "
+               "it), so every expert's GEMM has the same shape; the outputs are those without padding. Needs "
+               "moe_expert_capacity_factor.",
+       .apply = model_field<&ModelArgs::moe_pad_expert_input_to_capacity>},
       {.name = "attention_dropout",
        .type = kFloat,
        .group = kModel,

@@ -60,16 +60,20 @@ Tensor AllToAllTokenDispatcher::dispatch(const Tensor& x, const Tensor& topk_exp
   state.tokens = x.dim(0);
   state.topk = topk_experts.dim(1);
   const int64_t entries = state.tokens * state.topk;
-  // 1. This rank's entries in expert order: the rows for rank 0's experts, then rank 1's, ...
+  // 1. This rank's entries in expert order: the rows for rank 0's experts, then rank 1's, ..., then the dropped
+  //    entries' (a capacity), which stay here.
+  const int64_t buckets = experts + (state.may_drop ? 1 : 0);
   state.slots = Tensor::empty({entries}, DType::kI32, x.device());
-  state.routed_offsets = Tensor::empty({experts + 1}, DType::kI32, x.device());
-  ops::moe_sort(topk_experts, state.slots, state.routed_offsets);
+  Tensor all_offsets = Tensor::empty({buckets + 1}, DType::kI32, x.device());
+  ops::moe_sort(topk_experts, state.slots, all_offsets);
+  state.routed_offsets = state.may_drop ? all_offsets.slice_elements(0, {experts + 1}) : all_offsets;
   Tensor sorted = Tensor::empty({entries, x.dim(1)}, x.dtype(), x.device());
   ops::moe_permute(x, state.slots, state.topk, sorted);
 
   // 2. Every rank's per-expert counts: counts[r·E + e] rows of rank r go to expert e.
   const Tensor host_offsets = ops::to_device(state.routed_offsets, kCpuDevice);
   const auto* off = static_cast<const int32_t*>(host_offsets.data());
+  state.kept = off[experts];  // the exchanged counts are the kept entries'
   Tensor mine = Tensor::empty({experts}, DType::kI64);
   auto* mine_counts = static_cast<int64_t*>(mine.data());
   for (int64_t e = 0; e < experts; ++e) mine_counts[e] = off[e + 1] - off[e];
@@ -92,7 +96,7 @@ Tensor AllToAllTokenDispatcher::dispatch(const Tensor& x, const Tensor& topk_exp
       state.recv_rows[static_cast<size_t>(r)] += count(r, first + l);
     }
   }
-  const Tensor received = exchange(sorted, state.send_rows, state.recv_rows);  // [M, C] by source rank
+  const Tensor received = exchange(first_rows(sorted, state.kept), state.send_rows, state.recv_rows);  // [M, C]
 
   // 4. Expert-contiguous: row i of the result is received row regroup[i]; offsets per local expert.
   const int64_t m = received.dim(0);
@@ -121,7 +125,8 @@ Tensor AllToAllTokenDispatcher::dispatch(const Tensor& x, const Tensor& topk_exp
 Tensor AllToAllTokenDispatcher::combine(const Tensor& expert_out, const Tensor& topk_weights, DispatchState& state) {
   const ops::ProfileScope scope("moe: all-to-all combine");
   const Tensor by_source = scatter_rows(expert_out, state.regroup);
-  state.returned = exchange(by_source, state.recv_rows, state.send_rows);  // [N·k, C] in this rank's expert order
+  // [N·k, C] in this rank's expert order, the dropped entries' rows zero
+  state.returned = with_zero_rows(exchange(by_source, state.recv_rows, state.send_rows), state.tokens * state.topk);
   Tensor out = Tensor::empty({state.tokens, expert_out.dim(1)}, expert_out.dtype(), expert_out.device());
   ops::moe_unpermute(state.returned, state.slots, topk_weights, out);
   return out;
@@ -133,12 +138,13 @@ Tensor AllToAllTokenDispatcher::combine_backward(const Tensor& dout, const Tenso
   Tensor dreturned = Tensor::empty(state.returned.shape(), state.returned.dtype(), state.returned.device());
   dweights = Tensor::empty(topk_weights.shape(), DType::kF32, topk_weights.device());
   ops::moe_unpermute_backward(state.returned, state.slots, topk_weights, dout, dreturned, dweights);
-  return gather_rows(exchange(dreturned, state.send_rows, state.recv_rows), state.regroup);
+  return gather_rows(exchange(first_rows(dreturned, state.kept), state.send_rows, state.recv_rows), state.regroup);
 }
 
 Tensor AllToAllTokenDispatcher::dispatch_backward(const Tensor& drows, const DispatchState& state) {
   const ops::ProfileScope scope("moe: all-to-all dispatch backward");
-  const Tensor dsorted = exchange(scatter_rows(drows, state.regroup), state.recv_rows, state.send_rows);
+  const Tensor dsorted = with_zero_rows(exchange(scatter_rows(drows, state.regroup), state.recv_rows, state.send_rows),
+                                        state.tokens * state.topk);
   Tensor dx = Tensor::empty({state.tokens, drows.dim(1)}, drows.dtype(), drows.device());
   ops::moe_permute_backward(dsorted, state.slots, state.topk, dx);
   return dx;

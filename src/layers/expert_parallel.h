@@ -11,7 +11,8 @@
 // combine reverses 4 and 3 and sums each token's k weighted outputs (moe_unpermute); both backwards move the
 // gradients the same ways. The rows of one expert are ordered by source rank, then by the source's own order, so
 // each expert's GEMM sums its rows in a fixed order. Host synchronisation for the counts is inherent (the all-to-all
-// sizes), once per dispatch.
+// sizes), once per dispatch. With an expert capacity the layer drops before dispatch: the dropped entries sort after
+// every expert's, stay on their rank (the counts exchanged are the kept ones) and come back as zero rows.
 #pragma once
 
 #include <memory>
@@ -49,6 +50,7 @@ class AllToAllTokenDispatcher final : public TokenDispatcher {
   Tensor combine_backward(const Tensor& dout, const Tensor& expert_out, const Tensor& topk_weights,
                           const DispatchState& state, Tensor& dweights) override;
   Tensor dispatch_backward(const Tensor& drows, const DispatchState& state) override;
+  int64_t source_ranks() const override { return group_.size(); }
 
  private:
   // rows [Σ from, C] → [Σ to, C] over the group: from[j] rows to rank j, to[i] rows from rank i.

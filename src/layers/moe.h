@@ -32,10 +32,21 @@ struct DispatchState {
   std::vector<int64_t> send_rows, recv_rows;
   Tensor regroup;          // [M] i32
   Tensor returned;         // [N·k, C]
+  // Expert capacity: topk_experts may name expert E for a dropped entry (moe_capacity). Such entries sort past
+  // every expert (moe_sort over E + 1 buckets), are sent nowhere and come back as zero rows, so they add nothing to
+  // their token and get no gradient. `kept`: this rank's entries that some expert computes (N·k without drops).
+  bool may_drop = false;   // set by the layer before dispatch
+  int64_t kept = 0;
 };
 
+// Rows [0, rows) of t [R, C] (a view; t itself when rows == R).
+Tensor first_rows(const Tensor& t, int64_t rows);
+// rows [R, C] followed by zero rows up to [total, C] (rows itself when R == total): the rows of dropped entries.
+Tensor with_zero_rows(const Tensor& rows, int64_t total);
+
 // Moves token rows to the experts and back. dispatch: x [N, C] and each token's experts [N, k] → the rows the local
-// experts compute on, expert-contiguous [M, C], state.offsets their ranges (`experts`: E, all of the layer's).
+// experts compute on, expert-contiguous [M, C], state.offsets their ranges (`experts`: E, all of the layer's; with
+// state.may_drop an entry may name E: dropped, not dispatched).
 // combine: the experts' outputs [M, C] → [N, C], each token's k outputs weighted by topk_weights [N, k]. The
 // backwards take the gradients the other way. A dispatcher keeps nothing between calls: several micro-batches'
 // states may be alive at once.
@@ -49,6 +60,9 @@ class TokenDispatcher {
                                   const DispatchState& state, Tensor& dweights) = 0;
   // -> dx [N, C].
   virtual Tensor dispatch_backward(const Tensor& drows, const DispatchState& state) = 0;
+  // How many ranks' rows one expert receives (expert parallelism: the ep group; else 1): padding to capacity pads
+  // each local expert to this many times the per-rank capacity, as Megatron's drop-and-pad all-to-all does.
+  virtual int64_t source_ranks() const { return 1; }
 };
 
 // Every expert in this process: a permutation of the rows (moe_sort, moe_permute, moe_unpermute).
@@ -64,7 +78,18 @@ class LocalTokenDispatcher final : public TokenDispatcher {
 // The load-balancing settings (Megatron's keys).
 struct MoeBalancing {
   float aux_loss_coeff = 0.0f;  // 0 or load_balancing_type none: no aux loss
+  bool per_sequence = false;    // seq_aux_loss: the aux loss per sequence of the micro-batch, averaged (DeepSeek)
   float z_loss_coeff = 0.0f;    // 0: no z-loss
+};
+
+// Token dropping (Megatron's moe_expert_capacity_factor, moe_token_drop_policy, moe_pad_expert_input_to_capacity):
+// each expert computes at most ceil(N·k / E × factor) of the N·k routing entries of the tokens this process routes
+// (one micro-batch on one rank, before any all-to-all); the others are dropped: they add nothing to their token
+// (the residual carries it) and get no gradient. The aux loss and tokens_per_expert count the router's choices.
+struct MoeCapacity {
+  double factor = 0.0;       // 0: dropless
+  bool by_position = false;  // drop policy position (keep the earliest tokens); false: probs (the largest weights)
+  bool pad = false;          // pad each expert's rows with zero rows to the capacity (the same outputs)
 };
 
 struct MoeSaved {
@@ -72,7 +97,11 @@ struct MoeSaved {
   Tensor logits, scores;           // [N, E] f32 (in every run)
   Tensor topk_experts;             // [N, k] i32
   Tensor topk_weights;             // [N, k]
+  Tensor choice_offsets;           // [E + 1] i32: the router's choices per expert, before any drop (aux loss, metrics)
   DispatchState dispatch;
+  Tensor padded_offsets;           // [E_local + 1] i32 with padding to capacity (the GEMMs' offsets), else undefined
+  int64_t padded_rows = 0;         // each local expert's rows once padded
+  Tensor combined;                 // [M, C] the experts' outputs the dispatcher combined (expert_out without padding)
   Tensor rows;                     // [M, C] the dispatched rows
   Tensor gate_up;                  // [M, 2F]
   Tensor act;                      // [M, F]
@@ -86,7 +115,8 @@ struct MoeSaved {
 // The routing of the training forwards since the tally was last cleared, kept for metrics: per micro-batch the
 // experts' row offsets and the loss values, left on the device until read.
 struct MoeRoutingTally {
-  std::vector<Tensor> offsets;     // [E + 1] i32 each: this rank's routing entries per expert (routed_offsets)
+  std::vector<Tensor> offsets;     // [E + 1] i32 each: this rank's routing entries per expert (choice_offsets)
+  std::vector<Tensor> kept_offsets;  // [E + 1] i32 each, with a capacity: the entries the experts computed
   std::vector<Tensor> aux_losses;  // [1] each, with its coefficient (none without the aux loss)
   std::vector<Tensor> z_losses;    // [1] each, with its coefficient (none without the z-loss)
 };
@@ -103,12 +133,14 @@ struct MoeLayer {
   std::unique_ptr<SwiGluMlp> shared_expert;  // null without one
   MoeRouting routing;
   MoeBalancing balancing;
+  MoeCapacity capacity;
   std::shared_ptr<TokenDispatcher> dispatcher = std::make_shared<LocalTokenDispatcher>();
 
   int64_t experts() const { return gate->weight().dim(0); }  // E, the router's outputs
-  // x [N, C] -> [N, C]. aux_grad_scale: the weight of this micro-batch's aux and z losses in the step's objective
-  // (their gradients are formed here and kept for backward, as LmLoss does).
-  Tensor forward(const Tensor& x, float aux_grad_scale, MoeSaved& saved);
+  // x [N, C] -> [N, C], the rows of `sequences` sequences of N / sequences tokens each, one after another (the
+  // sequence-level aux loss's). aux_grad_scale: the weight of this micro-batch's aux and z losses in the step's
+  // objective (their gradients are formed here and kept for backward, as LmLoss does).
+  Tensor forward(const Tensor& x, int64_t sequences, float aux_grad_scale, MoeSaved& saved);
   Tensor backward(const Tensor& dy, MoeSaved& saved);  // -> dx [N, C]; releases `saved`
 
   MoeRoutingTally tally;

@@ -354,9 +354,13 @@ void LlamaModel::bind_layers(const UnitBuffers& buffers) {
         args_.moe_router_score_function == "sigmoid" || !args_.moe_router_pre_softmax,
         static_cast<float>(args_.moe_router_topk_scaling_factor), args_.moe_router_num_groups,
         args_.moe_router_group_topk};
-    moe.balancing = MoeBalancing{
-        args_.moe_router_load_balancing_type == "aux_loss" ? static_cast<float>(args_.moe_aux_loss_coeff) : 0.0f,
-        static_cast<float>(args_.moe_z_loss_coeff)};
+    const bool balanced = args_.moe_router_load_balancing_type == "aux_loss" ||
+                          args_.moe_router_load_balancing_type == "seq_aux_loss";
+    moe.balancing = MoeBalancing{balanced ? static_cast<float>(args_.moe_aux_loss_coeff) : 0.0f,
+                                 args_.moe_router_load_balancing_type == "seq_aux_loss",
+                                 static_cast<float>(args_.moe_z_loss_coeff)};
+    moe.capacity = MoeCapacity{args_.moe_expert_capacity_factor, args_.moe_token_drop_policy == "position",
+                               args_.moe_pad_expert_input_to_capacity};
     moe.shared_expert = nullptr;
     if (args_.moe_shared_expert_intermediate_size > 0) {
       moe.shared_expert = std::make_unique<SwiGluMlp>();
@@ -546,7 +550,8 @@ Tensor LlamaModel::block_forward(Block& b, BlockSaved& saved, const Tensor& x, c
   const ops::ProfileScope scope(b.name + ".mlp");
   Tensor h2 = gathered(b.post_attention_norm.forward(a, saved.post_norm), ctx);
   // down_proj is row-parallel (MoE layers run on one tensor-parallel rank only: the sum is the identity)
-  Tensor m = summed(b.is_moe ? b.moe.forward(h2, ctx.aux_grad_scale, saved.moe) : b.mlp.forward(h2, saved.mlp), ctx);
+  Tensor m = summed(
+      b.is_moe ? b.moe.forward(h2, ctx.batch, ctx.aux_grad_scale, saved.moe) : b.mlp.forward(h2, saved.mlp), ctx);
   ops::add_inplace(m, a);
   return m;
 }
@@ -785,6 +790,11 @@ std::vector<MoeLayerRouting> LlamaModel::moe_routing() const {
     for (const Tensor& offsets : tally.offsets) {
       const Tensor host = ops::to_device(offsets, kCpuDevice);
       for (size_t e = 0; e < r.tokens_per_expert.size(); ++e) r.tokens_per_expert[e] += host.i32()[e + 1] - host.i32()[e];
+    }
+    for (size_t m = 0; m < tally.kept_offsets.size(); ++m) {  // a capacity: the router's choices less the computed
+      const Tensor kept = ops::to_device(tally.kept_offsets[m], kCpuDevice);
+      const Tensor chosen = ops::to_device(tally.offsets[m], kCpuDevice);
+      r.dropped += chosen.i32()[args_.num_experts] - kept.i32()[args_.num_experts];
     }
     // The logged losses are the coefficient-free ones, as Megatron's tracker logs them.
     for (const Tensor& loss : tally.aux_losses) r.load_balancing_loss += host_value(loss) / b.moe.balancing.aux_loss_coeff;

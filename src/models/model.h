@@ -91,6 +91,7 @@ struct MoeLayerRouting {
   std::vector<double> tokens_per_expert;  // routing entries (a token's choice of an expert) per expert
   double load_balancing_loss = 0.0;       // Σ over micro-batches of the aux loss without its coefficient
   double z_loss = 0.0;                    // Σ over micro-batches of the z-loss without its coefficient
+  double dropped = 0.0;                   // routing entries dropped by the expert capacity (0 when dropless)
   int64_t micro_batches = 0;
 };
 

@@ -16,23 +16,30 @@ double MoeMetrics::Layer::max_load() const {
 
 namespace {
 
-// Over the layers: the mean of a loss (absent when no layer has it) and the largest max_load.
+// Over the layers: the mean of a loss (absent when no layer has it), the largest max_load and the dropped entries'
+// sum (absent without a capacity).
 struct MoeSummary {
-  std::optional<double> load_balancing_loss, z_loss;
+  std::optional<double> load_balancing_loss, seq_load_balancing_loss, z_loss, dropped_tokens;
   double max_load = 0.0;
 };
 
 MoeSummary summarize(const MoeMetrics& moe) {
   MoeSummary s;
-  double aux = 0.0, z = 0.0;
-  int aux_layers = 0, z_layers = 0;
+  auto mean = [&](std::optional<double> MoeMetrics::Layer::*field) {
+    double sum = 0.0;
+    int layers = 0;
+    for (const MoeMetrics::Layer& l : moe.layers) {
+      if (l.*field) sum += *(l.*field), ++layers;
+    }
+    return layers > 0 ? std::optional<double>(sum / layers) : std::nullopt;
+  };
+  s.load_balancing_loss = mean(&MoeMetrics::Layer::load_balancing_loss);
+  s.seq_load_balancing_loss = mean(&MoeMetrics::Layer::seq_load_balancing_loss);
+  s.z_loss = mean(&MoeMetrics::Layer::z_loss);
   for (const MoeMetrics::Layer& l : moe.layers) {
-    if (l.load_balancing_loss) aux += *l.load_balancing_loss, ++aux_layers;
-    if (l.z_loss) z += *l.z_loss, ++z_layers;
     s.max_load = std::max(s.max_load, l.max_load());
+    if (l.dropped_tokens) s.dropped_tokens = s.dropped_tokens.value_or(0.0) + *l.dropped_tokens;
   }
-  if (aux_layers > 0) s.load_balancing_loss = aux / aux_layers;
-  if (z_layers > 0) s.z_loss = z / z_layers;
   return s;
 }
 
@@ -40,11 +47,15 @@ nlohmann::json moe_record(const MoeMetrics& moe) {
   const MoeSummary s = summarize(moe);
   nlohmann::json r = {{"max_load", s.max_load}};
   if (s.load_balancing_loss) r["load_balancing_loss"] = *s.load_balancing_loss;
+  if (s.seq_load_balancing_loss) r["seq_load_balancing_loss"] = *s.seq_load_balancing_loss;
   if (s.z_loss) r["z_loss"] = *s.z_loss;
+  if (s.dropped_tokens) r["dropped_tokens"] = *s.dropped_tokens;
   nlohmann::json layers = nlohmann::json::array();
   for (const MoeMetrics::Layer& l : moe.layers) {
     nlohmann::json layer = {{"layer", l.layer}, {"tokens_per_expert", l.tokens_per_expert}, {"max_load", l.max_load()}};
+    if (l.dropped_tokens) layer["dropped_tokens"] = *l.dropped_tokens;
     if (l.load_balancing_loss) layer["load_balancing_loss"] = *l.load_balancing_loss;
+    if (l.seq_load_balancing_loss) layer["seq_load_balancing_loss"] = *l.seq_load_balancing_loss;
     if (l.z_loss) layer["z_loss"] = *l.z_loss;
     layers.push_back(std::move(layer));
   }
@@ -136,12 +147,21 @@ class TensorBoardSink : public MetricSink {
   void write_moe(const MoeMetrics& moe, int64_t step) {
     const MoeSummary s = summarize(moe);
     if (s.load_balancing_loss) writer_.add_scalar("load_balancing_loss", *s.load_balancing_loss, step);
+    if (s.seq_load_balancing_loss) writer_.add_scalar("seq_load_balancing_loss", *s.seq_load_balancing_loss, step);
     if (s.z_loss) writer_.add_scalar("z_loss", *s.z_loss, step);
     writer_.add_scalar("moe/max_load", s.max_load, step);
+    if (s.dropped_tokens) writer_.add_scalar("moe/dropped_tokens", *s.dropped_tokens, step);
     if (!moe.per_layer_tensorboard) return;
     for (const MoeMetrics::Layer& l : moe.layers) {
       if (l.load_balancing_loss) {
         writer_.add_scalar(fmt::format("moe/load_balancing_loss_layer_{}", l.layer), *l.load_balancing_loss, step);
+      }
+      if (l.seq_load_balancing_loss) {
+        writer_.add_scalar(fmt::format("moe/seq_load_balancing_loss_layer_{}", l.layer), *l.seq_load_balancing_loss,
+                           step);
+      }
+      if (l.dropped_tokens) {
+        writer_.add_scalar(fmt::format("moe/dropped_tokens_layer_{}", l.layer), *l.dropped_tokens, step);
       }
       if (l.z_loss) writer_.add_scalar(fmt::format("moe/z_loss_layer_{}", l.layer), *l.z_loss, step);
       writer_.add_scalar(fmt::format("moe/max_load_layer_{}", l.layer), l.max_load(), step);

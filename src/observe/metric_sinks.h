@@ -24,8 +24,12 @@ struct MoeMetrics {
     std::vector<double> tokens_per_expert;
     // Mean over the step's micro-batches and data-parallel ranks, without the coefficient (as Megatron logs them);
     // absent when the loss is off.
-    std::optional<double> load_balancing_loss;
+    std::optional<double> load_balancing_loss;      // aux_loss
+    std::optional<double> seq_load_balancing_loss;  // seq_aux_loss (Megatron's tag)
     std::optional<double> z_loss;
+    // With an expert capacity: the routing entries (a token's choice of an expert) of the global batch the
+    // capacity dropped; tokens_per_expert counts the router's choices, dropped ones included.
+    std::optional<double> dropped_tokens;
     double max_load() const;  // the busiest expert's tokens over the mean (1: balanced)
   };
   std::vector<Layer> layers;

@@ -3,6 +3,7 @@
 // precision, as Megatron's); permutation moves rows of the activation dtype (f32, or bf16 on cuda) with f32 weights.
 #include "ops/moe_ops.h"
 
+#include <cmath>
 #include <initializer_list>
 
 #include "ops/ops.h"
@@ -110,6 +111,30 @@ void moe_sort(const Tensor& topk_experts, Tensor& slots, Tensor& offsets) {
                                     {"slots", &slots, DType::kI32, {topk_experts.numel()}},
                                     {"offsets", &offsets, DType::kI32, offsets.shape()}});
   b.moe_sort(MoeSortArgs{&topk_experts, &slots, &offsets});
+}
+
+void moe_capacity(const Tensor& topk_experts, const Tensor& topk_weights, int64_t experts, int64_t capacity,
+                  bool by_position, Tensor& kept_experts) {
+  const char* op = "moe_capacity";
+  const ProfileScope profile_scope(op);
+  check_matrix(op, "topk_experts", topk_experts);
+  MOE_CHECK(experts >= 1 && capacity >= 0, "capacity {} of {} experts", capacity, experts);
+  Backend& b = checked_backend(op, {{"topk_experts", &topk_experts, DType::kI32, topk_experts.shape()},
+                                    {"topk_weights", &topk_weights, DType::kF32, topk_experts.shape()},
+                                    {"kept_experts", &kept_experts, DType::kI32, topk_experts.shape()}});
+  MoeCapacityArgs args;
+  args.experts = experts;
+  args.capacity = capacity;
+  args.by_position = by_position;
+  args.topk_experts = &topk_experts;
+  args.topk_weights = &topk_weights;
+  args.kept_experts = &kept_experts;
+  b.moe_capacity(args);
+}
+
+int64_t moe_expert_capacity(int64_t tokens, int64_t topk, int64_t experts, double factor) {
+  // Megatron's get_capacity(tokens·k, E, factor), in the same order of operations.
+  return static_cast<int64_t>(std::ceil(static_cast<double>(tokens * topk) / static_cast<double>(experts) * factor));
 }
 
 namespace {
@@ -265,6 +290,37 @@ void moe_aux_loss(const Tensor& scores, const Tensor& offsets, int64_t topk, flo
   args.loss = &loss;
   args.dscores = dscores.defined() ? &dscores : nullptr;
   b.moe_aux_loss(args);
+}
+
+void moe_seq_aux_loss(const Tensor& scores, const Tensor& topk_experts, int64_t sequences, float coeff,
+                      bool sigmoid_scores, float grad_scale, Tensor& loss, Tensor& dscores) {
+  const char* op = "moe_seq_aux_loss";
+  const ProfileScope profile_scope(op);
+  check_matrix(op, "scores", scores);
+  check_matrix(op, "topk_experts", topk_experts);
+  const int64_t n = scores.dim(0), e = scores.dim(1), k = topk_experts.dim(1);
+  MOE_CHECK(sequences >= 1 && n % sequences == 0, "{} tokens do not split into {} sequences", n, sequences);
+  checked_backend(op, {{"scores", &scores, DType::kF32, {n, e}},
+                       {"topk_experts", &topk_experts, DType::kI32, {n, k}},
+                       {"loss", &loss, DType::kF32, {1}}});
+  if (dscores.defined()) {
+    checked_backend(op, {{"scores", &scores, DType::kF32, {n, e}}, {"dscores", &dscores, DType::kF32, {n, e}}});
+  }
+  const int64_t s = n / sequences;
+  const Device device = scores.device();
+  Tensor slots = Tensor::empty({s * k}, DType::kI32, device);
+  Tensor offsets = Tensor::empty({e + 1}, DType::kI32, device);
+  Tensor part = Tensor::empty({1}, DType::kF32, device);
+  zero(loss);
+  for (int64_t b = 0; b < sequences; ++b) {
+    const Tensor chosen = topk_experts.slice_elements(b * s * k, {s, k});
+    moe_sort(chosen, slots, offsets);
+    const Tensor rows = scores.slice_elements(b * s * e, {s, e});
+    Tensor drows = dscores.defined() ? dscores.slice_elements(b * s * e, {s, e}) : Tensor();
+    // Each sequence's loss weighs 1 / sequences of the mean.
+    moe_aux_loss(rows, offsets, k, coeff / static_cast<float>(sequences), sigmoid_scores, grad_scale, part, drows);
+    sum_into(loss, part);
+  }
 }
 
 void moe_z_loss(const Tensor& logits, float coeff, float grad_scale, Tensor& loss, Tensor& dlogits) {

@@ -1,7 +1,7 @@
 // Mixture-of-experts op entry points (backend/backend.h, MoeRouting ... MoeAuxLossArgs, has the math): the router,
 // the sort of routing entries into expert order, token permutation and un-permutation, the per-expert grouped GEMM
 // and the load-balancing losses. Shapes, dtypes and devices are checked here with messages naming the op. A layer runs them in this order:
-//   moe_router_forward → moe_sort → moe_permute → grouped_linear_forward ... → moe_unpermute
+//   moe_router_forward → (moe_capacity) → moe_sort → moe_permute → grouped_linear_forward ... → moe_unpermute
 // and backward the other way round. The per-expert counts stay on the device as offsets: no host sync in a step.
 // Dtypes: the router, sort and losses are f32 throughout; the token rows of moe_permute and moe_unpermute (x, out,
 // y, dout, dx, dy) are the activation dtype, f32 or bf16 on cuda, with weights and dweights f32.
@@ -22,6 +22,13 @@ void moe_router_backward(const Tensor& scores, const Tensor& topk_experts, const
 // topk_experts [N, k] → slots [N·k] i32 (routing entries in expert order) and offsets [E + 1] i32.
 void moe_sort(const Tensor& topk_experts, Tensor& slots, Tensor& offsets);
 
+// Expert capacity: kept_experts [N, k] i32 = topk_experts with the entries past an expert's `capacity` replaced by
+// `experts` (E: dropped), keeping the largest topk_weights [N, k] or (by_position) the earliest (MoeCapacityArgs).
+void moe_capacity(const Tensor& topk_experts, const Tensor& topk_weights, int64_t experts, int64_t capacity,
+                  bool by_position, Tensor& kept_experts);
+// The expert capacity Megatron gives `tokens` tokens routed to top-k of `experts`: ceil(tokens·k / E × factor).
+int64_t moe_expert_capacity(int64_t tokens, int64_t topk, int64_t experts, double factor);
+
 // out [N·k, C] = the token row of each slot; backward dx [N, C] (overwritten) sums its rows' gradients.
 void moe_permute(const Tensor& x, const Tensor& slots, int64_t topk, Tensor& out);
 void moe_permute_backward(const Tensor& dout, const Tensor& slots, int64_t topk, Tensor& dx);
@@ -41,6 +48,12 @@ void grouped_linear_backward(const Tensor& x, const Tensor& w, const Tensor& off
 // grad_scale × its gradient. sigmoid_scores: the scores are normalised per row first.
 void moe_aux_loss(const Tensor& scores, const Tensor& offsets, int64_t topk, float coeff, bool sigmoid_scores,
                   float grad_scale, Tensor& loss, Tensor& dscores);
+// The sequence-level aux loss (DeepSeek-V2/V3, Megatron's seq_aux_loss) of `sequences` equal sequences whose tokens
+// are consecutive rows of scores [N, E] and topk_experts [N, k] (the router's choices): the aux loss of each sequence
+// alone (its own counts and N / sequences tokens) averaged over the sequences, into loss [1]; dscores [N, E]
+// (overwritten, may be undefined) = grad_scale × its gradient. Composed of moe_sort and moe_aux_loss per sequence.
+void moe_seq_aux_loss(const Tensor& scores, const Tensor& topk_experts, int64_t sequences, float coeff,
+                      bool sigmoid_scores, float grad_scale, Tensor& loss, Tensor& dscores);
 // z-loss of logits [N, E] into loss [1]; dlogits [N, E] += grad_scale × its gradient (skipped when undefined).
 void moe_z_loss(const Tensor& logits, float coeff, float grad_scale, Tensor& loss, Tensor& dlogits);
 

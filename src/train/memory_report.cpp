@@ -97,7 +97,7 @@ int64_t moe_layer_bytes(const ModelArgs& m, int64_t n, int64_t a, bool selective
   // The all-to-all dispatcher also keeps the rows that came back [N·k, C] (for the combine's backward) and the
   // received rows' regrouping [M] (M = N·k at an even routing).
   if (expert_parallel_ranks > 1) bytes += rows * a * c + i32 * rows;
-  if (m.moe_router_load_balancing_type == "aux_loss" && m.moe_aux_loss_coeff > 0.0) bytes += f32 * n * e;
+  if (m.moe_router_load_balancing_type != "none" && m.moe_aux_loss_coeff > 0.0) bytes += f32 * n * e;
   if (m.moe_z_loss_coeff > 0.0) bytes += f32 * n * e;
   if (s > 0) bytes += n * a * (2 * s + (selective ? 0 : s));
   return bytes;

@@ -16,9 +16,9 @@ MoeMetrics reduce_moe_routing(const Model& model, DataParallel& dp, const Pipeli
   for (int64_t i = 0; i < args.num_layers; ++i) {
     if (args.is_moe_layer(i)) moe_layers.push_back(i);
   }
-  // One row per MoE layer of the whole model: tokens per expert, Σ aux loss, Σ z-loss, micro-batches. Rows of layers
-  // this rank does not hold stay zero.
-  const int64_t experts = args.num_experts, width = experts + 3;
+  // One row per MoE layer of the whole model: tokens per expert, Σ aux loss, Σ z-loss, micro-batches, dropped
+  // entries. Rows of layers this rank does not hold stay zero.
+  const int64_t experts = args.num_experts, width = experts + 4;
   Tensor sums = Tensor::zeros({static_cast<int64_t>(moe_layers.size()), width}, DType::kF32);
   for (const MoeLayerRouting& r : model.moe_routing()) {
     const auto row = std::find(moe_layers.begin(), moe_layers.end(), r.layer) - moe_layers.begin();
@@ -27,6 +27,7 @@ MoeMetrics reduce_moe_routing(const Model& model, DataParallel& dp, const Pipeli
     out[experts] = static_cast<float>(r.load_balancing_loss);
     out[experts + 1] = static_cast<float>(r.z_loss);
     out[experts + 2] = static_cast<float>(r.micro_batches);
+    out[experts + 3] = static_cast<float>(r.dropped);
   }
   Tensor reduced = ops::to_device(sums, model.device());
   dp.sum_losses(reduced);
@@ -34,7 +35,9 @@ MoeMetrics reduce_moe_routing(const Model& model, DataParallel& dp, const Pipeli
   sums = ops::to_device(reduced, kCpuDevice);
 
   const bool aux = args.moe_router_load_balancing_type == "aux_loss" && args.moe_aux_loss_coeff > 0.0;
+  const bool seq_aux = args.moe_router_load_balancing_type == "seq_aux_loss" && args.moe_aux_loss_coeff > 0.0;
   const bool z = args.moe_z_loss_coeff > 0.0;
+  const bool capacity = args.moe_expert_capacity_factor > 0.0;
   MoeMetrics metrics;
   for (size_t row = 0; row < moe_layers.size(); ++row) {
     const float* in = sums.f32() + static_cast<int64_t>(row) * width;
@@ -43,7 +46,9 @@ MoeMetrics reduce_moe_routing(const Model& model, DataParallel& dp, const Pipeli
     layer.tokens_per_expert.assign(in, in + experts);
     const double micro_batches = std::max(1.0, static_cast<double>(in[experts + 2]));
     if (aux) layer.load_balancing_loss = in[experts] / micro_batches;
+    if (seq_aux) layer.seq_load_balancing_loss = in[experts] / micro_batches;
     if (z) layer.z_loss = in[experts + 1] / micro_batches;
+    if (capacity) layer.dropped_tokens = in[experts + 3];
     metrics.layers.push_back(std::move(layer));
   }
   return metrics;

@@ -198,6 +198,13 @@ ProcessGroups make_process_groups(std::shared_ptr<Communicator> world, const Mod
 
 std::unique_ptr<Model> make_parallel_model(const ModelArgs& args, const TrainingArgs& t, Device device,
                                            const ProcessGroups& groups) {
+  // Token dropping and the sequence-level aux loss have no CUDA path yet, whatever becomes of the gate above.
+  if (args.num_experts > 0 && !device.is_cpu() && args.moe_expert_capacity_factor > 0.0) {
+    throw UsageError("[config] moe_expert_capacity_factor (token dropping) runs on the CPU engine only");
+  }
+  if (args.num_experts > 0 && !device.is_cpu() && args.moe_router_load_balancing_type == "seq_aux_loss") {
+    throw UsageError("[config] moe_router_load_balancing_type seq_aux_loss runs on the CPU engine only");
+  }
   if (args.num_experts > 0 && !device.is_cpu()) throw UsageError(fmt::format("[config] {}", kMoeGpuNotVerified));
   // The ring runs beside data parallelism's collectives (on another thread or stream), and at dp 1 the cp group may
   // be the very communicator data parallelism reduces on: it gets a communicator of its own.

@@ -135,6 +135,49 @@ TEST_F(MoeCliTest, MetricsShowEachLayersLoadAndLosses) {
   }
 }
 
+// An expert capacity: metrics.jsonl counts each layer's dropped routing entries of the global batch beside its tokens
+// per expert (which count the router's choices, dropped ones included) and their sum; a capacity factor of 0.25 keeps
+// at most a quarter of the mean load per expert and micro-batch, so at least 3/4 of the entries are dropped. With the
+// sequence-level aux loss the balancing loss is Megatron's seq_load_balancing_loss (metrics and TensorBoard).
+TEST_F(MoeCliTest, MetricsCountTheTokensTheCapacityDrops) {
+  const std::string tensorboard = dir_ + "/tensorboard";
+  const std::string config = write_config("tiny_mixtral",
+                                          "      moe_expert_capacity_factor: 0.25\n"
+                                          "      moe_token_drop_policy: position\n"
+                                          "      moe_router_load_balancing_type: seq_aux_loss\n"
+                                          "      moe_aux_loss_coeff: 0.01\n"
+                                          "      moe_per_layer_logging: true\n"
+                                          "      tensorboard_dir: " + tensorboard + "\n",
+                                          2);
+  const testing::CliResult result = run({"--", "train", "pretrain", "--config", config});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  std::istringstream in(testing::read_text(dir_ + "/workspace/moe_exp/metrics.jsonl"));
+  int records = 0;
+  for (std::string line; std::getline(in, line); ++records) {
+    const nlohmann::json moe = nlohmann::json::parse(line).at("moe");
+    double dropped = 0.0;
+    for (const nlohmann::json& l : moe.at("layers")) {
+      double chosen = 0.0;
+      for (double t : l.at("tokens_per_expert").get<std::vector<double>>()) chosen += t;
+      EXPECT_EQ(chosen, 4.0 * 32.0 * 2.0) << line;
+      // Per micro-batch of 2 x 32 tokens: each of 4 experts keeps at most ceil(64 x 2 / 4 x 0.25) = 8 entries.
+      EXPECT_GE(l.at("dropped_tokens").get<double>(), chosen - 2 * 4 * 8) << line;
+      EXPECT_LT(l.at("dropped_tokens").get<double>(), chosen) << line;
+      dropped += l.at("dropped_tokens").get<double>();
+      EXPECT_GT(l.at("seq_load_balancing_loss").get<double>(), 0.5) << line;
+      EXPECT_FALSE(l.contains("load_balancing_loss")) << line;
+    }
+    EXPECT_EQ(moe.at("dropped_tokens").get<double>(), dropped) << line;
+  }
+  EXPECT_EQ(records, 2);
+  std::string events;
+  for (const auto& entry : fs::directory_iterator(tensorboard)) events += testing::read_text(entry.path().string());
+  for (const char* tag : {"seq_load_balancing_loss", "moe/seq_load_balancing_loss_layer_1", "moe/dropped_tokens",
+                          "moe/dropped_tokens_layer_0"}) {
+    EXPECT_NE(events.find(tag), std::string::npos) << tag;
+  }
+}
+
 // Aux-loss-free balancing: after each step every layer's bias moves by rate × sign(mean − load) of that step's
 // logged tokens per expert, so the saved bias is the sum of those steps; and it changes the routing.
 TEST_F(MoeCliTest, ExpertBiasMovesTowardsTheLessLoadedExperts) {
@@ -186,6 +229,13 @@ TEST_F(MoeCliTest, BadMoeConfigsExit2NamingTheKey) {
       {"      moe_router_enable_expert_bias: true\n      use_megatron_fsdp: true\n"
        "      data_parallel_sharding_strategy: optim_grads_params\n",
        "moe_router_enable_expert_bias with use_megatron_fsdp is not implemented"},
+      {"      moe_expert_capacity_factor: 0\n", "moe_expert_capacity_factor"},
+      {"      moe_expert_capacity_factor: -1.0\n", "moe_expert_capacity_factor"},
+      {"      moe_token_drop_policy: last\n", "moe_token_drop_policy"},
+      {"      moe_pad_expert_input_to_capacity: true\n",
+       "moe_pad_expert_input_to_capacity needs moe_expert_capacity_factor"},
+      {"      moe_token_drop_policy: position\n", "moe_token_drop_policy position needs moe_expert_capacity_factor"},
+      {"      moe_router_load_balancing_type: sinkhorn\n", "moe_router_load_balancing_type"},
   };
   for (const auto& [extra, message] : cases) {
     const testing::CliResult result = run({"--", "config", "validate", "--config", write_config("tiny_mixtral", extra)});
@@ -196,11 +246,32 @@ TEST_F(MoeCliTest, BadMoeConfigsExit2NamingTheKey) {
       run({"--", "config", "validate", "--config", write_config("tiny_mixtral", ""), "device=cuda"});
   EXPECT_EQ(cuda.exit_code, 2) << cuda.err;  // until the CUDA kernels have run on a GPU
   EXPECT_NE(cuda.err.find("MoE's CUDA kernels have not been verified on a GPU yet"), std::string::npos) << cuda.err;
+  // Token dropping and the sequence-level aux loss have no CUDA path: refused naming their key, apart from the
+  // general gate above (they are checked first, so this holds once that gate is lifted).
+  const testing::CliResult cuda_capacity = run({"--", "config", "validate", "--config",
+                                                write_config("tiny_mixtral", "      moe_expert_capacity_factor: 1.0\n"),
+                                                "device=cuda"});
+  EXPECT_EQ(cuda_capacity.exit_code, 2) << cuda_capacity.err;
+  EXPECT_NE(cuda_capacity.err.find("moe_expert_capacity_factor (token dropping) runs on the CPU engine only"),
+            std::string::npos)
+      << cuda_capacity.err;
+  const testing::CliResult cuda_seq = run(
+      {"--", "config", "validate", "--config",
+       write_config("tiny_mixtral", "      moe_router_load_balancing_type: seq_aux_loss\n"), "device=cuda"});
+  EXPECT_EQ(cuda_seq.exit_code, 2) << cuda_seq.err;
+  EXPECT_NE(cuda_seq.err.find("moe_router_load_balancing_type seq_aux_loss runs on the CPU engine only"),
+            std::string::npos)
+      << cuda_seq.err;
   // An MoE key on a dense model would do nothing: refused.
   const testing::CliResult dense =
       run({"--", "config", "validate", "--config", write_config("tiny_llama", "      moe_ffn_hidden_size: 64\n")});
   EXPECT_EQ(dense.exit_code, 2);
   EXPECT_NE(dense.err.find("moe_ffn_hidden_size is set but num_experts is not"), std::string::npos) << dense.err;
+  const testing::CliResult dense_capacity = run(
+      {"--", "config", "validate", "--config", write_config("tiny_llama", "      moe_expert_capacity_factor: 1.0\n")});
+  EXPECT_EQ(dense_capacity.exit_code, 2);
+  EXPECT_NE(dense_capacity.err.find("moe_expert_capacity_factor is set but num_experts is not"), std::string::npos)
+      << dense_capacity.err;
 }
 
 }  // namespace

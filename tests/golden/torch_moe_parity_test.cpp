@@ -1,7 +1,8 @@
 // Mixture-of-experts parity with PyTorch (tools/torch_moe.py on Debian's python3-torch, in float64): tiny Mixtral and
-// Qwen3-MoE models, and DeepSeek-style sigmoid grouped routing with a shared expert, give the same loss and the same
-// gradient of every parameter (relative error <= 1e-5) with their aux and z losses in the objective; and a short
-// AdamW run on a fixed batch lowers the loss.
+// Qwen3-MoE models, DeepSeek-style sigmoid grouped routing with a shared expert, Mixtral with an expert capacity that
+// drops about half of the routing entries (both drop policies, padded or not), and a DeepSeek-style model with the
+// sequence-level aux loss give the same loss and the same gradient of every parameter (relative error <= 1e-5) with
+// their aux and z losses in the objective; and a short AdamW run on a fixed batch lowers the loss.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -64,6 +65,33 @@ ModelArgs tiny_sigmoid_grouped_args() {
   return a;
 }
 
+// Tiny Mixtral with an expert capacity of half the mean load (factor 0.5: ceil(24 x 2 / 4 x 0.5) = 6 of an expert's
+// entries kept per micro-batch of 24 tokens, so about half of all entries are dropped), by `policy`, padded or not.
+ModelArgs tiny_mixtral_capacity_args(const std::string& policy, bool pad) {
+  ModelArgs a = tiny_mixtral_args();
+  a.moe_expert_capacity_factor = 0.5;
+  a.moe_token_drop_policy = policy;
+  a.moe_pad_expert_input_to_capacity = pad;
+  return a;
+}
+
+// DeepSeek-style: sigmoid scores, a shared expert, the first layer dense, and the sequence-level aux loss (each of
+// the 2 sequences of the batch its own counts and mean scores).
+ModelArgs tiny_deepseek_seq_aux_args() {
+  ModelArgs a = testing::tiny_llama_args();
+  a.num_layers = 3;
+  a.num_experts = 8;
+  a.moe_router_topk = 3;
+  a.moe_ffn_hidden_size = 12;
+  a.moe_first_k_dense_replace = 1;
+  a.moe_router_score_function = "sigmoid";
+  a.moe_router_topk_scaling_factor = 1.5;
+  a.moe_shared_expert_intermediate_size = 16;
+  a.moe_router_load_balancing_type = "seq_aux_loss";
+  a.moe_aux_loss_coeff = 0.05;
+  return a;
+}
+
 // The keys tools/torch_moe.py reads.
 void write_moe_json(const std::string& path, const ModelArgs& a) {
   std::string layers;
@@ -75,12 +103,14 @@ void write_moe_json(const std::string& path, const ModelArgs& a) {
       "\"moe_router_topk\": {}, \"moe_ffn_hidden_size\": {}, \"moe_shared_expert_intermediate_size\": {}, "
       "\"moe_layers\": [{}], \"moe_router_score_function\": \"{}\", \"moe_router_pre_softmax\": {}, "
       "\"moe_router_topk_scaling_factor\": {}, \"moe_aux_loss_coeff\": {}, \"moe_z_loss_coeff\": {}, "
-      "\"moe_router_num_groups\": {}, \"moe_router_group_topk\": {}}}\n",
+      "\"moe_router_num_groups\": {}, \"moe_router_group_topk\": {}, \"moe_expert_capacity_factor\": {}, "
+      "\"moe_token_drop_policy\": \"{}\", \"moe_router_load_balancing_type\": \"{}\"}}\n",
       a.vocab_size, a.hidden_size, a.ffn_hidden_size, a.num_layers, a.num_attention_heads, a.num_query_groups,
       a.kv_channels, a.norm_epsilon, a.rotary_base, a.untie_embeddings_and_output_weights, a.qk_layernorm,
       a.num_experts, a.moe_router_topk, a.moe_ffn_hidden_size, a.moe_shared_expert_intermediate_size, layers,
       a.moe_router_score_function, a.moe_router_pre_softmax, a.moe_router_topk_scaling_factor, a.moe_aux_loss_coeff,
-      a.moe_z_loss_coeff, a.moe_router_num_groups, a.moe_router_group_topk);
+      a.moe_z_loss_coeff, a.moe_router_num_groups, a.moe_router_group_topk, a.moe_expert_capacity_factor,
+      a.moe_token_drop_policy, a.moe_router_load_balancing_type);
 }
 
 void check_parity(ModelArgs args, uint64_t seed) {
@@ -116,6 +146,9 @@ void check_parity(ModelArgs args, uint64_t seed) {
   model->params().zero_grads();
   const LossSum s = testing::train_micro_batch(*model, tokens, labels);
   const double loss = s.loss_sum / s.tokens;
+  if (args.moe_expert_capacity_factor > 0.0) {  // the capacity bites: entries were dropped in every MoE layer
+    for (const MoeLayerRouting& r : model->moe_routing()) EXPECT_GT(r.dropped, 0.0) << "layer " << r.layer;
+  }
   const double ref_loss = reference.read_f32("loss").f32()[0];
   EXPECT_NEAR(loss, ref_loss, 1e-5 * std::fabs(ref_loss));
   int experts_checked = 0;
@@ -131,6 +164,11 @@ void check_parity(ModelArgs args, uint64_t seed) {
 TEST(TorchMoeParity, TinyMixtral) { check_parity(tiny_mixtral_args(), 31); }
 TEST(TorchMoeParity, TinyQwen3MoeWithDenseLayerAndSharedExpert) { check_parity(tiny_qwen3_moe_args(), 32); }
 TEST(TorchMoeParity, SigmoidGroupedRoutingEveryOtherLayer) { check_parity(tiny_sigmoid_grouped_args(), 33); }
+TEST(TorchMoeParity, CapacityDropsByProbs) { check_parity(tiny_mixtral_capacity_args("probs", false), 34); }
+TEST(TorchMoeParity, CapacityDropsByPosition) { check_parity(tiny_mixtral_capacity_args("position", false), 35); }
+TEST(TorchMoeParity, CapacityPaddedDropsByProbs) { check_parity(tiny_mixtral_capacity_args("probs", true), 34); }
+TEST(TorchMoeParity, CapacityPaddedDropsByPosition) { check_parity(tiny_mixtral_capacity_args("position", true), 36); }
+TEST(TorchMoeParity, DeepSeekSequenceAuxLoss) { check_parity(tiny_deepseek_seq_aux_args(), 37); }
 
 // Parameter names and order: Mixtral's and Qwen3-MoE's Hugging Face names, each kind of expert weight contiguous.
 TEST(MoeModel, HuggingFaceParameterNames) {

@@ -228,6 +228,28 @@ TEST(MoeSort, ExpertOutOfRangeIsAnError) {
   EXPECT_NE(message.find("names expert 7 of 4"), std::string::npos) << message;
 }
 
+// Expert capacity: Megatron's formula ceil(tokens·k / E × factor); an expert out of range names the routing entry, a
+// wrong shape the op and the tensor. The sequence-level aux loss needs whole sequences.
+TEST(MoeCapacity, MegatronsCapacityAndErrorsNameTheOp) {
+  EXPECT_EQ(ops::moe_expert_capacity(24, 2, 4, 0.5), 6);
+  EXPECT_EQ(ops::moe_expert_capacity(10, 2, 8, 1.0), 3);  // ceil(2.5)
+  EXPECT_EQ(ops::moe_expert_capacity(4096, 8, 128, 1.25), 320);
+  Tensor chosen = Tensor::zeros({2, 1}, DType::kI32);
+  chosen.i32()[1] = 7;
+  Tensor weights = Tensor::empty({2, 1}, DType::kF32);
+  weights.fill(0.5f);
+  Tensor kept = Tensor::empty({2, 1}, DType::kI32);
+  std::string message = testing::message_of<Error>([&] { ops::moe_capacity(chosen, weights, 4, 1, false, kept); });
+  EXPECT_NE(message.find("[op moe_capacity] routing entry 1 names expert 7 of 4"), std::string::npos) << message;
+  Tensor wide = Tensor::empty({2, 2}, DType::kI32);
+  message = testing::message_of<Error>([&] { ops::moe_capacity(chosen, weights, 8, 1, false, wide); });
+  EXPECT_NE(message.find("[op moe_capacity] kept_experts is"), std::string::npos) << message;
+  const Tensor scores = Tensor::zeros({5, 4}, DType::kF32), topk = Tensor::zeros({5, 1}, DType::kI32);
+  Tensor loss = Tensor::empty({1}, DType::kF32), none;
+  message = testing::message_of<Error>([&] { ops::moe_seq_aux_loss(scores, topk, 2, 0.1f, false, 1.0f, loss, none); });
+  EXPECT_NE(message.find("[op moe_seq_aux_loss] 5 tokens do not split into 2 sequences"), std::string::npos) << message;
+}
+
 // Token rows may be bf16 on cuda only: the f32 CPU backend refuses them naming the op and the tensor.
 TEST(MoePermute, Bf16RowsOnTheCpuNameTheOp) {
   const Tensor x = Tensor::zeros({2, 4}, DType::kBF16), slots = Tensor::zeros({4}, DType::kI32);

@@ -4,7 +4,8 @@
 // model's weights of its experts, its loss equals the whole model's on the same tokens, its non-expert gradients equal
 // the whole model's, and its experts' gradients equal the sum over the ranks of the whole model's gradients of those
 // experts (the rows of every rank's tokens reached them); evaluation losses and next-token logits agree too. Tiny
-// batches make some ranks receive no rows at all for some experts, or none at all.
+// batches make some ranks receive no rows at all for some experts, or none at all. With an expert capacity each rank
+// drops over its own tokens, as the whole model does over the same tokens.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -125,7 +126,29 @@ ModelArgs qwen3_moe_args() {
   return a;
 }
 
+// An expert capacity (Megatron's alltoall dispatcher: each rank drops over its own tokens before the all-to-all, so
+// the exchanged counts are the kept ones): factor 0.5 drops about half of every rank's routing entries.
+ModelArgs with_capacity(ModelArgs a, const std::string& policy, bool pad) {
+  a.moe_expert_capacity_factor = 0.5;
+  a.moe_token_drop_policy = policy;
+  a.moe_pad_expert_input_to_capacity = pad;
+  return a;
+}
+
 TEST(ExpertParallelModel, MixtralOnTwoRanksEqualsOneRank) { check_layout(mixtral_args(), 2, 2, 12); }
+
+TEST(ExpertParallelModel, CapacityOnTwoRanksEqualsOneRank) {
+  check_layout(with_capacity(mixtral_args(), "probs", false), 2, 2, 12);
+  check_layout(with_capacity(mixtral_args(), "position", true), 2, 2, 12);
+}
+
+// Padded to capacity over 4 ranks (each local expert pads to 4 × the per-rank capacity), with the sequence-level aux
+// loss (each rank's own sequences).
+TEST(ExpertParallelModel, PaddedCapacityAndSequenceAuxLossOnFourRanksEqualOneRank) {
+  ModelArgs a = with_capacity(qwen3_moe_args(), "probs", true);
+  a.moe_router_load_balancing_type = "seq_aux_loss";
+  check_layout(a, 4, 2, 9);
+}
 
 TEST(ExpertParallelModel, Qwen3MoeOnFourRanksEqualsOneRank) { check_layout(qwen3_moe_args(), 4, 2, 9); }
 

@@ -55,6 +55,26 @@ TEST(ExpertParallel, Ep2WithDataParallelEqualsOneRank) {
       "ep2 dp4 distributed optimizer");
 }
 
+// An expert capacity applies per micro-batch and rank before the all-to-all: one rank accumulating the same
+// micro-batches drops the same routing entries, so ep 2 (and ep 2 inside dp 4) equals it; the dropped counts in
+// metrics.jsonl are compared with the tokens per expert.
+TEST(ExpertParallel, CapacityEp2WithDataParallelEqualsOneRank) {
+  const std::vector<std::string> capacity = with(kMixtral, {"moe_expert_capacity_factor=0.5"});
+  const RunResult one = testing::train("ep_cap_single", 1, capacity);
+  ASSERT_FALSE(one.losses.empty());
+  testing::expect_same_run(one, testing::train("ep2_cap", 2, with(capacity, {"expert_model_parallel_size=2"})),
+                           "ep2 capacity");
+  testing::expect_same_run(
+      one, testing::train("ep2_dp4_cap", 4, with(capacity, with({"expert_model_parallel_size=2"}, kDistOpt))),
+      "ep2 dp4 capacity, distributed optimizer");
+  const std::vector<std::string> padded =
+      with(kMixtral, {"moe_expert_capacity_factor=0.5", "moe_token_drop_policy=position",
+                      "moe_pad_expert_input_to_capacity=true"});
+  testing::expect_same_run(testing::train("ep_pad_single", 1, padded),
+                           testing::train("ep2_pad", 2, with(padded, {"expert_model_parallel_size=2"})),
+                           "ep2 padded capacity, drop policy position");
+}
+
 TEST(ExpertParallel, Ep4EqualsOneRank) {
   const RunResult one = testing::train("ep4_single", 1, kQwen3Moe);
   ASSERT_FALSE(one.losses.empty());

@@ -407,6 +407,112 @@ OpCase aux_loss_case(int64_t experts, int64_t k, bool sigmoid) {
   return c;
 }
 
+// The sequence-level aux loss of `sequences` sequences of `size` tokens each: scores as the aux loss's, the router's
+// choices a random routing. The reference is Megatron's form written out per sequence: Σ_e count[b, e] / (S k / E) ×
+// mean_t p[t, e], averaged over the sequences, times coeff.
+OpCase seq_aux_loss_case(int64_t experts, int64_t k, int64_t sequences, bool sigmoid) {
+  const float coeff = 0.013f;
+  OpCase c;
+  c.name = fmt::format("moe_seq_aux_loss_{}_e{}k{}_b{}", sigmoid ? "sigmoid" : "softmax", experts, k, sequences);
+  c.dtypes = {};  // no CUDA path: the config refuses seq_aux_loss on cuda (CPU sweep only)
+  c.scalar_upstream = true;
+  c.make_inputs = [=](int64_t size, Rng& rng) {
+    const int64_t n = size * sequences;
+    Tensor scores = Tensor::empty({n, experts}, DType::kF32);
+    for (int64_t t = 0; t < n; ++t) {
+      double sum = 0.0;
+      for (int64_t e = 0; e < experts; ++e) sum += scores.f32()[t * experts + e] = static_cast<float>(0.05 + rng.uniform());
+      if (sigmoid) continue;
+      for (int64_t e = 0; e < experts; ++e) scores.f32()[t * experts + e] /= static_cast<float>(sum);
+    }
+    return std::vector<Input>{act("scores", scores), index("topk_experts", random_routing(n, experts, k, rng))};
+  };
+  c.forward = [=](const Tensors& in, OpEnv& env) {
+    Tensor loss = env.out_f32({1}), none;
+    ops::moe_seq_aux_loss(in["scores"], in["topk_experts"], sequences, coeff, sigmoid, 1.0f, loss, none);
+    return Tensors{{"loss", loss}};
+  };
+  c.backward = [=](const Tensors& in, const Tensors&, const Tensors&, OpEnv& env) {
+    Tensor loss = env.out_f32({1}), dscores = env.out_f32(in["scores"].shape());
+    ops::moe_seq_aux_loss(in["scores"], in["topk_experts"], sequences, coeff, sigmoid, env.upstream_scale(), loss,
+                          dscores);
+    return Tensors{{"dscores", dscores}};
+  };
+  c.reference = [=](const Tensors& in, const Tensors&, float scale) {
+    const Tensor &scores = in["scores"], &chosen = in["topk_experts"];
+    const int64_t n = scores.dim(0), s = n / sequences;
+    double loss = 0.0;
+    std::vector<double> dscores(n * experts);
+    for (int64_t b = 0; b < sequences; ++b) {
+      std::vector<double> cost(experts, 0.0), mean_p(experts, 0.0);
+      std::vector<std::vector<double>> p(s, std::vector<double>(experts));
+      for (int64_t t = 0; t < s; ++t) {
+        for (int64_t j = 0; j < k; ++j) cost[chosen.i32()[(b * s + t) * k + j]] += experts / static_cast<double>(s * k);
+        double sum = sigmoid ? 1e-20 : 1.0;
+        for (int64_t e = 0; sigmoid && e < experts; ++e) sum += at(scores, (b * s + t) * experts + e);
+        for (int64_t e = 0; e < experts; ++e) p[t][e] = at(scores, (b * s + t) * experts + e) / sum;
+        for (int64_t e = 0; e < experts; ++e) mean_p[e] += p[t][e] / s;
+      }
+      for (int64_t e = 0; e < experts; ++e) loss += coeff * cost[e] * mean_p[e] / sequences;
+      // d/ds of coeff / B · Σ_e cost_e · p_e / S, p = s / Σ s for sigmoid scores.
+      for (int64_t t = 0; t < s; ++t) {
+        const int64_t row = (b * s + t) * experts;
+        double sum = sigmoid ? 1e-20 : 1.0, dot = 0.0;
+        for (int64_t e = 0; sigmoid && e < experts; ++e) sum += at(scores, row + e);
+        for (int64_t e = 0; e < experts; ++e) dot += cost[e] * p[t][e];
+        for (int64_t e = 0; e < experts; ++e) {
+          const double d = sigmoid ? (cost[e] - dot) / sum : cost[e];
+          dscores[row + e] = scale * coeff * d / (static_cast<double>(s) * sequences);
+        }
+      }
+    }
+    return Tensors{{"loss", from_doubles({1}, {loss})}, {"dscores", from_doubles({n, experts}, dscores)}};
+  };
+  c.fd_eps = 5e-2;  // as the aux loss's
+  return c;
+}
+
+// ---- expert capacity ----------------------------------------------------------------------------------------------
+
+// moe_capacity over a random routing of n tokens with weights on a coarse grid (eighths), so that many entries of
+// one expert tie and the tie rule (the earlier entry) decides. The reference ranks each entry among its expert's:
+// kept when fewer than `capacity` entries come before it (larger weight, or equal and earlier; by position: earlier).
+OpCase capacity_case(int64_t experts, int64_t k, double factor, bool by_position) {
+  OpCase c;
+  c.name = fmt::format("moe_capacity_{}_e{}k{}_f{}", by_position ? "position" : "probs", experts, k,
+                       static_cast<int>(factor * 100));
+  c.dtypes = {};  // no CUDA kernel: the config refuses a capacity on cuda (CPU sweep only)
+  c.make_inputs = [=](int64_t n, Rng& rng) {
+    Tensor weights = Tensor::empty({n, k}, DType::kF32);
+    for (int64_t i = 0; i < n * k; ++i) weights.f32()[i] = static_cast<float>(1 + rng.below(8)) / 8.0f;
+    return std::vector<Input>{index("topk_experts", random_routing(n, experts, k, rng)), f32("topk_weights", weights)};
+  };
+  c.forward = [=](const Tensors& in, OpEnv& env) {
+    const int64_t n = in["topk_experts"].dim(0);
+    Tensor kept = Tensor::empty({n, k}, DType::kI32, env.device());
+    ops::moe_capacity(in["topk_experts"], in["topk_weights"], experts, ops::moe_expert_capacity(n, k, experts, factor),
+                      by_position, kept);
+    return Tensors{{"kept_experts", kept}};
+  };
+  c.reference = [=](const Tensors& in, const Tensors&, float) {
+    const Tensor &chosen = in["topk_experts"], &w = in["topk_weights"];
+    const int64_t n = chosen.dim(0), entries = n * k;
+    const auto capacity = static_cast<int64_t>(std::ceil(static_cast<double>(n * k) / experts * factor));
+    std::vector<double> kept(static_cast<size_t>(entries));
+    for (int64_t i = 0; i < entries; ++i) {
+      int64_t ahead = 0;
+      for (int64_t j = 0; j < entries; ++j) {
+        if (j == i || chosen.i32()[j] != chosen.i32()[i]) continue;
+        const bool earlier = j < i;
+        ahead += by_position ? earlier : (w.f32()[j] > w.f32()[i] || (w.f32()[j] == w.f32()[i] && earlier));
+      }
+      kept[i] = ahead < capacity ? chosen.i32()[i] : experts;
+    }
+    return Tensors{{"kept_experts", from_doubles({n, k}, kept)}};
+  };
+  return c;
+}
+
 OpCase z_loss_case(int64_t experts) {
   // Far above Megatron's 1e-3 (the op is linear in it): the gradient, ~coeff/N an element, must stand well above the
   // rounding of the random accumulator it is added to (values ~1), or the reference check measures that rounding.
@@ -504,6 +610,13 @@ std::vector<OpCase> moe_op_cases() {
   z.device_sizes = {4096};
   cases.push_back(z);
   cases.push_back(device_only(z_loss_case(128), {16384}));
+
+  // Expert capacity and the sequence-level aux loss (CPU only until the CUDA engine does them).
+  cases.push_back(capacity_case(8, 2, 0.5, false));
+  cases.push_back(capacity_case(8, 2, 0.5, true));
+  cases.push_back(capacity_case(16, 4, 1.25, false));
+  cases.push_back(seq_aux_loss_case(8, 2, 3, false));
+  cases.push_back(seq_aux_loss_case(16, 4, 2, true));
   return cases;
 }
 

@@ -143,6 +143,7 @@ RunResult read_run(const std::string& workspace) {
       std::vector<double>& tokens = r.moe_tokens.emplace_back();
       for (const nlohmann::json& layer : record["moe"]["layers"]) {
         for (const nlohmann::json& count : layer["tokens_per_expert"]) tokens.push_back(count.get<double>());
+        if (layer.contains("dropped_tokens")) tokens.push_back(layer["dropped_tokens"].get<double>());
       }
     }
   }

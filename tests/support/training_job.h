@@ -30,7 +30,8 @@ struct RunResult {
   std::vector<double> losses;
   std::vector<double> grad_norms;
   std::vector<double> eval_losses;
-  std::vector<std::vector<double>> moe_tokens;  // MoE models: each record's tokens per expert, layer after layer
+  // MoE models: each record's tokens per expert (then its dropped entries, with a capacity), layer after layer
+  std::vector<std::vector<double>> moe_tokens;
   std::map<std::string, std::vector<float>> weights;
 };
 

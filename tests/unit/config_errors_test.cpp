@@ -389,6 +389,18 @@ TEST_F(ConfigErrorsTest, ParallelKeysNotImplementedYetAreRefusedNamingTheKey) {
                   "did you mean 'num_virtual_stages_per_pipeline_rank'?");
 }
 
+// The sequence-level aux loss needs each sequence whole on a rank: with context parallelism it is refused naming the
+// key and where context_parallel_size came from.
+TEST_F(ConfigErrorsTest, SequenceAuxLossWithContextParallelismIsRefusedNamingTheKey) {
+  setenv("WORLD_SIZE", "2", 1);  // cp 2 needs two ranks
+  const std::string message = error_with(
+      "      num_experts: 4\n      context_parallel_size: 2\n      moe_router_load_balancing_type: seq_aux_loss\n");
+  unsetenv("WORLD_SIZE");
+  EXPECT_CONTAINS(message, "exp.yaml:13: modules.pre_trainer.overrides.moe_router_load_balancing_type: "
+                           "moe_router_load_balancing_type seq_aux_loss with context parallelism "
+                           "(context_parallel_size = 2 from ");
+}
+
 // Context parallelism splits every sequence; documents packed into one (their positions and attention) are not split
 // yet: refused naming the packing key and where context_parallel_size came from. Without them cp 2 loads (WORLD_SIZE
 // 2: data-parallel size 1).

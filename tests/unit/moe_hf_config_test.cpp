@@ -91,6 +91,9 @@ TEST(MoeHfConfig, RoutingHuggingFaceCannotStateBecomesPrimusMoeAndRoundTrips) {
   sigmoid.moe_router_group_topk = 2;
   sigmoid.moe_router_topk_scaling_factor = 2.5;
   sigmoid.moe_z_loss_coeff = 0.001;
+  sigmoid.moe_expert_capacity_factor = 1.25;
+  sigmoid.moe_token_drop_policy = "position";
+  sigmoid.moe_pad_expert_input_to_capacity = true;
   const json j = hf_config_from_model(sigmoid);
   EXPECT_EQ(j.at("model_type"), "primus_moe");
   EXPECT_NE(j.at("primus_moe_note").get<std::string>().find("moe_router_score_function"), std::string::npos);
@@ -104,6 +107,9 @@ TEST(MoeHfConfig, RoutingHuggingFaceCannotStateBecomesPrimusMoeAndRoundTrips) {
   EXPECT_EQ(back.moe_router_group_topk, 2);
   EXPECT_DOUBLE_EQ(back.moe_router_topk_scaling_factor, 2.5);
   EXPECT_DOUBLE_EQ(back.moe_z_loss_coeff, 0.001);
+  EXPECT_DOUBLE_EQ(back.moe_expert_capacity_factor, 1.25);
+  EXPECT_EQ(back.moe_token_drop_policy, "position");
+  EXPECT_TRUE(back.moe_pad_expert_input_to_capacity);
   EXPECT_NO_THROW(require_same_model(back, sigmoid, "config.json"));
 
   ModelArgs shared = qwen3_moe();

@@ -149,6 +149,28 @@ void CpuBackend::moe_sort(const MoeSortArgs& args) {
   for (int64_t i = 0; i < entries; ++i) slots[next[static_cast<size_t>(chosen[i])]++] = static_cast<int32_t>(i);
 }
 
+void CpuBackend::moe_capacity(const MoeCapacityArgs& args) {
+  const int64_t entries = args.topk_experts->numel(), experts = args.experts;
+  const int32_t* chosen = args.topk_experts->i32();
+  const float* weights = args.topk_weights->f32();
+  int32_t* kept = args.kept_experts->i32();
+  // Each expert's entries in entry order (tokens ascending: a token chooses an expert once).
+  std::vector<std::vector<int32_t>> by_expert(static_cast<size_t>(experts));
+  for (int64_t i = 0; i < entries; ++i) {
+    PRIMUS_CHECK(chosen[i] >= 0 && chosen[i] < experts, "[op moe_capacity] routing entry {} names expert {} of {}", i,
+                 chosen[i], experts);
+    by_expert[static_cast<size_t>(chosen[i])].push_back(static_cast<int32_t>(i));
+    kept[i] = static_cast<int32_t>(experts);  // dropped unless kept below
+  }
+  for (std::vector<int32_t>& list : by_expert) {
+    if (!args.by_position) {  // largest weight first; a stable sort leaves ties in entry order
+      std::stable_sort(list.begin(), list.end(), [&](int32_t a, int32_t b) { return weights[a] > weights[b]; });
+    }
+    const size_t keep = std::min(list.size(), static_cast<size_t>(args.capacity));
+    for (size_t j = 0; j < keep; ++j) kept[list[j]] = chosen[list[j]];
+  }
+}
+
 void CpuBackend::moe_permute(const MoePermuteArgs& args) {
   const int64_t rows = args.slots->numel(), c = args.x->dim(1), k = args.topk;
   const int32_t* slots = args.slots->i32();
