@@ -198,6 +198,7 @@ ProcessGroups make_process_groups(std::shared_ptr<Communicator> world, const Mod
 std::unique_ptr<Model> make_parallel_model(const ModelArgs& args, const TrainingArgs& t, Device device,
                                            const ProcessGroups& groups) {
   if (args.num_experts > 0 && !device.is_cpu()) throw UsageError(fmt::format("[config] {}", kMoeGpuNotVerified));
+  if (args.multi_latent_attention && !device.is_cpu()) throw UsageError(fmt::format("[config] {}", kMlaCpuOnly));
   // The ring runs beside data parallelism's collectives (on another thread or stream), and at dp 1 the cp group may
   // be the very communicator data parallelism reduces on: it gets a communicator of its own.
   ContextParallelGroup cp;
