@@ -36,9 +36,11 @@ int64_t parameter_count(const ModelArgs& args) {
 // of a missing feature (never a silent approximation of the model).
 const std::vector<std::pair<std::string, std::string>>& refused_presets() {
   static const std::vector<std::pair<std::string, std::string>> refused = {
-      {"deepseek_v2_lite", "position_embedding_type: 'yarn' is not allowed"},
-      {"deepseek_v3", "position_embedding_type: 'yarn' is not allowed"},
-      {"gpt_oss_20B", "position_embedding_type: 'yarn' is not allowed"},
+      // Multi-head latent attention and YaRN load (docs/mla.md); the sequence-level aux loss and multi-token
+      // prediction do not yet.
+      {"deepseek_v2_lite", "moe_router_load_balancing_type: 'seq_aux_loss' is not allowed"},
+      {"deepseek_v3", "mtp_num_layers: 1 is out of range"},
+      {"gpt_oss_20B", "add_bias_linear: 'true' is not allowed"},
   };
   return refused;
 }
