@@ -89,6 +89,10 @@ TEST(MlaConfig, BadCombinationsExitTwoNamingTheKey) {
                  "must exceed beta_slow");
   expect_refused(kMla + ", qk_layernorm: true", "qk_layernorm", "multi_latent_attention");
   expect_refused(kMla + ", device: cuda", "multi_latent_attention", "CPU engine only");
+  expect_refused(kMla + ", tensor_model_parallel_size: 2", "multi_latent_attention",
+                 "not split over tensor- or context-parallel ranks");
+  expect_refused(kMla + ", context_parallel_size: 2", "multi_latent_attention",
+                 "not split over tensor- or context-parallel ranks");
 }
 
 // DeepSeek-V2's rope_scaling (dim 64, theta 1e4, factor 40, original 4096, beta 32 and 1): frequencies below index 10
