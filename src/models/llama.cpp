@@ -422,7 +422,9 @@ void LlamaModel::bind_layers(const UnitBuffers& buffers) {
     if (b.is_mla) {
       MlaAttention& mla = b.mla;
       const std::string at = pre + "self_attn.";
-      mla.q_proj = nullptr, mla.q_a_proj = nullptr, mla.q_b_proj = nullptr;
+      mla.q_proj = nullptr;  // rebinding (bind_units) replaces every module
+      mla.q_a_proj = nullptr;
+      mla.q_b_proj = nullptr;
       if (args_.q_lora_rank > 0) {
         mla.q_a_proj = linear(at + "q_a_proj.weight");
         mla.q_a_norm = RmsNorm{p(at + "q_a_layernorm.weight"), g(at + "q_a_layernorm.weight"), eps};
@@ -439,9 +441,8 @@ void LlamaModel::bind_layers(const UnitBuffers& buffers) {
       mla.rope_dim = args_.qk_pos_emb_head_dim;
       mla.v_dim = args_.v_head_dim;
       mla.query_scale = static_cast<float>(yarn_softmax_scale_factor(rope_config(args_)));
-    }
-    Attention& at = b.attention;
-    if (!b.is_mla) {
+    } else {
+      Attention& at = b.attention;
       at.q_proj = linear(pre + "self_attn.q_proj.weight");
       at.k_proj = linear(pre + "self_attn.k_proj.weight");
       at.v_proj = linear(pre + "self_attn.v_proj.weight");

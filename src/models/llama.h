@@ -85,8 +85,9 @@ class LlamaModel final : public Model {
   Tensor logits_chunk(int chunk, const std::vector<int32_t>& context, const Tensor& input,
                       std::vector<float>& logits) override;
 
-  // q_proj, k_proj, v_proj, o_proj, then gate_up_proj (gate_proj and up_proj as one [2F, C] GEMM: gate rows
-  // first) and down_proj, of each layer in order: "model.layers.{i}.self_attn.q_proj", "....mlp.gate_up_proj".
+  // q_proj, k_proj, v_proj, o_proj (with MLA: q_proj or q_a_proj and q_b_proj, kv_a_proj_with_mqa, kv_b_proj, o_proj),
+  // then gate_up_proj (gate_proj and up_proj as one [2F, C] GEMM: gate rows first) and down_proj, of each layer in
+  // order: "model.layers.{i}.self_attn.q_proj", "....mlp.gate_up_proj".
   void for_each_linear(const LinearVisitor& visit) override;
 
   std::vector<FlatRange> param_units() const override;

@@ -181,8 +181,8 @@ TEST(MlaModel, HuggingFaceParameterNamesAndShapes) {
   EXPECT_EQ(std::vector<std::string>(names.end() - 7, names.end() - 2), first);
 }
 
-// DeepSeek-V2-Lite's preset has the 15.7B parameters of its model card (which rounds). Its sequence-level aux loss is
-// another change's: the count is taken with the plain aux loss in its place.
+// DeepSeek-V2-Lite's preset has the parameters of its checkpoint: 15,706,484,224 (the model card's 15.7B). Its
+// sequence-level aux loss is another change's: the count is taken with the plain aux loss in its place.
 TEST(MlaModel, DeepSeekV2LiteHasItsPublishedParameterCount) {
   const std::string dir = testing::temp_dir("mla_lite");
   const std::string path = dir + "/exp.yaml";
@@ -197,7 +197,7 @@ TEST(MlaModel, DeepSeekV2LiteHasItsPublishedParameterCount) {
   const ModelArgs lite = load_experiment_config(path, {}).config.model;
   int64_t total = 0;
   for (const ParamSpec& s : LlamaModel::param_specs(lite)) total += shape_numel(s.shape);
-  EXPECT_NEAR(static_cast<double>(total), 15.7e9, 0.05e9);
+  EXPECT_EQ(total, 15706484224);
 }
 
 }  // namespace
