@@ -306,10 +306,11 @@ void check_mla_keys(const ModuleKeys& keys, const Origin& module_origin) {
   const char* yarn_keys[] = {"rotary_scaling_factor", "original_max_position_embeddings", "beta_fast", "beta_slow",
                              "mscale", "mscale_all_dim"};
   if (position.value.s != "yarn") {
-    // Written YaRN keys would do nothing without YaRN.
+    // YaRN keys changed from their defaults would do nothing without YaRN (an effective config, which writes every
+    // key, loads back).
     for (const char* name : yarn_keys) {
       const ModuleKey& key = get(keys, name);
-      if (key.origin.kind == OriginKind::kFile || key.origin.kind == OriginKind::kCommandLine) {
+      if (format_value(*key.spec, key.value) != format_value(*key.spec, default_value(*key.spec))) {
         config_error(place(key, module_origin),
                      fmt::format("{} is a YaRN key but position_embedding_type is {}; set position_embedding_type: "
                                  "yarn or remove {}",
