@@ -18,6 +18,8 @@ void Backend::rope_backward(const RopeArgs&) { unimplemented("rope_backward"); }
 void Backend::attention_forward(const AttentionArgs&) { unimplemented("attention_forward"); }
 void Backend::attention_backward(const AttentionArgs&) { unimplemented("attention_backward"); }
 void Backend::attention_merge(const AttentionMergeArgs&) { unimplemented("attention_merge"); }
+void Backend::head_concat(const HeadConcatArgs&) { unimplemented("head_concat"); }
+void Backend::head_concat_backward(const HeadConcatArgs&) { unimplemented("head_concat_backward"); }
 void Backend::moe_router_forward(const MoeRouterArgs&) { unimplemented("moe_router_forward"); }
 void Backend::moe_router_backward(const MoeRouterArgs&) { unimplemented("moe_router_backward"); }
 void Backend::moe_sort(const MoeSortArgs&) { unimplemented("moe_sort"); }

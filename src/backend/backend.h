@@ -77,6 +77,24 @@ struct RopeArgs {
   const Tensor* cos = nullptr;        // [T, D/2] f32, or [P, D/2] with positions
   const Tensor* sin = nullptr;        // [T, D/2] f32, or [P, D/2] with positions
   const Tensor* positions = nullptr;  // [B, T] i32, optional; every value in [0, P) (a backend reports others)
+  // false: Hugging Face's "rotate half" pairs (x[i], x[i + D/2]); true: adjacent pairs (x[2i], x[2i + 1]), both by
+  // angle i. DeepSeek's checkpoints keep their RoPE features interleaved (HF de-interleaves them before rotating):
+  // rotating adjacent pairs gives the same features in the checkpoint's order, and the same q · k.
+  bool interleaved = false;
+};
+
+// Per-head vectors joined along the feature dimension, and split again (multi-head latent attention assembles its
+// queries and keys from a part without RoPE and a RoPE part, and splits the kv up-projection into keys and values):
+//   forward:  out[n, h, :] = (a[n, h, :], b[n, g(h), :]), g(h) = h, or 0 when b has one head shared by every head
+//   backward: da[n, h, :] = dout[n, h, :Da]; db[n, g, :] = Σ over the heads h with g(h) = g of dout[n, h, Da:]
+// (in head order), both overwritten.
+struct HeadConcatArgs {
+  const Tensor* a = nullptr;     // [N, H, Da]      act (forward)
+  const Tensor* b = nullptr;     // [N, Hb, Db]     act (forward), Hb = H or 1
+  Tensor* out = nullptr;         // [N, H, Da + Db] act (forward)
+  const Tensor* dout = nullptr;  // [N, H, Da + Db] act (backward)
+  Tensor* da = nullptr;          // [N, H, Da]      act (backward)
+  Tensor* db = nullptr;          // [N, Hb, Db]     act (backward)
 };
 
 // Which keys of a key/value block a query of the query block (the same length T) attends to: causal, keys j ≤ t
@@ -93,16 +111,18 @@ enum class AttentionMask { kCausal, kNone };
 // out and lse of the whole attention that the block is part of (merged over blocks, attention_merge) it gives the
 // block's exact contributions to dq, dk and dv of the whole (p = exp(s − lse) is then the block's part of the
 // whole softmax, and Δ = dout · out the whole's), which sum over the blocks to the whole's gradients.
+// The value head size Dv may differ from D (multi-head latent attention; the CPU backend only): out, dout and dv
+// then have Dv features a head.
 struct AttentionArgs {
   const Tensor* q = nullptr;    // [B, T, Hq, D]
   const Tensor* k = nullptr;    // [B, T, Hkv, D]
-  const Tensor* v = nullptr;    // [B, T, Hkv, D]
-  Tensor* out = nullptr;        // [B, T, Hq, D]  (forward writes, backward reads)
+  const Tensor* v = nullptr;    // [B, T, Hkv, Dv]
+  Tensor* out = nullptr;        // [B, T, Hq, Dv]  (forward writes, backward reads)
   Tensor* lse = nullptr;        // [B, Hq, T] f32 log-sum-exp of scaled scores (forward writes, backward reads)
-  const Tensor* dout = nullptr; // [B, T, Hq, D]  (backward)
+  const Tensor* dout = nullptr; // [B, T, Hq, Dv]  (backward)
   Tensor* dq = nullptr;         // [B, T, Hq, D]  (backward)
   Tensor* dk = nullptr;         // [B, T, Hkv, D] (backward)
-  Tensor* dv = nullptr;         // [B, T, Hkv, D] (backward)
+  Tensor* dv = nullptr;         // [B, T, Hkv, Dv] (backward)
   const Tensor* segment_start = nullptr;  // [B, T] i32, optional; 0 ≤ segment_start[b, t] ≤ t (a backend reports others)
   AttentionMask mask = AttentionMask::kCausal;
 };
@@ -311,6 +331,8 @@ class Backend {
   virtual void attention_forward(const AttentionArgs& args);
   virtual void attention_backward(const AttentionArgs& args);
   virtual void attention_merge(const AttentionMergeArgs& args);
+  virtual void head_concat(const HeadConcatArgs& args);
+  virtual void head_concat_backward(const HeadConcatArgs& args);
   virtual void swiglu_forward(const SwiGluArgs& args);
   virtual void swiglu_backward(const SwiGluArgs& args);
   virtual void cross_entropy_forward(const CrossEntropyArgs& args);

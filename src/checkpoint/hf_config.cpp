@@ -1,4 +1,4 @@
-// config.json export/import for Llama, Qwen3, Mixtral and Qwen3-MoE; defaults for absent keys follow transformers' LlamaConfig and
+// config.json export/import for Llama, Qwen3, Mixtral, Qwen3-MoE and DeepSeek-V2/V3 (multi-head latent attention); defaults for absent keys follow transformers' LlamaConfig and
 // Qwen3Config so a file means the same model here as it does there.
 #include "checkpoint/hf_config.h"
 
@@ -237,6 +237,130 @@ void read_moe_fields(const json& j, FieldReader& r, bool qwen3, ModelArgs& m) {
 
 }  // namespace
 
+namespace {
+
+// DeepSeek-V2's config.json (model_type deepseek_v2, which DeepSeek-V3's checkpoints extend) for a model with
+// multi-head latent attention: its attention, YaRN and MoE fields under their names there. A setting that file
+// cannot state is refused naming the key, rather than written as another model.
+json deepseek_config(const ModelArgs& m, const std::string& torch_dtype) {
+  json j = json::object();
+  j["architectures"] = json::array({"DeepseekV2ForCausalLM"});
+  j["model_type"] = "deepseek_v2";
+  j["hidden_size"] = m.hidden_size;
+  j["intermediate_size"] = m.ffn_hidden_size;
+  j["num_hidden_layers"] = m.num_layers;
+  j["num_attention_heads"] = m.num_attention_heads;
+  j["num_key_value_heads"] = m.num_attention_heads;
+  j["vocab_size"] = m.vocab_size;
+  j["max_position_embeddings"] = m.max_position_embeddings;
+  j["rms_norm_eps"] = m.norm_epsilon;
+  j["rope_theta"] = m.rotary_base;
+  j["q_lora_rank"] = m.q_lora_rank > 0 ? json(m.q_lora_rank) : json(nullptr);
+  j["kv_lora_rank"] = m.kv_lora_rank;
+  j["qk_nope_head_dim"] = m.qk_head_dim;
+  j["qk_rope_head_dim"] = m.qk_pos_emb_head_dim;
+  j["v_head_dim"] = m.v_head_dim;
+  if (m.yarn) {
+    j["rope_scaling"] = {{"type", "yarn"},
+                         {"factor", m.rotary_scaling_factor},
+                         {"original_max_position_embeddings", m.original_max_position_embeddings},
+                         {"beta_fast", m.beta_fast},
+                         {"beta_slow", m.beta_slow},
+                         {"mscale", m.mscale},
+                         {"mscale_all_dim", m.mscale_all_dim}};
+  } else {
+    j["rope_scaling"] = nullptr;
+  }
+  j["tie_word_embeddings"] = !m.untie_embeddings_and_output_weights;
+  j["hidden_act"] = "silu";
+  j["attention_bias"] = false;
+  j["attention_dropout"] = 0.0;
+  if (m.num_experts > 0) {
+    auto refuse = [](const char* key) {
+      throw UsageError(fmt::format("[checkpoint] {}: the setting has no equivalent in DeepSeek-V2's config.json", key));
+    };
+    if (m.moe_layer_freq.size() != 1) refuse("moe_layer_freq");
+    const int64_t shared = m.moe_shared_expert_intermediate_size;
+    if (shared % m.moe_ffn_hidden_size != 0) refuse("moe_shared_expert_intermediate_size");
+    if (m.moe_router_score_function == "softmax" && m.moe_router_num_groups > 1) refuse("moe_router_num_groups");
+    j["n_routed_experts"] = m.num_experts;
+    j["num_experts_per_tok"] = m.moe_router_topk;
+    j["moe_intermediate_size"] = m.moe_ffn_hidden_size;
+    j["n_shared_experts"] = shared > 0 ? json(shared / m.moe_ffn_hidden_size) : json(nullptr);
+    j["first_k_dense_replace"] = m.moe_first_k_dense_replace;
+    j["moe_layer_freq"] = m.moe_layer_freq[0];
+    j["scoring_func"] = m.moe_router_score_function;
+    j["norm_topk_prob"] = m.moe_router_score_function == "sigmoid" || !m.moe_router_pre_softmax;
+    j["routed_scaling_factor"] = m.moe_router_topk_scaling_factor;
+    j["topk_method"] = m.moe_router_enable_expert_bias ? "noaux_tc"
+                       : m.moe_router_num_groups > 1 ? "group_limited_greedy"
+                                                     : "greedy";
+    j["n_group"] = m.moe_router_num_groups;
+    j["topk_group"] = m.moe_router_group_topk;
+    j["aux_loss_alpha"] = m.moe_router_load_balancing_type == "none" ? 0.0 : m.moe_aux_loss_coeff;
+    j["seq_aux"] = m.moe_router_load_balancing_type == "seq_aux_loss";
+  } else {
+    j["n_routed_experts"] = nullptr;
+  }
+  j["initializer_range"] = m.init_method_std;
+  j["torch_dtype"] = torch_dtype;
+  j["use_cache"] = true;
+  return j;
+}
+
+// The MLA, YaRN and MoE fields of a deepseek_v2 config.json (transformers' DeepseekV2Config defaults where absent).
+void read_deepseek_fields(const json& j, FieldReader& r, const std::string& source_name, ModelArgs& m) {
+  m.multi_latent_attention = true;
+  m.num_query_groups = m.num_attention_heads;
+  m.kv_channels = std::max<int64_t>(1, m.hidden_size / m.num_attention_heads);  // unused under MLA
+  m.q_lora_rank = r.positive_int("q_lora_rank", 0);
+  m.kv_lora_rank = r.positive_int("kv_lora_rank", 512);
+  m.qk_head_dim = r.positive_int("qk_nope_head_dim", 128);
+  m.qk_pos_emb_head_dim = r.positive_int("qk_rope_head_dim", 64);
+  if (m.qk_pos_emb_head_dim % 2 != 0) r.fail("qk_rope_head_dim", fmt::format("({}) must be even", m.qk_pos_emb_head_dim));
+  m.v_head_dim = r.positive_int("v_head_dim", 128);
+  if (r.has("rope_scaling")) {
+    const json& rope = j.at("rope_scaling");
+    if (!rope.is_object()) r.fail("rope_scaling", fmt::format("must be an object or null, got {}", rope.dump()));
+    FieldReader y(rope, source_name, "rope_scaling.");
+    const std::string type = y.string("type", y.string("rope_type", "default"));
+    if (type != "yarn") y.fail("type", fmt::format("\"{}\" is not supported for deepseek_v2 (supported: yarn)", type));
+    m.yarn = true;
+    m.rotary_scaling_factor = y.positive_number("factor", 1.0);
+    m.original_max_position_embeddings = y.positive_int("original_max_position_embeddings", 4096);
+    m.beta_fast = y.positive_number("beta_fast", 32.0);
+    m.beta_slow = y.positive_number("beta_slow", 1.0);
+    m.mscale = y.number("mscale", 1.0);
+    m.mscale_all_dim = y.number("mscale_all_dim", 0.0);
+  }
+  if (!r.has("n_routed_experts")) return;
+  m.num_experts = r.positive_int("n_routed_experts");
+  m.moe_router_topk = r.positive_int("num_experts_per_tok");
+  if (m.moe_router_topk > m.num_experts) {
+    r.fail("num_experts_per_tok", fmt::format("({}) exceeds the {} experts", m.moe_router_topk, m.num_experts));
+  }
+  m.moe_ffn_hidden_size = r.positive_int("moe_intermediate_size");
+  m.moe_shared_expert_intermediate_size = r.has("n_shared_experts")
+                                              ? r.positive_int("n_shared_experts") * m.moe_ffn_hidden_size
+                                              : 0;
+  m.moe_first_k_dense_replace = r.has("first_k_dense_replace") ? j.at("first_k_dense_replace").get<int64_t>() : 0;
+  m.moe_layer_freq = {r.positive_int("moe_layer_freq", 1)};
+  m.moe_router_score_function = r.string("scoring_func", "softmax");
+  if (m.moe_router_score_function != "softmax" && m.moe_router_score_function != "sigmoid") {
+    r.fail("scoring_func", fmt::format("\"{}\" is not softmax or sigmoid", m.moe_router_score_function));
+  }
+  m.moe_router_pre_softmax = m.moe_router_score_function == "softmax" && !r.boolean("norm_topk_prob", false);
+  m.moe_router_topk_scaling_factor = r.positive_number("routed_scaling_factor", 1.0);
+  const std::string method = r.string("topk_method", "greedy");
+  m.moe_router_enable_expert_bias = method == "noaux_tc";
+  m.moe_router_num_groups = method == "greedy" ? 1 : r.positive_int("n_group", 1);
+  m.moe_router_group_topk = method == "greedy" ? 1 : r.positive_int("topk_group", 1);
+  m.moe_aux_loss_coeff = r.number("aux_loss_alpha", 0.001);
+  m.moe_router_load_balancing_type = r.boolean("seq_aux", true) ? "seq_aux_loss" : "aux_loss";
+}
+
+}  // namespace
+
 json hf_config_from_model(const ModelArgs& m, const std::string& torch_dtype) {
   PRIMUS_CHECK(m.num_layers > 0 && m.hidden_size > 0 && m.ffn_hidden_size > 0 && m.num_attention_heads > 0 &&
                    m.vocab_size > 0 && m.max_position_embeddings > 0,
@@ -244,6 +368,7 @@ json hf_config_from_model(const ModelArgs& m, const std::string& torch_dtype) {
                "max positions {})",
                m.num_layers, m.hidden_size, m.ffn_hidden_size, m.num_attention_heads, m.vocab_size,
                m.max_position_embeddings);
+  if (m.multi_latent_attention) return deepseek_config(m, torch_dtype);
   const bool qwen3 = m.qk_layernorm, moe = m.num_experts > 0;
   json j = json::object();
   j["architectures"] = json::array({moe ? (qwen3 ? "Qwen3MoeForCausalLM" : "MixtralForCausalLM")
@@ -294,10 +419,12 @@ ModelArgs model_args_from_hf_config(const json& j, const std::string& source_nam
   if (!r.has("model_type")) r.fail("model_type", "is required but missing");
   const std::string model_type = r.string("model_type", "");
   if (model_type != "llama" && model_type != "qwen3" && model_type != "mixtral" && model_type != "qwen3_moe" &&
-      model_type != "primus_moe") {
-    r.fail("model_type",
-           fmt::format("\"{}\" is not supported (supported: llama, qwen3, mixtral, qwen3_moe, primus_moe)", model_type));
+      model_type != "primus_moe" && model_type != "deepseek_v2") {
+    r.fail("model_type", fmt::format("\"{}\" is not supported (supported: llama, qwen3, mixtral, qwen3_moe, "
+                                     "primus_moe, deepseek_v2)",
+                                     model_type));
   }
+  const bool deepseek = model_type == "deepseek_v2";
   const bool primus_moe = r.has("primus_moe");
   if (model_type == "primus_moe" && !primus_moe) r.fail("primus_moe", "is required with model_type primus_moe");
   if (primus_moe && !j.at("primus_moe").is_object()) r.fail("primus_moe", "must be an object");
@@ -317,7 +444,7 @@ ModelArgs model_args_from_hf_config(const json& j, const std::string& source_nam
            fmt::format("({}) must divide num_attention_heads ({})", m.num_query_groups, m.num_attention_heads));
   }
   // LlamaConfig derives head_dim from the hidden size; Qwen3Config defaults it to 128 regardless.
-  if (!qwen3 && !r.has("head_dim") && m.hidden_size % m.num_attention_heads != 0) {
+  if (!qwen3 && !deepseek && !r.has("head_dim") && m.hidden_size % m.num_attention_heads != 0) {
     r.fail("head_dim", fmt::format("is missing and hidden_size ({}) is not divisible by num_attention_heads ({})",
                                    m.hidden_size, m.num_attention_heads));
   }
@@ -340,6 +467,10 @@ ModelArgs model_args_from_hf_config(const json& j, const std::string& source_nam
     FieldReader p(j.at("rope_parameters"), source_name, "rope_parameters.");
     if (j.at("rope_parameters").is_object()) m.rotary_base = p.positive_number("rope_theta", m.rotary_base);
     read_rope(j.at("rope_parameters"), source_name, "rope_parameters", m);
+  }
+  if (deepseek) {
+    read_deepseek_fields(j, r, source_name, m);
+    return m;
   }
   if (r.has("rope_scaling")) read_rope(j.at("rope_scaling"), source_name, "rope_scaling", m);
   if (primus_moe) {
@@ -415,6 +546,30 @@ void require_same_model(const ModelArgs& theirs, const ModelArgs& ours, const st
         nearly_equal(theirs.rope_scaling_high_freq_factor, ours.rope_scaling_high_freq_factor) &&
         theirs.rope_scaling_original_max_position_embeddings == ours.rope_scaling_original_max_position_embeddings));
   if (!same_scaling) differ("rope_scaling", rope_scaling_text(theirs), rope_scaling_text(ours));
+  if (!ours.multi_latent_attention) return;
+  const std::pair<const char*, std::pair<int64_t, int64_t>> latent[] = {
+      {"q_lora_rank", {theirs.q_lora_rank, ours.q_lora_rank}},
+      {"kv_lora_rank", {theirs.kv_lora_rank, ours.kv_lora_rank}},
+      {"qk_nope_head_dim", {theirs.qk_head_dim, ours.qk_head_dim}},
+      {"qk_rope_head_dim", {theirs.qk_pos_emb_head_dim, ours.qk_pos_emb_head_dim}},
+      {"v_head_dim", {theirs.v_head_dim, ours.v_head_dim}},
+      {"rope_scaling.original_max_position_embeddings",
+       {theirs.yarn ? theirs.original_max_position_embeddings : 0, ours.yarn ? ours.original_max_position_embeddings : 0}},
+  };
+  for (const auto& [key, values] : latent) {
+    if (values.first != values.second) differ(key, values.first, values.second);
+  }
+  if (theirs.yarn != ours.yarn) differ("rope_scaling (yarn)", theirs.yarn, ours.yarn);
+  const std::pair<const char*, std::pair<double, double>> yarn[] = {
+      {"rope_scaling.factor", {theirs.rotary_scaling_factor, ours.rotary_scaling_factor}},
+      {"rope_scaling.beta_fast", {theirs.beta_fast, ours.beta_fast}},
+      {"rope_scaling.beta_slow", {theirs.beta_slow, ours.beta_slow}},
+      {"rope_scaling.mscale", {theirs.mscale, ours.mscale}},
+      {"rope_scaling.mscale_all_dim", {theirs.mscale_all_dim, ours.mscale_all_dim}},
+  };
+  for (const auto& [key, values] : yarn) {
+    if (ours.yarn && !nearly_equal(values.first, values.second)) differ(key, values.first, values.second);
+  }
 }
 
 ModelArgs read_hf_config(const std::string& path) {

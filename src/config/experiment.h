@@ -32,6 +32,24 @@ struct ModelArgs {
   bool qk_layernorm = false;           // Qwen3: RMSNorm over head_dim on q and k before RoPE
   bool untie_embeddings_and_output_weights = false;
   double init_method_std = 0.02;
+  // Multi-head latent attention (DeepSeek-V2/V3; Megatron's keys, docs/mla.md). Per head the query and key are
+  // qk_head_dim features without RoPE then qk_pos_emb_head_dim with it; the value has v_head_dim.
+  bool multi_latent_attention = false;
+  int64_t q_lora_rank = 0;          // 0: a full-rank q_proj (DeepSeek-V2-Lite), else q_a_proj, q_a_layernorm, q_b_proj
+  int64_t kv_lora_rank = 0;         // the joint key/value compression
+  int64_t qk_head_dim = 0;          // HF's qk_nope_head_dim
+  int64_t qk_pos_emb_head_dim = 0;  // HF's qk_rope_head_dim
+  int64_t v_head_dim = 0;
+  // YaRN RoPE (position_embedding_type: yarn; Megatron's names). Frequencies of wavelengths longer than the original
+  // context are interpolated by rotary_scaling_factor, those shorter than it kept, with a ramp between beta_fast and
+  // beta_slow rotations; mscale and mscale_all_dim set the attention temperature.
+  bool yarn = false;
+  double rotary_scaling_factor = 40.0;
+  int64_t original_max_position_embeddings = 4096;
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  double mscale = 0.707;
+  double mscale_all_dim = 0.707;
   // Mixture of experts (Megatron's keys; num_experts 0: a dense model). Validated by the config loader.
   int64_t num_experts = 0;
   int64_t moe_router_topk = 2;
@@ -67,6 +85,13 @@ struct ModelArgs {
 inline constexpr const char* kMoeGpuNotVerified =
     "num_experts: MoE's CUDA kernels have not been verified on a GPU yet (their tests are written, issue 14); "
     "train MoE models with device: cpu for now";
+
+// Multi-head latent attention runs on the CPU engine only: its CUDA path (attention with a value width other than
+// the query's, the head concatenation and interleaved RoPE kernels) is not written, and tensor and context
+// parallelism do not split it yet. The config and the trainer refuse the rest with this message.
+inline constexpr const char* kMlaCpuOnly =
+    "multi_latent_attention: multi-head latent attention runs on the CPU engine only (its GPU kernels are not "
+    "written or verified yet, issue 14)";
 
 // Training keys (Megatron-LM argument names).
 struct TrainingArgs {

@@ -353,12 +353,95 @@ void check_moe_keys(const ModuleKeys& keys, const Origin& module_origin) {
   }
 }
 
+// Multi-head latent attention and YaRN: their shape keys among themselves and against what the engine does with them.
+void check_mla_keys(const ModuleKeys& keys, const Origin& module_origin) {
+  const ModuleKey& mla = get(keys, "multi_latent_attention");
+  const ModuleKey& position = get(keys, "position_embedding_type");
+  const char* shape_keys[] = {"q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim"};
+  const char* yarn_keys[] = {"rotary_scaling_factor", "original_max_position_embeddings", "beta_fast", "beta_slow",
+                             "mscale", "mscale_all_dim"};
+  if (position.value.s != "yarn") {
+    // YaRN keys changed from their defaults would do nothing without YaRN (an effective config, which writes every
+    // key, loads back).
+    for (const char* name : yarn_keys) {
+      const ModuleKey& key = get(keys, name);
+      if (format_value(*key.spec, key.value) != format_value(*key.spec, default_value(*key.spec))) {
+        config_error(place(key, module_origin),
+                     fmt::format("{} is a YaRN key but position_embedding_type is {}; set position_embedding_type: "
+                                 "yarn or remove {}",
+                                 name, position.value.s, name));
+      }
+    }
+  }
+  if (!mla.value.b) {
+    for (const char* name : shape_keys) {
+      const ModuleKey& key = get(keys, name);
+      if (key.value.is_set) {
+        config_error(place(key, module_origin),
+                     fmt::format("{} is set but multi_latent_attention is false; set multi_latent_attention: true "
+                                 "or remove {}",
+                                 name, name));
+      }
+    }
+    if (position.value.s == "yarn") {
+      config_error(place(position, module_origin),
+                   "position_embedding_type yarn is implemented for multi-head latent attention only; set "
+                   "multi_latent_attention: true or position_embedding_type: rope");
+    }
+    return;
+  }
+  for (const char* name : shape_keys) {
+    const ModuleKey& key = get(keys, name);
+    if (!key.value.is_set && std::string_view(name) != "q_lora_rank") {
+      config_error(place(mla, module_origin), fmt::format("multi_latent_attention is true, so {} is required", name));
+    }
+  }
+  const ModuleKey& rope_dim = get(keys, "qk_pos_emb_head_dim");
+  if (rope_dim.value.i % 2 != 0) {
+    config_error(place(rope_dim, module_origin),
+                 fmt::format("qk_pos_emb_head_dim ({}) must be even: RoPE rotates pairs of features", rope_dim.value.i));
+  }
+  const ModuleKey& gqa = get(keys, "group_query_attention");
+  if (gqa.value.b) {
+    config_error(place(gqa, module_origin),
+                 "group_query_attention with multi_latent_attention: MLA's keys and values come per head from the "
+                 "shared kv_lora_rank compression; set group_query_attention: false");
+  }
+  const ModuleKey& qk_norm = get(keys, "qk_layernorm");
+  if (qk_norm.value.b) {
+    config_error(place(qk_norm, module_origin),
+                 "qk_layernorm with multi_latent_attention: MLA normalises its compressed q and kv "
+                 "(q_a_layernorm, kv_a_layernorm), not per head; set qk_layernorm: false");
+  }
+  const ModuleKey& beta_fast = get(keys, "beta_fast");
+  const ModuleKey& beta_slow = get(keys, "beta_slow");
+  if (position.value.s == "yarn" && beta_fast.value.f <= beta_slow.value.f) {
+    config_error(place(beta_fast, module_origin),
+                 fmt::format("beta_fast ({}) must exceed beta_slow ({})", format_value(*beta_fast.spec, beta_fast.value),
+                             describe(beta_slow)));
+  }
+  for (const char* name : {"tensor_model_parallel_size", "context_parallel_size"}) {
+    const ModuleKey& key = get(keys, name);
+    if (key.value.i > 1) {
+      config_error(place(mla, module_origin),
+                   fmt::format("multi_latent_attention is not split over tensor- or context-parallel ranks yet ({}); "
+                               "set {}: 1",
+                               describe(key), name));
+    }
+  }
+  const ModuleKey& device = get(keys, "device");
+  if (device.value.s == "cuda") {
+    config_error(place(mla, module_origin), fmt::format("{} ({})", kMlaCpuOnly, describe(device)));
+  }
+}
+
 }  // namespace
 
 void check_module_keys(const ModuleKeys& keys, const Origin& module_origin) {
   check_model_size(keys, module_origin);
   check_parallel_keys(keys, module_origin);
   check_moe_keys(keys, module_origin);
+  check_mla_keys(keys, module_origin);
   const ModuleKey& heads = get(keys, "num_attention_heads");
   const ModuleKey& hidden = get(keys, "hidden_size");
   const ModuleKey& gqa = get(keys, "group_query_attention");

@@ -91,11 +91,8 @@ std::string check_layer_freq(const TypedValue& v) {
   return "";
 }
 
-// The shape keys of multi-head latent attention: accepted by name (so DeepSeek configs fail on what is missing, not
-// on an unknown key), refused when set because the engine has no MLA layer yet.
-std::string refuse_latent_attention(const TypedValue& v) {
-  return v.is_set ? "multi-head latent attention (DeepSeek-V2/V3) is not implemented yet" : "";
-}
+// position_embedding_type: yarn turns YaRN scaling of the RoPE table on.
+void yarn_field(const TypedValue& v, ExperimentConfig& c) { c.model.yarn = v.s == "yarn"; }
 
 // Sliding-window attention (Megatron's window_size "(left, right)"), refused when set.
 std::string refuse_window(const TypedValue& v) {
@@ -199,9 +196,12 @@ std::vector<KeySpec> build_specs() {
        .type = kString,
        .group = kModel,
        .default_yaml = "rope",
-       .choices = {"rope"},
-       .why = "only rotary position embeddings are implemented",
-       .help = "Position encoding."},
+       .choices = {"rope", "yarn"},
+       .why = "rotary position embeddings, plain or YaRN-scaled, are implemented",
+       .help = "Position encoding: rope, or yarn (YaRN-scaled RoPE: the rotary_scaling_factor, "
+               "original_max_position_embeddings, beta_fast, beta_slow, mscale and mscale_all_dim keys; with "
+               "multi_latent_attention only).",
+       .apply = yarn_field},
       {.name = "rotary_base",
        .type = kFloat,
        .group = kModel,
@@ -300,45 +300,105 @@ std::vector<KeySpec> build_specs() {
        .aliases = {"initializer_range"},
        .apply = model_field<&ModelArgs::init_method_std>},
       // ---- features of other model families, named so that their presets fail on what the engine lacks ----
+      // ---- multi-head latent attention (DeepSeek-V2/V3) and YaRN RoPE: docs/mla.md ----
       {.name = "multi_latent_attention",
        .type = kBool,
        .group = kModel,
        .default_yaml = "false",
-       .choices = {"false"},
-       .why = "multi-head latent attention (DeepSeek-V2/V3) is not implemented yet",
-       .help = "DeepSeek's multi-head latent attention (low-rank q and kv projections, decoupled RoPE key)."},
+       .help = "DeepSeek's multi-head latent attention: low-rank q (q_lora_rank) and joint kv (kv_lora_rank) "
+               "projections with RMSNorms, a RoPE key shared by the heads, value heads of v_head_dim. CPU engine "
+               "only; not with group_query_attention, tensor or context parallelism.",
+       .apply = model_field<&ModelArgs::multi_latent_attention>},
       {.name = "q_lora_rank",
        .type = kInt,
        .group = kModel,
        .presence = kOptional,
-       .help = "MLA: rank of the query's low-rank projection (unset: a full-rank query).",
-       .check = refuse_latent_attention},
+       .min = 1,
+       .help = "MLA: rank of the query's low-rank projection (q_a_proj, q_a_layernorm, q_b_proj); unset: a "
+               "full-rank q_proj (DeepSeek-V2-Lite).",
+       .apply = model_field<&ModelArgs::q_lora_rank>},
       {.name = "kv_lora_rank",
        .type = kInt,
        .group = kModel,
        .presence = kOptional,
-       .help = "MLA: rank of the joint key/value compression.",
-       .check = refuse_latent_attention},
+       .min = 1,
+       .help = "MLA: rank of the joint key/value compression (kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj); "
+               "required with multi_latent_attention.",
+       .apply = model_field<&ModelArgs::kv_lora_rank>},
       {.name = "qk_head_dim",
        .type = kInt,
        .group = kModel,
        .presence = kOptional,
-       .help = "MLA: the per-head query/key width without RoPE (qk_nope_head_dim).",
+       .min = 1,
+       .help = "MLA: the per-head query/key width without RoPE (HF's qk_nope_head_dim); required with "
+               "multi_latent_attention.",
        .aliases = {"qk_nope_head_dim"},
-       .check = refuse_latent_attention},
+       .apply = model_field<&ModelArgs::qk_head_dim>},
       {.name = "qk_pos_emb_head_dim",
        .type = kInt,
        .group = kModel,
        .presence = kOptional,
-       .help = "MLA: the per-head width of the decoupled RoPE query/key (qk_rope_head_dim).",
+       .min = 2,
+       .help = "MLA: the per-head width of the decoupled RoPE query and of the key shared by the heads (HF's "
+               "qk_rope_head_dim); even; required with multi_latent_attention.",
        .aliases = {"qk_rope_head_dim"},
-       .check = refuse_latent_attention},
+       .apply = model_field<&ModelArgs::qk_pos_emb_head_dim>},
       {.name = "v_head_dim",
        .type = kInt,
        .group = kModel,
        .presence = kOptional,
-       .help = "MLA: the per-head value width.",
-       .check = refuse_latent_attention},
+       .min = 1,
+       .help = "MLA: the per-head value width; required with multi_latent_attention.",
+       .apply = model_field<&ModelArgs::v_head_dim>},
+      {.name = "rotary_scaling_factor",
+       .type = kFloat,
+       .group = kModel,
+       .default_yaml = "40.0",
+       .min = 1,
+       .help = "YaRN (position_embedding_type: yarn): how much longer the context is than "
+               "original_max_position_embeddings; long wavelengths are interpolated by it.",
+       .apply = model_field<&ModelArgs::rotary_scaling_factor>},
+      {.name = "original_max_position_embeddings",
+       .type = kInt,
+       .group = kModel,
+       .default_yaml = "4096",
+       .min = 1,
+       .help = "YaRN: the context length the model was pretrained with before scaling.",
+       .apply = model_field<&ModelArgs::original_max_position_embeddings>},
+      {.name = "beta_fast",
+       .type = kFloat,
+       .group = kModel,
+       .default_yaml = "32.0",
+       .min = 0,
+       .min_exclusive = true,
+       .help = "YaRN: frequencies turning more than beta_fast times over the original context keep their value "
+               "(extrapolation); must exceed beta_slow.",
+       .apply = model_field<&ModelArgs::beta_fast>},
+      {.name = "beta_slow",
+       .type = kFloat,
+       .group = kModel,
+       .default_yaml = "1.0",
+       .min = 0,
+       .min_exclusive = true,
+       .help = "YaRN: frequencies turning fewer than beta_slow times over the original context are divided by "
+               "rotary_scaling_factor (interpolation); a linear ramp between.",
+       .apply = model_field<&ModelArgs::beta_slow>},
+      {.name = "mscale",
+       .type = kFloat,
+       .group = kModel,
+       .default_yaml = "0.707",
+       .min = 0,
+       .help = "YaRN: the cos/sin tables are multiplied by m(mscale) / m(mscale_all_dim), m(x) = 0.1 x "
+               "ln(rotary_scaling_factor) + 1.",
+       .apply = model_field<&ModelArgs::mscale>},
+      {.name = "mscale_all_dim",
+       .type = kFloat,
+       .group = kModel,
+       .default_yaml = "0.707",
+       .min = 0,
+       .help = "YaRN with MLA: the softmax scale 1/sqrt(qk_head_dim + qk_pos_emb_head_dim) is multiplied by "
+               "m(mscale_all_dim)^2.",
+       .apply = model_field<&ModelArgs::mscale_all_dim>},
       {.name = "mtp_num_layers",
        .type = kInt,
        .group = kModel,

@@ -13,14 +13,20 @@ namespace {
 std::string layer_prefix(int64_t i) { return fmt::format("model.layers.{}.", i); }
 
 RopeConfig rope_config(const ModelArgs& a) {
-  return RopeConfig{a.rotary_base, a.use_rope_scaling, a.rope_scaling_factor, a.rope_scaling_low_freq_factor,
-                    a.rope_scaling_high_freq_factor, a.rope_scaling_original_max_position_embeddings};
+  return RopeConfig{a.rotary_base,
+                    a.use_rope_scaling,
+                    a.rope_scaling_factor,
+                    a.rope_scaling_low_freq_factor,
+                    a.rope_scaling_high_freq_factor,
+                    a.rope_scaling_original_max_position_embeddings,
+                    YarnConfig{a.yarn, a.rotary_scaling_factor, a.original_max_position_embeddings, a.beta_fast,
+                               a.beta_slow, a.mscale, a.mscale_all_dim}};
 }
 
 }  // namespace
 
 MoeParamNames moe_param_names(const ModelArgs& a, const std::string& pre) {
-  const bool qwen3 = a.qk_layernorm;
+  const bool qwen3 = a.qk_layernorm || a.multi_latent_attention;  // DeepSeek-V2/V3 name theirs as Qwen3-MoE does
   const std::string block = pre + (qwen3 ? "mlp." : "block_sparse_moe.");
   MoeParamNames names;
   names.gate = block + "gate.weight";
@@ -41,6 +47,7 @@ MoeParamNames moe_param_names(const ModelArgs& a, const std::string& pre) {
 struct LlamaModel::BlockSaved {
   RmsNormSaved input_norm;
   AttentionSaved attention;
+  MlaSaved mla;
   RmsNormSaved post_norm;
   MlpSaved mlp;
   MoeSaved moe;
@@ -49,6 +56,7 @@ struct LlamaModel::BlockSaved {
   void release_activations() {  // all but chunk_input
     input_norm = RmsNormSaved();
     attention = AttentionSaved();
+    mla = MlaSaved();
     post_norm = RmsNormSaved();
     mlp = MlpSaved();
     moe = MoeSaved();
@@ -90,6 +98,8 @@ std::vector<ParamSpec> LlamaModel::param_specs(const ModelArgs& a, int tp_size, 
   PRIMUS_CHECK(a.vocab_size > 0, "model vocab_size must be resolved before building the model");
   PRIMUS_CHECK(a.num_experts == 0 || tp_size == 1,
                "[model] num_experts: MoE layers are not split over {} tensor-parallel ranks yet", tp_size);
+  PRIMUS_CHECK(!a.multi_latent_attention || tp_size == 1,
+               "[model] multi_latent_attention: MLA is not split over {} tensor-parallel ranks yet", tp_size);
   const int64_t C = a.hidden_size, D = a.kv_channels;
   const bool kv_replicated = a.num_query_groups < tp_size;  // each key/value group on tp / groups ranks
   PRIMUS_CHECK(tp_size >= 1 && tp_rank >= 0 && tp_rank < tp_size && a.num_attention_heads % tp_size == 0 &&
@@ -140,10 +150,28 @@ std::vector<ParamSpec> LlamaModel::param_specs(const ModelArgs& a, int tp_size, 
     if (!held[static_cast<size_t>(i)]) continue;
     const std::string p = layer_prefix(i);
     specs.push_back(norm(p + "input_layernorm.weight", C));
-    specs.push_back(weight(p + "self_attn.q_proj.weight", q_out, C, kRows, std));
-    specs.push_back(kv_weight(p + "self_attn.k_proj.weight"));
-    specs.push_back(kv_weight(p + "self_attn.v_proj.weight"));
-    specs.push_back(weight(p + "self_attn.o_proj.weight", C, q_out, kColumns, out_std));
+    if (a.multi_latent_attention) {
+      // DeepSeek-V2's names and order (layers/mla.h).
+      const int64_t H = a.num_attention_heads, Dqk = a.qk_head_dim + a.qk_pos_emb_head_dim;
+      if (a.q_lora_rank > 0) {
+        specs.push_back(weight(p + "self_attn.q_a_proj.weight", a.q_lora_rank, C, kRows, std));
+        specs.push_back(norm(p + "self_attn.q_a_layernorm.weight", a.q_lora_rank));
+        specs.push_back(weight(p + "self_attn.q_b_proj.weight", H * Dqk, a.q_lora_rank, kRows, std));
+      } else {
+        specs.push_back(weight(p + "self_attn.q_proj.weight", H * Dqk, C, kRows, std));
+      }
+      specs.push_back(
+          weight(p + "self_attn.kv_a_proj_with_mqa.weight", a.kv_lora_rank + a.qk_pos_emb_head_dim, C, kRows, std));
+      specs.push_back(norm(p + "self_attn.kv_a_layernorm.weight", a.kv_lora_rank));
+      specs.push_back(
+          weight(p + "self_attn.kv_b_proj.weight", H * (a.qk_head_dim + a.v_head_dim), a.kv_lora_rank, kRows, std));
+      specs.push_back(weight(p + "self_attn.o_proj.weight", C, H * a.v_head_dim, kColumns, out_std));
+    } else {
+      specs.push_back(weight(p + "self_attn.q_proj.weight", q_out, C, kRows, std));
+      specs.push_back(kv_weight(p + "self_attn.k_proj.weight"));
+      specs.push_back(kv_weight(p + "self_attn.v_proj.weight"));
+      specs.push_back(weight(p + "self_attn.o_proj.weight", C, q_out, kColumns, out_std));
+    }
     if (a.qk_layernorm) {
       specs.push_back(norm(p + "self_attn.q_norm.weight", D));
       specs.push_back(norm(p + "self_attn.k_norm.weight", D));
@@ -184,8 +212,12 @@ std::vector<ParamSpec> LlamaModel::param_specs(const ModelArgs& a, int tp_size, 
 double LlamaModel::flops_per_token(const ModelArgs& a, int64_t seq_length) {
   // 6 FLOPs per matmul parameter (forward 2, backward 4) plus attention's QKᵀ and PV, forward and backward,
   // without halving for causality (the PaLM/Megatron convention the reference uses too).
+  // MLA: QKᵀ over Dn + Dr features a head, PV over Dv.
+  const double attention_width = a.multi_latent_attention
+                                     ? 0.5 * static_cast<double>(a.qk_head_dim + a.qk_pos_emb_head_dim + a.v_head_dim)
+                                     : static_cast<double>(a.kv_channels);
   return 6.0 * static_cast<double>(matmul_params(a)) +
-         12.0 * static_cast<double>(a.num_layers * seq_length * a.num_attention_heads * a.kv_channels);
+         12.0 * static_cast<double>(a.num_layers * seq_length * a.num_attention_heads) * attention_width;
 }
 
 int64_t LlamaModel::matmul_params(const ModelArgs& a) {
@@ -237,8 +269,11 @@ LlamaModel::LlamaModel(const ModelArgs& args, int64_t max_seq_length, Device dev
   if (args_.num_experts > 0 && device_.is_cpu() && compute_dtype_ != DType::kF32) {
     throw UsageError("[config] num_experts: MoE on the CPU engine runs in fp32 only; bf16 mixed precision runs on cuda");
   }
+  if (args_.multi_latent_attention && (!device_.is_cpu() || compute_dtype_ != DType::kF32)) {
+    throw UsageError(fmt::format("[config] {}, in fp32", kMlaCpuOnly));
+  }
   if (compute_dtype_ != DType::kF32) compute_weights_ = Tensor::empty({params_.numel()}, compute_dtype_, device_);
-  RopeTable host_rope = make_rope_table(args_.kv_channels, max_seq_length_, rope_config(args_));
+  RopeTable host_rope = make_rope_table(rope_dim(), max_seq_length_, rope_config(args_));
   rope_ = RopeTable{ops::to_device(host_rope.cos, device_), ops::to_device(host_rope.sin, device_)};
   // Layers compute with the bf16 copy in mixed precision, else with the master weights themselves.
   const Tensor& compute_flat = compute_dtype_ == DType::kF32 ? params_.flat_params() : compute_weights_;
@@ -386,21 +421,46 @@ void LlamaModel::bind_layers(const UnitBuffers& buffers) {
     b.input_norm = RmsNorm{p(pre + "input_layernorm.weight"), g(pre + "input_layernorm.weight"), eps};
     b.post_attention_norm =
         RmsNorm{p(pre + "post_attention_layernorm.weight"), g(pre + "post_attention_layernorm.weight"), eps};
-    Attention& at = b.attention;
     auto linear = [&](const std::string& name) { return std::make_unique<Linear>(p(name), g(name)); };
-    at.q_proj = linear(pre + "self_attn.q_proj.weight");
-    at.k_proj = linear(pre + "self_attn.k_proj.weight");
-    at.v_proj = linear(pre + "self_attn.v_proj.weight");
-    at.o_proj = linear(pre + "self_attn.o_proj.weight");
-    at.heads = args_.num_attention_heads / tp_.size();
-    at.kv_heads = std::max<int64_t>(1, args_.num_query_groups / tp_.size());  // one replicated group when fewer
-    at.head_dim = args_.kv_channels;
-    at.qk_norm = args_.qk_layernorm;
-    if (at.qk_norm) {
-      // Each rank normalises its own heads with the shared weights: their gradients are partial, summed over the
-      // group once per step (tensor_parallel_grad_sums).
-      at.q_norm = RmsNorm{p(pre + "self_attn.q_norm.weight"), g(pre + "self_attn.q_norm.weight"), eps};
-      at.k_norm = RmsNorm{p(pre + "self_attn.k_norm.weight"), g(pre + "self_attn.k_norm.weight"), eps};
+    b.is_mla = args_.multi_latent_attention;
+    if (b.is_mla) {
+      MlaAttention& mla = b.mla;
+      const std::string at = pre + "self_attn.";
+      mla.q_proj = nullptr;  // rebinding (bind_units) replaces every module
+      mla.q_a_proj = nullptr;
+      mla.q_b_proj = nullptr;
+      if (args_.q_lora_rank > 0) {
+        mla.q_a_proj = linear(at + "q_a_proj.weight");
+        mla.q_a_norm = RmsNorm{p(at + "q_a_layernorm.weight"), g(at + "q_a_layernorm.weight"), eps};
+        mla.q_b_proj = linear(at + "q_b_proj.weight");
+      } else {
+        mla.q_proj = linear(at + "q_proj.weight");
+      }
+      mla.kv_a_proj_with_mqa = linear(at + "kv_a_proj_with_mqa.weight");
+      mla.kv_a_norm = RmsNorm{p(at + "kv_a_layernorm.weight"), g(at + "kv_a_layernorm.weight"), eps};
+      mla.kv_b_proj = linear(at + "kv_b_proj.weight");
+      mla.o_proj = linear(at + "o_proj.weight");
+      mla.heads = args_.num_attention_heads;
+      mla.nope_dim = args_.qk_head_dim;
+      mla.rope_dim = args_.qk_pos_emb_head_dim;
+      mla.v_dim = args_.v_head_dim;
+      mla.query_scale = static_cast<float>(yarn_softmax_scale_factor(rope_config(args_)));
+    } else {
+      Attention& at = b.attention;
+      at.q_proj = linear(pre + "self_attn.q_proj.weight");
+      at.k_proj = linear(pre + "self_attn.k_proj.weight");
+      at.v_proj = linear(pre + "self_attn.v_proj.weight");
+      at.o_proj = linear(pre + "self_attn.o_proj.weight");
+      at.heads = args_.num_attention_heads / tp_.size();
+      at.kv_heads = std::max<int64_t>(1, args_.num_query_groups / tp_.size());  // one replicated group when fewer
+      at.head_dim = args_.kv_channels;
+      at.qk_norm = args_.qk_layernorm;
+      if (at.qk_norm) {
+        // Each rank normalises its own heads with the shared weights: their gradients are partial, summed over the
+        // group once per step (tensor_parallel_grad_sums).
+        at.q_norm = RmsNorm{p(pre + "self_attn.q_norm.weight"), g(pre + "self_attn.q_norm.weight"), eps};
+        at.k_norm = RmsNorm{p(pre + "self_attn.k_norm.weight"), g(pre + "self_attn.k_norm.weight"), eps};
+      }
     }
     b.is_moe = args_.is_moe_layer(i);
     if (b.is_moe) {
@@ -421,7 +481,7 @@ void LlamaModel::bind_layers(const UnitBuffers& buffers) {
 
 RopeTable LlamaModel::rope_for(int64_t seq, const PackedSequence& packed) const {
   if (packed.position_ids.defined()) return rope_;
-  const int64_t half = args_.kv_channels / 2;
+  const int64_t half = rope_dim() / 2;
   return RopeTable{rope_.cos.slice_elements(0, {seq, half}), rope_.sin.slice_elements(0, {seq, half})};
 }
 
@@ -543,7 +603,12 @@ Tensor LlamaModel::block_forward(Block& b, BlockSaved& saved, const Tensor& x, c
   {
     const ops::ProfileScope scope(b.name + ".self_attn");
     Tensor h = gathered(b.input_norm.forward(x, saved.input_norm), ctx);
-    a = b.attention.forward(h, ctx.batch, ctx.rope, ctx.packed, saved.attention, ctx.ring);
+    if (b.is_mla) {
+      PRIMUS_CHECK(ctx.ring == nullptr, "[model] multi_latent_attention: MLA has no ring (context-parallel) attention");
+      a = b.mla.forward(h, ctx.batch, ctx.rope, ctx.packed, saved.mla);
+    } else {
+      a = b.attention.forward(h, ctx.batch, ctx.rope, ctx.packed, saved.attention, ctx.ring);
+    }
     a = summed(a, ctx);      // o_proj is row-parallel: each rank's heads give part of it
     ops::add_inplace(a, x);  // a = x + attention(x): the block's mid residual
   }
@@ -569,7 +634,9 @@ Tensor LlamaModel::block_backward(Block& b, BlockSaved& saved, const Tensor& dx,
     ops::add_inplace(dmid, dx);
   }
   const ops::ProfileScope scope(b.name + ".self_attn (backward)");
-  Tensor dh = summed(b.attention.backward(gathered(dmid, ctx), ctx.rope, ctx.packed, saved.attention, ctx.ring),
+  Tensor dh = summed(b.is_mla ? b.mla.backward(gathered(dmid, ctx), ctx.rope, ctx.packed, saved.mla)
+                              : b.attention.backward(gathered(dmid, ctx), ctx.rope, ctx.packed, saved.attention,
+                                                     ctx.ring),
                      ctx);  // likewise q/k/v
   Tensor dx_in = b.input_norm.backward(dh, saved.input_norm);
   ops::add_inplace(dx_in, dmid);
@@ -758,11 +825,24 @@ void LlamaModel::for_each_linear(const LinearVisitor& visit) {
   for (int64_t i = 0; i < args_.num_layers; ++i) {
     if (!owns_layer(i)) continue;  // another pipeline stage's
     const std::string pre = blocks_[i].name + ".";
-    Attention& at = blocks_[i].attention;
-    each(pre + "self_attn.q_proj", at.q_proj);
-    each(pre + "self_attn.k_proj", at.k_proj);
-    each(pre + "self_attn.v_proj", at.v_proj);
-    each(pre + "self_attn.o_proj", at.o_proj);
+    if (blocks_[i].is_mla) {
+      MlaAttention& mla = blocks_[i].mla;
+      if (mla.q_a_proj != nullptr) {
+        each(pre + "self_attn.q_a_proj", mla.q_a_proj);
+        each(pre + "self_attn.q_b_proj", mla.q_b_proj);
+      } else {
+        each(pre + "self_attn.q_proj", mla.q_proj);
+      }
+      each(pre + "self_attn.kv_a_proj_with_mqa", mla.kv_a_proj_with_mqa);
+      each(pre + "self_attn.kv_b_proj", mla.kv_b_proj);
+      each(pre + "self_attn.o_proj", mla.o_proj);
+    } else {
+      Attention& at = blocks_[i].attention;
+      each(pre + "self_attn.q_proj", at.q_proj);
+      each(pre + "self_attn.k_proj", at.k_proj);
+      each(pre + "self_attn.v_proj", at.v_proj);
+      each(pre + "self_attn.o_proj", at.o_proj);
+    }
     if (blocks_[i].is_moe) {  // the router and the grouped experts are no Linear modules; a shared expert is
       SwiGluMlp* shared = blocks_[i].moe.shared_expert.get();
       if (shared == nullptr) continue;

@@ -1,5 +1,6 @@
 // The decoder family: Llama 2/3/3.1/3.2 and Qwen3 (q/k RMSNorm, explicit head_dim), dense or with mixture-of-experts
-// MLPs in some layers (Mixtral, Qwen3-MoE: num_experts; parameter names in moe_param_names below).
+// MLPs in some layers (Mixtral, Qwen3-MoE: num_experts; parameter names in moe_param_names below), and DeepSeek-V2/V3's
+// multi-head latent attention in place of the q/k/v projections (multi_latent_attention, layers/mla.h).
 // Builds the parameter table with Hugging Face names, owns the flat ParamStore and the modules that view it,
 // and runs an explicit forward (into a per-micro-batch context) and backward over one micro-batch.
 #pragma once
@@ -8,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "layers/mla.h"
 #include "layers/moe.h"
 #include "models/model.h"
 
@@ -83,8 +85,9 @@ class LlamaModel final : public Model {
   Tensor logits_chunk(int chunk, const std::vector<int32_t>& context, const Tensor& input,
                       std::vector<float>& logits) override;
 
-  // q_proj, k_proj, v_proj, o_proj, then gate_up_proj (gate_proj and up_proj as one [2F, C] GEMM: gate rows
-  // first) and down_proj, of each layer in order: "model.layers.{i}.self_attn.q_proj", "....mlp.gate_up_proj".
+  // q_proj, k_proj, v_proj, o_proj (with MLA: q_proj or q_a_proj and q_b_proj, kv_a_proj_with_mqa, kv_b_proj, o_proj),
+  // then gate_up_proj (gate_proj and up_proj as one [2F, C] GEMM: gate rows first) and down_proj, of each layer in
+  // order: "model.layers.{i}.self_attn.q_proj", "....mlp.gate_up_proj".
   void for_each_linear(const LinearVisitor& visit) override;
 
   std::vector<FlatRange> param_units() const override;
@@ -99,7 +102,9 @@ class LlamaModel final : public Model {
   struct Block {
     std::string name;  // "model.layers.{i}", for profiling scopes
     RmsNorm input_norm;
-    Attention attention;
+    Attention attention;     // unless multi_latent_attention
+    MlaAttention mla;        // multi_latent_attention
+    bool is_mla = false;
     RmsNorm post_attention_norm;
     SwiGluMlp mlp;  // dense layers
     bool is_moe = false;
@@ -183,7 +188,9 @@ class LlamaModel final : public Model {
   std::vector<Block> blocks_;
   RmsNorm final_norm_;
   LmLoss lm_loss_;
-  RopeTable rope_;  // [max_seq_length, D/2]
+  RopeTable rope_;  // [max_seq_length, rope_dim() / 2]
+  // The features RoPE rotates per head: the head dim, or MLA's qk_pos_emb_head_dim.
+  int64_t rope_dim() const { return args_.multi_latent_attention ? args_.qk_pos_emb_head_dim : args_.kv_channels; }
 };
 
 }  // namespace primus

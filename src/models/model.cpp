@@ -14,17 +14,20 @@ std::unique_ptr<Model> make_llama(const ModelArgs& args, int64_t max_seq_length,
 }
 
 // Llama and Qwen3 differ only in what the shape keys already say (q/k norms, head_dim, tied head), and their MoE
-// variants Mixtral and Qwen3-MoE in the MoE keys (num_experts ...) and parameter names: one class.
+// variants Mixtral and Qwen3-MoE in the MoE keys (num_experts ...) and parameter names, DeepSeek-V2/V3 in its
+// attention (multi_latent_attention): one class.
 constexpr ModelFamily kFamilies[] = {
     {"llama", &LlamaModel::param_specs, &LlamaModel::matmul_params, &LlamaModel::flops_per_token, &make_llama},
     {"qwen3", &LlamaModel::param_specs, &LlamaModel::matmul_params, &LlamaModel::flops_per_token, &make_llama},
     {"mixtral", &LlamaModel::param_specs, &LlamaModel::matmul_params, &LlamaModel::flops_per_token, &make_llama},
     {"qwen3_moe", &LlamaModel::param_specs, &LlamaModel::matmul_params, &LlamaModel::flops_per_token, &make_llama},
+    {"deepseek_v2", &LlamaModel::param_specs, &LlamaModel::matmul_params, &LlamaModel::flops_per_token, &make_llama},
 };
 
 }  // namespace
 
 std::string_view model_family_name(const ModelArgs& args) {
+  if (args.multi_latent_attention) return "deepseek_v2";  // DeepSeek-V2 and V3, dense or MoE
   if (args.num_experts > 0) return args.qk_layernorm ? "qwen3_moe" : "mixtral";
   return args.qk_layernorm ? "qwen3" : "llama";
 }

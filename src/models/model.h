@@ -99,7 +99,7 @@ class Model {
  public:
   virtual ~Model() = default;
 
-  // The family key: "llama" (Llama 2/3/3.1/3.2), "qwen3", "mixtral" or "qwen3_moe".
+  // The family key: "llama" (Llama 2/3/3.1/3.2), "qwen3", "mixtral", "qwen3_moe" or "deepseek_v2" (MLA).
   virtual std::string_view family() const = 0;
   virtual const ModelArgs& args() const = 0;
   // The longest sequence forward takes (the rows of its RoPE table): pretrained weights must know positions as far.

@@ -304,22 +304,68 @@ Device check_rope_args(const char* op, const char* x_name, const Tensor& x, cons
 
 }  // namespace
 
-void rope_forward(Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& positions) {
+void rope_forward(Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& positions, bool interleaved) {
   const char* op = "rope_forward";
   const ProfileScope profile_scope(op);
   const Device device = check_rope_args(op, "x", x, cos, sin, positions);
   check_rope(op, x, cos, sin, positions);
-  RopeArgs args{&x, &cos, &sin, positions.defined() ? &positions : nullptr};
+  OP_CHECK(!interleaved || device.is_cpu(), "interleaved pairs are implemented on the CPU only; x is {}",
+           x.describe());
+  RopeArgs args{&x, &cos, &sin, positions.defined() ? &positions : nullptr, interleaved};
   backend(device).rope_forward(args);
 }
 
-void rope_backward(Tensor& dx, const Tensor& cos, const Tensor& sin, const Tensor& positions) {
+void rope_backward(Tensor& dx, const Tensor& cos, const Tensor& sin, const Tensor& positions, bool interleaved) {
   const char* op = "rope_backward";
   const ProfileScope profile_scope(op);
   const Device device = check_rope_args(op, "dx", dx, cos, sin, positions);
   check_rope(op, dx, cos, sin, positions);
-  RopeArgs args{&dx, &cos, &sin, positions.defined() ? &positions : nullptr};
+  OP_CHECK(!interleaved || device.is_cpu(), "interleaved pairs are implemented on the CPU only; dx is {}",
+           dx.describe());
+  RopeArgs args{&dx, &cos, &sin, positions.defined() ? &positions : nullptr, interleaved};
   backend(device).rope_backward(args);
+}
+
+namespace {
+
+// a [N, H, Da], b [N, Hb, Db] (Hb = H or 1) and their concatenation [N, H, Da + Db].
+void check_head_concat(const char* op, const Tensor& a, const Tensor& b, const Tensor& out) {
+  check_rank(op, "a", a, 3, "[N, H, Da]");
+  check_rank(op, "b", b, 3, "[N, Hb, Db]");
+  check_rank(op, "out", out, 3, "[N, H, Da + Db]");
+  OP_CHECK_PAIR(b.dim(0) == a.dim(0) && (b.dim(1) == a.dim(1) || b.dim(1) == 1), a, b);
+  OP_CHECK_PAIR((out.shape() == Shape{a.dim(0), a.dim(1), a.dim(2) + b.dim(2)}), a, out);
+}
+
+}  // namespace
+
+void head_concat(const Tensor& a, const Tensor& b, Tensor& out) {
+  const char* op = "head_concat";
+  const ProfileScope profile_scope(op);
+  const DType act = act_dtype(a);
+  const Device device = check_args(op, {{"a", &a, act}, {"b", &b, act}, {"out", &out, act}});
+  check_head_concat(op, a, b, out);
+  OP_CHECK(!out.shares_storage(a) && !out.shares_storage(b), "out must not share memory with a or b");
+  HeadConcatArgs args;
+  args.a = &a;
+  args.b = &b;
+  args.out = &out;
+  backend(device).head_concat(args);
+}
+
+void head_concat_backward(const Tensor& dout, Tensor& da, Tensor& db) {
+  const char* op = "head_concat_backward";
+  const ProfileScope profile_scope(op);
+  const DType act = act_dtype(dout);
+  const Device device = check_args(op, {{"dout", &dout, act}, {"da", &da, act}, {"db", &db, act}});
+  check_head_concat(op, da, db, dout);
+  OP_CHECK(!dout.shares_storage(da) && !dout.shares_storage(db) && !da.shares_storage(db),
+           "dout, da and db must not share memory");
+  HeadConcatArgs args;
+  args.dout = &dout;
+  args.da = &da;
+  args.db = &db;
+  backend(device).head_concat_backward(args);
 }
 
 namespace {
@@ -332,8 +378,13 @@ void check_attention(const char* op, const Tensor& q, const Tensor& k, const Ten
   OP_CHECK_PAIR(k.dim(0) == q.dim(0) && k.dim(1) == q.dim(1) && k.dim(3) == q.dim(3), q, k);
   OP_CHECK(k.dim(2) > 0 && q.dim(2) % k.dim(2) == 0, "q is {} but k is {}: Hq must be a multiple of Hkv", q.describe(),
            k.describe());
-  OP_CHECK_PAIR(v.shape() == k.shape(), k, v);
-  OP_CHECK_PAIR(out.shape() == q.shape(), q, out);
+  // The value head size Dv may differ from the query/key head size D (multi-head latent attention: 192 and 128).
+  OP_CHECK_PAIR(v.ndim() == 4 && v.dim(0) == k.dim(0) && v.dim(1) == k.dim(1) && v.dim(2) == k.dim(2) && v.dim(3) > 0,
+                k, v);
+  OP_CHECK(v.dim(3) == q.dim(3) || q.device().is_cpu(),
+           "q is {} but v is {}: a value head size other than the query's is implemented on the CPU only",
+           q.describe(), v.describe());
+  OP_CHECK_PAIR((out.shape() == Shape{q.dim(0), q.dim(1), q.dim(2), v.dim(3)}), v, out);
   OP_CHECK_PAIR((lse.shape() == Shape{q.dim(0), q.dim(2), q.dim(1)}), q, lse);
 }
 
@@ -384,10 +435,10 @@ void run_attention_backward(const char* op, const Tensor& q, const Tensor& k, co
                                         {"dk", &dk, act},
                                         {"dv", &dv, act}});
   check_attention(op, q, k, v, out, lse);
-  OP_CHECK_PAIR(dout.shape() == q.shape(), q, dout);
+  OP_CHECK_PAIR(dout.shape() == out.shape(), out, dout);
   OP_CHECK_PAIR(dq.shape() == q.shape(), q, dq);
   OP_CHECK_PAIR(dk.shape() == k.shape(), k, dk);
-  OP_CHECK_PAIR(dv.shape() == k.shape(), k, dv);
+  OP_CHECK_PAIR(dv.shape() == v.shape(), v, dv);
   AttentionArgs args;
   args.q = &q;
   args.k = &k;

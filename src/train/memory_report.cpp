@@ -121,6 +121,13 @@ ActivationEstimate estimate_activations(const ModelArgs& m, int64_t micro_batch_
   const int64_t dense_mlp = N * a * (2 * F + (selective ? 0 : F));  // gate_up [N, 2F] and act [N, F]
   int64_t attention_and_norms = R * a * 2 * C + N * a * (2 * C + 2 * Hq * D + 2 * Hkv * D) + f32 * (2 * R + N * Hq);
   if (m.qk_layernorm) attention_and_norms += N * a * (Hq + Hkv) * D + f32 * N * (Hq + Hkv);
+  if (m.multi_latent_attention) {
+    // MLA (layers/mla.h) keeps q and k [N, H, Dn + Dr], v and out [N, H, Dv], and per compression (q's when
+    // q_lora_rank, kv's) the norm's input and output with its rstd, instead of q, k, v and out of D features.
+    const int64_t Dqk = m.qk_head_dim + m.qk_pos_emb_head_dim, ranks = m.q_lora_rank + m.kv_lora_rank;
+    attention_and_norms = R * a * 2 * C + N * a * (2 * C + 2 * Hq * Dqk + 2 * Hq * m.v_head_dim + 2 * ranks) +
+                          f32 * (2 * R + N * Hq + N * (m.q_lora_rank > 0 ? 2 : 1));
+  }
   const int64_t dense_layer = attention_and_norms + dense_mlp;
   const int64_t moe_layer = attention_and_norms + moe_layer_bytes(m, N, a, selective, expert_parallel_ranks);
   auto layer_bytes = [&](int64_t i) { return m.is_moe_layer(i) ? moe_layer : dense_layer; };

@@ -109,6 +109,26 @@ TEST(ModelContext, MicroBatchesInFlightGiveTheSequentialGradients) {
   expect_interleaved_equals_sequential(testing::tiny_llama_args(), {});
 }
 
+// Multi-head latent attention (with MoE layers) under full recompute: the contexts in flight give the sequential
+// gradients, and recomputing gives the gradients of keeping every activation, bit for bit (the same ops again).
+TEST(ModelContext, LatentAttentionRecomputesExactly) {
+  const ModelArgs args = testing::tiny_deepseek_args(true, true, true);
+  expect_interleaved_equals_sequential(args, {G::kFull, false, 2});
+  const auto [a, b] = two_micro_batches(args.vocab_size);
+  std::vector<Tensor> grads;  // without, then with recompute
+  for (const RecomputeConfig& mode : {RecomputeConfig{}, RecomputeConfig{G::kFull, true, 2}}) {
+    std::unique_ptr<Model> model = tiny_model(args, 8, mode);
+    model->params().zero_grads();
+    Tensor loss = Tensor::zeros({1}, DType::kF32);
+    for (const MicroBatch* m : {&a, &b}) {
+      std::unique_ptr<MicroBatchContext> ctx = model->forward(m->tokens, m->labels, 1.0f / 16.0f, loss, m->packed);
+      model->backward(*ctx);
+    }
+    grads.push_back(gradients_of(*model).grads);
+  }
+  EXPECT_EQ(testing::relative_error(grads[0], grads[1]), 0.0);
+}
+
 // A context keeps the recompute setting its forward ran with, whatever is set before its backward.
 TEST(ModelContext, ContextKeepsItsRecomputeSetting) {
   const ModelArgs args = testing::tiny_llama_args();

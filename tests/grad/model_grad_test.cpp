@@ -113,5 +113,12 @@ TEST(ModelGrad, RecomputeGivesIdenticalGradients) {
   }
 }
 
+// Multi-head latent attention (layers/mla.h) with a low-rank query and YaRN, and with a full-rank query and plain
+// RoPE: every parameter of the compressions, their norms and the up-projections against finite differences.
+TEST(ModelGrad, TinyMlaMatchesFiniteDifferences) {
+  check_model_gradients(testing::tiny_deepseek_args(true, true, false), 13);
+  check_model_gradients(testing::tiny_deepseek_args(false, false, false), 14);
+}
+
 }  // namespace
 }  // namespace primus

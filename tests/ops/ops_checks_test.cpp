@@ -242,6 +242,26 @@ TEST(OpsChecks, AttentionRejectsHeadsThatDoNotGroup) {
   expect_error([&] { ops::rope_forward(q6, cos, cos); }, {"[op rope_forward]", "cos is [4, 3]"});
 }
 
+// Multi-head latent attention's shapes: values of their own head size must agree between v, out and dv; head_concat's
+// parts must share rows and heads (or b one shared head).
+TEST(OpsChecks, ValueHeadSizeAndHeadConcatShapesAreChecked) {
+  Rng rng(309);
+  Tensor q = random_tensor({1, 4, 2, 8}, rng), k = random_tensor({1, 4, 2, 8}, rng), v = random_tensor({1, 4, 2, 6}, rng);
+  Tensor wide_out = poisoned({1, 4, 2, 8}), lse = poisoned({1, 2, 4});
+  expect_error([&] { ops::attention_forward(q, k, v, wide_out, lse); },
+               {"[op attention_forward]", "v is [1, 4, 2, 6] f32 cpu but out is [1, 4, 2, 8]"});
+  Tensor out = poisoned({1, 4, 2, 6}), dq = poisoned(q.shape()), dk = poisoned(k.shape()), bad_dv = poisoned(k.shape());
+  ops::attention_forward(q, k, v, out, lse);
+  expect_error([&] { ops::attention_backward(q, k, v, out, lse, out, dq, dk, bad_dv); },
+               {"[op attention_backward]", "v is [1, 4, 2, 6] f32 cpu but dv is [1, 4, 2, 8]"});
+  Tensor a = random_tensor({5, 3, 4}, rng), b = random_tensor({5, 2, 2}, rng), joined = poisoned({5, 3, 6});
+  expect_error([&] { ops::head_concat(a, b, joined); }, {"[op head_concat]", "a is [5, 3, 4] f32 cpu but b is"});
+  Tensor shared = random_tensor({5, 1, 2}, rng), narrow = poisoned({5, 3, 5});
+  expect_error([&] { ops::head_concat(a, shared, narrow); }, {"[op head_concat]", "out is [5, 3, 5]"});
+  Tensor da = poisoned(a.shape());
+  expect_error([&] { ops::head_concat_backward(joined, da, joined); }, {"[op head_concat_backward]"});
+}
+
 TEST(OpsChecks, DtypeAndValueErrors) {
   Rng rng(308);
   Tensor logits = random_tensor({3, 5}, rng), losses = poisoned({3}), lse = poisoned({3});

@@ -6,7 +6,8 @@
 //
 // Without balancing losses: the aux loss of Megatron's switch router is a product of the counts and mean scores of the
 // tokens a rank routes, so per rank (or per micro-batch) it is not the one-rank loss of the whole batch, by design
-// (docs/moe.md); the router's gradient from the language-model loss is what must agree.
+// (docs/moe.md); the router's gradient from the language-model loss is what must agree. The same with DeepSeek's
+// multi-head latent attention in every layer.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -36,6 +37,21 @@ TEST(MoeParallel, DataAndPipelineParallelEqualOneRank) {
   testing::expect_same_run(one, dist, "dp2 distributed optimizer");
   const RunResult pp = testing::train("moe_pp2", 2, with(kMoe, {"pipeline_model_parallel_size=2"}));
   testing::expect_same_run(one, pp, "pp2");
+}
+
+// DeepSeek's attention on the same model: multi-head latent attention with a low-rank query and YaRN RoPE
+// (docs/mla.md), under data parallelism and two pipeline stages.
+TEST(MoeParallel, LatentAttentionDataAndPipelineParallelEqualOneRank) {
+  const std::vector<std::string> mla =
+      with(kMoe, {"group_query_attention=false", "num_query_groups=4", "multi_latent_attention=true", "q_lora_rank=24",
+                  "kv_lora_rank=32", "qk_head_dim=16", "qk_pos_emb_head_dim=8", "v_head_dim=12",
+                  "position_embedding_type=yarn", "rotary_scaling_factor=4.0", "original_max_position_embeddings=16"});
+  const RunResult one = testing::train("mla_single", 1, mla);
+  ASSERT_FALSE(one.losses.empty());
+  const RunResult dp = testing::train("mla_dp2", 2, mla);
+  testing::expect_same_run(one, dp, "mla dp2");
+  const RunResult pp = testing::train("mla_pp2", 2, with(mla, {"pipeline_model_parallel_size=2"}));
+  testing::expect_same_run(one, pp, "mla pp2");
 }
 
 // The expert bias moves by the global batch's loads: every layout moves it as one rank does.

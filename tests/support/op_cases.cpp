@@ -379,21 +379,23 @@ OpCase rmsnorm_case(bool wide) {
 
 // Pair (i, i + D/2) of token (b, t) rotates by row p of the tables (p = t, or positions[b, t]); the backward by the
 // inverse rotation.
+// Interleaved: the pair (2i, 2i + 1) instead.
 Tensors reference_rope(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor* positions,
-                       const Tensor& dy) {
+                       const Tensor& dy, bool interleaved = false) {
   const int64_t seq = x.dim(1), heads = x.dim(2), dim = x.dim(3), half = dim / 2;
   std::vector<double> y(x.numel()), dx(x.numel());
   for (int64_t v = 0; v < x.numel() / dim; ++v) {
     const int64_t token = v / heads;  // b · T + t
     const int64_t p = positions != nullptr ? positions->i32()[token] : token % seq;
     for (int64_t i = 0; i < half; ++i) {
+      const int64_t first = v * dim + (interleaved ? 2 * i : i), second = interleaved ? first + 1 : first + half;
       const double c = at(cos, p * half + i), s = at(sin, p * half + i);
-      const double a = at(x, v * dim + i), b = at(x, v * dim + half + i);
-      const double da = at(dy, v * dim + i), db = at(dy, v * dim + half + i);
-      y[v * dim + i] = a * c - b * s;
-      y[v * dim + half + i] = b * c + a * s;
-      dx[v * dim + i] = da * c + db * s;
-      dx[v * dim + half + i] = db * c - da * s;
+      const double a = at(x, first), b = at(x, second);
+      const double da = at(dy, first), db = at(dy, second);
+      y[first] = a * c - b * s;
+      y[second] = b * c + a * s;
+      dx[first] = da * c + db * s;
+      dx[second] = db * c - da * s;
     }
   }
   return Tensors{{"y", from_doubles(x.shape(), y)}, {"dx", from_doubles(x.shape(), dx)}};
@@ -401,7 +403,9 @@ Tensors reference_rope(const Tensor& x, const Tensor& cos, const Tensor& sin, co
 
 // x [B, n, H, D] rotated by the table rows of its positions t, or with `positions` by rows positions[b, t] drawn at
 // random from a table of n + 5 rows (packed documents: rows repeat, and rows past T are read).
-OpCase rope_case(const std::string& name, int64_t batch, int64_t heads, int64_t dim, bool positions) {
+// interleaved: adjacent pairs (multi-head latent attention), CPU only (no device dtypes) until a kernel exists.
+OpCase rope_case(const std::string& name, int64_t batch, int64_t heads, int64_t dim, bool positions,
+                 bool interleaved = false) {
   OpCase c;
   c.name = name;
   c.make_inputs = [=](int64_t n, Rng& rng) {
@@ -414,19 +418,68 @@ OpCase rope_case(const std::string& name, int64_t batch, int64_t heads, int64_t 
   auto positions_of = [=](const Tensors& in) { return positions ? in["positions"] : Tensor(); };
   c.forward = [=](const Tensors& in, OpEnv& env) {
     Tensor y = env.copy(in["x"]);
-    ops::rope_forward(y, in["cos"], in["sin"], positions_of(in));
+    ops::rope_forward(y, in["cos"], in["sin"], positions_of(in), interleaved);
     return Tensors{{"y", y}};
   };
   c.backward = [=](const Tensors& in, const Tensors&, const Tensors& dy, OpEnv& env) {
     Tensor dx = env.copy(dy["y"]);
-    ops::rope_backward(dx, in["cos"], in["sin"], positions_of(in));
+    ops::rope_backward(dx, in["cos"], in["sin"], positions_of(in), interleaved);
     return Tensors{{"dx", dx}};
   };
   c.reference = [=](const Tensors& in, const Tensors& dy, float) {
-    return reference_rope(in["x"], in["cos"], in["sin"], positions ? &in["positions"] : nullptr, dy["y"]);
+    return reference_rope(in["x"], in["cos"], in["sin"], positions ? &in["positions"] : nullptr, dy["y"],
+                          interleaved);
   };
   c.reference_tol = 1e-6;
   c.device_sizes = {1000};
+  if (interleaved) c.dtypes = {};
+  return c;
+}
+
+// ---- head_concat -----------------------------------------------------------------------------------------------
+
+// out [n, H, Da + Db] joins a [n, H, Da] and b [n, Hb, Db] per head (b shared by the heads when Hb = 1); the backward
+// splits, summing b's gradient over the heads sharing it. CPU only (no device dtypes) until a kernel exists.
+OpCase head_concat_case(const std::string& name, int64_t heads, int64_t b_heads, int64_t da, int64_t db) {
+  OpCase c;
+  c.name = name;
+  c.dtypes = {};
+  c.make_inputs = [=](int64_t n, Rng& rng) {
+    return std::vector<Input>{act("a", random_tensor({n, heads, da}, rng)),
+                              act("b", random_tensor({n, b_heads, db}, rng))};
+  };
+  c.forward = [=](const Tensors& in, OpEnv& env) {
+    Tensor out = env.out({in["a"].dim(0), heads, da + db});
+    ops::head_concat(in["a"], in["b"], out);
+    return Tensors{{"out", out}};
+  };
+  c.backward = [=](const Tensors& in, const Tensors&, const Tensors& dy, OpEnv& env) {
+    Tensor d_a = env.out(in["a"].shape()), dbt = env.out(in["b"].shape());
+    ops::head_concat_backward(dy["out"], d_a, dbt);
+    return Tensors{{"da", d_a}, {"db", dbt}};
+  };
+  c.reference = [=](const Tensors& in, const Tensors& dy, float) {
+    const int64_t n = in["a"].dim(0), w = da + db;
+    std::vector<double> out(static_cast<size_t>(n * heads * w)), ga(in["a"].numel()), gb(in["b"].numel(), 0.0);
+    for (int64_t r = 0; r < n; ++r) {
+      for (int64_t h = 0; h < heads; ++h) {
+        const int64_t hb = b_heads == 1 ? 0 : h;
+        for (int64_t i = 0; i < w; ++i) {
+          const int64_t o = (r * heads + h) * w + i;
+          if (i < da) {
+            out[o] = at(in["a"], (r * heads + h) * da + i);
+            ga[(r * heads + h) * da + i] = at(dy["out"], o);
+          } else {
+            out[o] = at(in["b"], (r * b_heads + hb) * db + i - da);
+            gb[(r * b_heads + hb) * db + i - da] += at(dy["out"], o);
+          }
+        }
+      }
+    }
+    return Tensors{{"out", from_doubles({n, heads, w}, out)},
+                   {"da", from_doubles(in["a"].shape(), ga)},
+                   {"db", from_doubles(in["b"].shape(), gb)}};
+  };
   return c;
 }
 
@@ -443,11 +496,16 @@ struct KeyBlock {
 // textbook softmax gradient. Gradients dk, dv per block, named "dk", "dv" (one block) or "dk0", "dv0", "dk1", ...
 Tensors reference_attention(const Tensor& q, const std::vector<KeyBlock>& blocks, const Tensor& dout) {
   const int64_t batch = q.dim(0), seq = q.dim(1), hq = q.dim(2), dim = q.dim(3);
-  const int64_t hkv = blocks[0].k->dim(2), keys = blocks[0].k->dim(1);
+  const int64_t hkv = blocks[0].k->dim(2), keys = blocks[0].k->dim(1), vdim = blocks[0].v->dim(3);
   const double scale = 1.0 / std::sqrt(static_cast<double>(dim));
-  auto row = [&](const Tensor& x, int64_t b, int64_t t, int64_t h) { return ((b * x.dim(1) + t) * x.dim(2) + h) * dim; };
-  std::vector<double> out(q.numel(), 0.0), dq(q.numel(), 0.0), lse(batch * hq * seq);
-  std::vector<std::vector<double>> dk(blocks.size(), std::vector<double>(blocks[0].k->numel(), 0.0)), dv = dk;
+  // Offset of row (b, t, h) of x, whose rows have `width` features.
+  auto row = [&](const Tensor& x, int64_t b, int64_t t, int64_t h, int64_t width) {
+    return ((b * x.dim(1) + t) * x.dim(2) + h) * width;
+  };
+  const Shape out_shape{batch, seq, hq, vdim};
+  std::vector<double> out(shape_numel(out_shape), 0.0), dq(q.numel(), 0.0), lse(batch * hq * seq);
+  std::vector<std::vector<double>> dk(blocks.size(), std::vector<double>(blocks[0].k->numel(), 0.0));
+  std::vector<std::vector<double>> dv(blocks.size(), std::vector<double>(blocks[0].v->numel(), 0.0));
   const int64_t n_keys = static_cast<int64_t>(blocks.size()) * keys;
   std::vector<double> s(n_keys), p(n_keys), dp(n_keys);
   std::vector<char> seen(n_keys);
@@ -455,7 +513,7 @@ Tensors reference_attention(const Tensor& q, const std::vector<KeyBlock>& blocks
     for (int64_t h = 0; h < hq; ++h) {
       const int64_t kvh = h / (hq / hkv);
       for (int64_t t = 0; t < seq; ++t) {
-        const int64_t qrow = row(q, b, t, h);
+        const int64_t qrow = row(q, b, t, h, dim), orow = row(q, b, t, h, vdim);
         double max = -std::numeric_limits<double>::infinity();
         for (int64_t key = 0; key < n_keys; ++key) {
           const KeyBlock& block = blocks[key / keys];
@@ -463,7 +521,7 @@ Tensors reference_attention(const Tensor& q, const std::vector<KeyBlock>& blocks
           seen[key] = block.visible(b, t, j);
           if (!seen[key]) continue;
           s[key] = 0.0;
-          for (int64_t i = 0; i < dim; ++i) s[key] += at(q, qrow + i) * at(*block.k, row(*block.k, b, j, kvh) + i);
+          for (int64_t i = 0; i < dim; ++i) s[key] += at(q, qrow + i) * at(*block.k, row(*block.k, b, j, kvh, dim) + i);
           s[key] *= scale;
           max = std::max(max, s[key]);
         }
@@ -474,36 +532,37 @@ Tensors reference_attention(const Tensor& q, const std::vector<KeyBlock>& blocks
         for (int64_t key = 0; key < n_keys; ++key) {
           if (!seen[key]) continue;
           const KeyBlock& block = blocks[key / keys];
-          const int64_t krow = row(*block.k, b, key % keys, kvh);
+          const int64_t vrow = row(*block.v, b, key % keys, kvh, vdim);
           p[key] = std::exp(s[key] - max) / sum;
           dp[key] = 0.0;
-          for (int64_t i = 0; i < dim; ++i) {
-            out[qrow + i] += p[key] * at(*block.v, krow + i);
-            dp[key] += at(dout, qrow + i) * at(*block.v, krow + i);
+          for (int64_t i = 0; i < vdim; ++i) {
+            out[orow + i] += p[key] * at(*block.v, vrow + i);
+            dp[key] += at(dout, orow + i) * at(*block.v, vrow + i);
           }
           delta += p[key] * dp[key];
         }
         for (int64_t key = 0; key < n_keys; ++key) {
           if (!seen[key]) continue;
           const KeyBlock& block = blocks[key / keys];
-          const int64_t krow = row(*block.k, b, key % keys, kvh), which = key / keys;
+          const int64_t krow = row(*block.k, b, key % keys, kvh, dim), which = key / keys;
+          const int64_t vrow = row(*block.v, b, key % keys, kvh, vdim);
           const double ds = p[key] * (dp[key] - delta);
           for (int64_t i = 0; i < dim; ++i) {
             dq[qrow + i] += scale * ds * at(*block.k, krow + i);
             dk[which][krow + i] += scale * ds * at(q, qrow + i);
-            dv[which][krow + i] += p[key] * at(dout, qrow + i);
           }
+          for (int64_t i = 0; i < vdim; ++i) dv[which][vrow + i] += p[key] * at(dout, orow + i);
         }
       }
     }
   }
-  Tensors r{{"out", from_doubles(q.shape(), out)},
+  Tensors r{{"out", from_doubles(out_shape, out)},
             {"lse", from_doubles({batch, hq, seq}, lse)},
             {"dq", from_doubles(q.shape(), dq)}};
   for (size_t i = 0; i < blocks.size(); ++i) {
     const std::string suffix = blocks.size() == 1 ? "" : std::to_string(i);
     r.add("dk" + suffix, from_doubles(blocks[i].k->shape(), dk[i]));
-    r.add("dv" + suffix, from_doubles(blocks[i].k->shape(), dv[i]));
+    r.add("dv" + suffix, from_doubles(blocks[i].v->shape(), dv[i]));
   }
   return r;
 }
@@ -524,6 +583,7 @@ Tensor random_segments(int64_t batch, int64_t seq, Rng& rng) {
 
 struct AttentionShape {
   int64_t batch, q_heads, kv_heads, dim;
+  int64_t v_dim = 0;  // the value head size; 0: dim (multi-head latent attention's differs: CPU only)
 };
 
 enum class AttentionKind { kCausal, kSegments, kCausalBlock, kUnmaskedBlock };
@@ -540,7 +600,9 @@ OpCase attention_case(const std::string& name, AttentionShape shape, AttentionKi
   c.make_inputs = [=](int64_t n, Rng& rng) {
     std::vector<Input> in{act("q", random_tensor({shape.batch, n, shape.q_heads, shape.dim}, rng, qk_scale)),
                           act("k", random_tensor({shape.batch, n, shape.kv_heads, shape.dim}, rng, qk_scale)),
-                          act("v", random_tensor({shape.batch, n, shape.kv_heads, shape.dim}, rng))};
+                          act("v", random_tensor({shape.batch, n, shape.kv_heads, shape.v_dim > 0 ? shape.v_dim
+                                                                                                   : shape.dim},
+                                                 rng))};
     if (kind == AttentionKind::kSegments) in.push_back(index("segment_start", random_segments(shape.batch, n, rng)));
     return in;
   };
@@ -549,7 +611,8 @@ OpCase attention_case(const std::string& name, AttentionShape shape, AttentionKi
   auto starts = [=](const Tensors& in) { return kind == AttentionKind::kSegments ? in["segment_start"] : Tensor(); };
   c.forward = [=](const Tensors& in, OpEnv& env) {
     const Tensor& q = in["q"];
-    Tensor out = env.out(q.shape()), lse = env.out_f32({q.dim(0), q.dim(2), q.dim(1)});
+    Tensor out = env.out({q.dim(0), q.dim(1), q.dim(2), in["v"].dim(3)}),
+           lse = env.out_f32({q.dim(0), q.dim(2), q.dim(1)});
     if (block) {
       ops::attention_block_forward(q, in["k"], in["v"], mask, out, lse);
     } else {
@@ -994,10 +1057,24 @@ std::vector<OpCase> build_cases() {
   cases.push_back(rope_case("rope", 2, 3, 16, false));
   cases.push_back(rope_case("rope_d128", 1, 2, 128, false));
   cases.push_back(rope_case("rope_positions", 2, 3, 16, true));
+  cases.push_back(rope_case("rope_interleaved", 2, 3, 8, false, true));
+  cases.push_back(rope_case("rope_interleaved_positions", 2, 1, 6, true, true));
+  cases.push_back(head_concat_case("head_concat", 3, 3, 5, 7));
+  cases.push_back(head_concat_case("head_concat_shared", 4, 1, 6, 3));
   cases.push_back(attention_case("attention_gqa", {2, 4, 2, 16}, AttentionKind::kCausal));
   cases.push_back(attention_case("attention_mha_d64", {1, 2, 2, 64}, AttentionKind::kCausal));
   cases.push_back(attention_case("attention_d12", {1, 4, 4, 12}, AttentionKind::kCausal));
   cases.push_back(attention_case("attention_segments", {3, 4, 2, 8}, AttentionKind::kSegments));
+  {
+    // Multi-head latent attention's shapes: keys of 12 features (8 without RoPE, 4 with), values of 6, and the same
+    // with packed documents. CPU only (no device dtypes) until the CUDA kernels take Dv != D.
+    for (auto [name, kind] : {std::pair{"attention_value_dim", AttentionKind::kCausal},
+                              std::pair{"attention_value_dim_segments", AttentionKind::kSegments}}) {
+      OpCase mla = attention_case(name, {2, 3, 3, 12, 6}, kind);
+      mla.dtypes = {};
+      cases.push_back(mla);
+    }
+  }
   cases.push_back(attention_case("attention_block_causal", {2, 4, 2, 8}, AttentionKind::kCausalBlock));
   cases.push_back(attention_case("attention_block_unmasked", {2, 4, 2, 8}, AttentionKind::kUnmaskedBlock));
   {

@@ -1,5 +1,5 @@
-// Tiny model shapes for tests: a GQA Llama (optionally with Llama 3.1 rope scaling) and a Qwen3 with
-// q/k norms, tied embeddings and a head_dim that differs from hidden/heads.
+// Tiny model shapes for tests: a GQA Llama (optionally with Llama 3.1 rope scaling), a Qwen3 with q/k norms, tied
+// embeddings and a head_dim that differs from hidden/heads, and a DeepSeek-V2-Lite-shaped model (MLA).
 #pragma once
 
 #include "config/experiment.h"
@@ -39,6 +39,45 @@ inline ModelArgs tiny_qwen3_args() {
   a.norm_epsilon = 1e-6;
   a.qk_layernorm = true;
   a.untie_embeddings_and_output_weights = false;
+  return a;
+}
+
+// DeepSeek-V2-Lite's layout scaled down: multi-head latent attention (queries and keys of 8 + 8 features, values of
+// 6, a kv compression of 12; with q_lora a query compression of 10), YaRN over an original context of 64 with
+// mscale != mscale_all_dim (both the table magnitude and the softmax factor differ from 1), then a dense first layer
+// and MoE layers of 4 experts, top-2 without renormalising, a shared expert and an aux loss (with moe).
+inline ModelArgs tiny_deepseek_args(bool q_lora, bool yarn, bool moe) {
+  ModelArgs a;
+  a.num_layers = 3;
+  a.hidden_size = 32;
+  a.ffn_hidden_size = 40;
+  a.num_attention_heads = 4;
+  a.num_query_groups = 4;
+  a.kv_channels = 8;
+  a.vocab_size = 50;
+  a.max_position_embeddings = 64;
+  a.norm_epsilon = 1e-6;
+  a.untie_embeddings_and_output_weights = true;
+  a.multi_latent_attention = true;
+  a.q_lora_rank = q_lora ? 10 : 0;
+  a.kv_lora_rank = 12;
+  a.qk_head_dim = 8;
+  a.qk_pos_emb_head_dim = 8;
+  a.v_head_dim = 6;
+  a.yarn = yarn;
+  a.rotary_scaling_factor = 4.0;
+  a.original_max_position_embeddings = 64;
+  a.mscale = 1.0;
+  a.mscale_all_dim = 0.8;
+  if (moe) {
+    a.num_experts = 4;
+    a.moe_router_topk = 2;
+    a.moe_ffn_hidden_size = 12;
+    a.moe_shared_expert_intermediate_size = 24;  // two shared experts of 12, as DeepSeek-V2-Lite has
+    a.moe_first_k_dense_replace = 1;
+    a.moe_router_pre_softmax = true;
+    a.moe_aux_loss_coeff = 0.02;
+  }
   return a;
 }
 

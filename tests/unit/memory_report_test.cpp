@@ -208,6 +208,9 @@ TEST(MemoryEstimate, MatchesTheBytesTheEngineHolds) {
       {"4 layers full block 2", four, recompute(G::kFull, true, 2)},
       {"qwen3 (q/k norm) none", testing::tiny_qwen3_args(), recompute(G::kNone)},
       {"qwen3 full uniform 2", testing::tiny_qwen3_args(), recompute(G::kFull, false, 2)},
+      {"mla low-rank query none", testing::tiny_deepseek_args(true, true, false), recompute(G::kNone)},
+      {"mla full-rank query selective", testing::tiny_deepseek_args(false, false, false), recompute(G::kSelective)},
+      {"mla full uniform 2", testing::tiny_deepseek_args(true, false, false), recompute(G::kFull, false, 2)},
   };
   for (const Case& c : cases) {
     const int64_t B = 3, T = 16;
@@ -217,7 +220,13 @@ TEST(MemoryEstimate, MatchesTheBytesTheEngineHolds) {
     EXPECT_GE(m.peak, e.peak_bytes) << c.name;
     // One layer's backward temporaries: a few [N, C] and [N, 2F] gradients.
     const int64_t N = B * T;
-    const int64_t slack = 4 * N * (4 * c.args.hidden_size + 3 * c.args.ffn_hidden_size);
+    int64_t slack = 4 * N * (4 * c.args.hidden_size + 3 * c.args.ffn_hidden_size);
+    if (c.args.multi_latent_attention) {
+      // MLA's backward splits and joins its heads: dq, dk and their parts and joins (six of [N, H·(Dn+Dr)]), dout
+      // and dv ([N, H·Dv]) and the kv up-projection's gradient [N, H·(Dn+Dv)].
+      const int64_t H = c.args.num_attention_heads, Dn = c.args.qk_head_dim, Dv = c.args.v_head_dim;
+      slack += 4 * N * (6 * H * (Dn + c.args.qk_pos_emb_head_dim) + 2 * H * Dv + H * (Dn + Dv));
+    }
     EXPECT_LE(m.peak, e.peak_bytes + slack) << c.name << ": measured peak " << m.peak << ", estimate " << e.peak_bytes;
   }
 }

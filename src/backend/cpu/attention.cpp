@@ -1,4 +1,5 @@
-// Grouped-query attention on the CPU, and the merge of partial results. For batch b, query head h (reading kv head
+// Grouped-query attention on the CPU, and the merge of partial results. Values (and so out, dout, dv) may have a head
+// size Dv other than the queries' and keys' D (multi-head latent attention); the scale is 1/sqrt(D) either way. For batch b, query head h (reading kv head
 // h / (Hq/Hkv)) and query position t, over the keys j in [s0, e] with s0 = 0, or s0 = segment_start[b, t] for
 // packed documents, and e = t under the causal mask or the block's last key T − 1 without one:
 //   s[j] = (q[t] · k[j]) / sqrt(D)  for s0 ≤ j ≤ e     p = softmax(s)       out[t] = Σ_j p[j] v[j]
@@ -25,6 +26,7 @@ namespace {
 
 struct Dims {
   int64_t batch, seq, q_heads, kv_heads, head_dim;
+  int64_t v_dim;  // the value (and output) head size: head_dim, or another (multi-head latent attention)
   bool causal;
   int64_t group() const { return q_heads / kv_heads; }
   // One past the last key query t attends to.
@@ -32,11 +34,14 @@ struct Dims {
   // Offsets of row (b, t, head) in [B, T, H, D] tensors.
   int64_t q_row(int64_t b, int64_t t, int64_t h) const { return ((b * seq + t) * q_heads + h) * head_dim; }
   int64_t kv_row(int64_t b, int64_t t, int64_t h) const { return ((b * seq + t) * kv_heads + h) * head_dim; }
+  // Offsets in v, dv [B, T, Hkv, Dv] and out, dout [B, T, Hq, Dv].
+  int64_t v_row(int64_t b, int64_t t, int64_t h) const { return ((b * seq + t) * kv_heads + h) * v_dim; }
+  int64_t o_row(int64_t b, int64_t t, int64_t h) const { return ((b * seq + t) * q_heads + h) * v_dim; }
 };
 
 Dims dims_of(const AttentionArgs& args) {
   return Dims{args.q->dim(0), args.q->dim(1), args.q->dim(2),
-              args.k->dim(2), args.q->dim(3), args.mask == AttentionMask::kCausal};
+              args.k->dim(2), args.q->dim(3), args.v->dim(3), args.mask == AttentionMask::kCausal};
 }
 
 // The first key of each query row: segment_start[b, t] (checked to lie in [0, t]) or 0 for every row. [B·T]
@@ -53,11 +58,11 @@ std::vector<int64_t> first_keys(const AttentionArgs& args, const Dims& d, const 
   return first;
 }
 
-// dst [D, T] = src[b, :, h, :]ᵀ for a [B, T, Hkv, D] tensor.
-void gather_transposed(const Dims& d, const float* src, int64_t b, int64_t h, float* dst) {
+// dst [W, T] = src[b, :, h, :]ᵀ for a [B, T, Hkv, W] tensor (W: D for keys, Dv for values).
+void gather_transposed(const Dims& d, const float* src, int64_t width, int64_t b, int64_t h, float* dst) {
   for (int64_t t = 0; t < d.seq; ++t) {
-    const float* row = src + d.kv_row(b, t, h);
-    for (int64_t i = 0; i < d.head_dim; ++i) dst[i * d.seq + t] = row[i];
+    const float* row = src + ((b * d.seq + t) * d.kv_heads + h) * width;
+    for (int64_t i = 0; i < width; ++i) dst[i * d.seq + t] = row[i];
   }
 }
 
@@ -110,7 +115,7 @@ void CpuBackend::attention_forward(const AttentionArgs& args) {
   const float* q = args.q->f32();  // [B, T, Hq, D]
   const float* k = args.k->f32();  // [B, T, Hkv, D]
   const float* v = args.v->f32();  // [B, T, Hkv, D]
-  float* out = args.out->f32();    // [B, T, Hq, D]
+  float* out = args.out->f32();    // [B, T, Hq, Dv]
   float* lse = args.lse->f32();    // [B, Hq, T]
   const std::vector<int64_t> first = first_keys(args, d, "attention_forward");  // [B·T]
   const int64_t work = d.batch * d.q_heads;
@@ -125,7 +130,7 @@ void CpuBackend::attention_forward(const AttentionArgs& args) {
       const int64_t h = w % d.q_heads;
       const int64_t kvh = h / d.group();
       if (cached != b * d.kv_heads + kvh) {
-        gather_transposed(d, k, b, kvh, kt.data());
+        gather_transposed(d, k, d.head_dim, b, kvh, kt.data());
         cached = b * d.kv_heads + kvh;
       }
       for (int64_t t = 0; t < d.seq; ++t) {
@@ -140,8 +145,8 @@ void CpuBackend::attention_forward(const AttentionArgs& args) {
         }
         const float inv = static_cast<float>(1.0 / sum);
         for (int64_t j = 0; j < count; ++j) p[j] *= inv;
-        weighted_rows(p.data(), count, v + d.kv_row(b, s0, kvh), d.kv_heads * d.head_dim, d.head_dim,
-                      out + d.q_row(b, t, h));
+        weighted_rows(p.data(), count, v + d.v_row(b, s0, kvh), d.kv_heads * d.v_dim, d.v_dim,
+                      out + d.o_row(b, t, h));
         lse[(b * d.q_heads + h) * d.seq + t] = static_cast<float>(max + std::log(sum));
       }
     }
@@ -163,20 +168,21 @@ void CpuBackend::attention_backward(const AttentionArgs& args) {
   const std::vector<int64_t> first = first_keys(args, d, "attention_backward");  // [B·T]
   const int64_t work = d.batch * d.kv_heads;
   const size_t head_size = static_cast<size_t>(d.head_dim * d.seq);
+  const size_t v_size = static_cast<size_t>(d.v_dim * d.seq);
 #pragma omp parallel
   {
     std::vector<float> kt(head_size);                   // [D, T] keys, transposed
-    std::vector<float> vt(head_size);                   // [D, T] values, transposed
+    std::vector<float> vt(v_size);                      // [Dv, T] values, transposed
     std::vector<float> dk_acc(head_size);               // [T, D]
-    std::vector<float> dv_acc(head_size);               // [T, D]
+    std::vector<float> dv_acc(v_size);                  // [T, Dv]
     std::vector<float> p(static_cast<size_t>(d.seq));   // [T] probabilities of one query row
     std::vector<float> ds(static_cast<size_t>(d.seq));  // [T] dp, then score gradients (unscaled)
 #pragma omp for schedule(static)
     for (int64_t w = 0; w < work; ++w) {
       const int64_t b = w / d.kv_heads;
       const int64_t kvh = w % d.kv_heads;
-      gather_transposed(d, k, b, kvh, kt.data());
-      gather_transposed(d, v, b, kvh, vt.data());
+      gather_transposed(d, k, d.head_dim, b, kvh, kt.data());
+      gather_transposed(d, v, d.v_dim, b, kvh, vt.data());
       std::fill(dk_acc.begin(), dk_acc.end(), 0.0f);
       std::fill(dv_acc.begin(), dv_acc.end(), 0.0f);
       for (int64_t h = kvh * d.group(); h < (kvh + 1) * d.group(); ++h) {
@@ -184,14 +190,14 @@ void CpuBackend::attention_backward(const AttentionArgs& args) {
           const int64_t s0 = first[b * d.seq + t];  // p[r] and ds[r] belong to key s0 + r
           const int64_t count = d.key_end(t) - s0;
           const float* qt = q + d.q_row(b, t, h);
-          const float* dot = dout + d.q_row(b, t, h);
-          const float* ot = out + d.q_row(b, t, h);
+          const float* dot = dout + d.o_row(b, t, h);
+          const float* ot = out + d.o_row(b, t, h);
           const float row_lse = lse[(b * d.q_heads + h) * d.seq + t];
           row_scores(qt, kt.data() + s0, d.head_dim, d.seq, count, scale, p.data());
           for (int64_t j = 0; j < count; ++j) p[j] = std::exp(p[j] - row_lse);
-          row_scores(dot, vt.data() + s0, d.head_dim, d.seq, count, 1.0f, ds.data());
+          row_scores(dot, vt.data() + s0, d.v_dim, d.seq, count, 1.0f, ds.data());
           double delta = 0.0;  // Σ_j p[j] dp[j], computed as dout[t] · out[t]
-          for (int64_t i = 0; i < d.head_dim; ++i) delta += static_cast<double>(dot[i]) * ot[i];
+          for (int64_t i = 0; i < d.v_dim; ++i) delta += static_cast<double>(dot[i]) * ot[i];
           const float delta_f = static_cast<float>(delta);
           for (int64_t j = 0; j < count; ++j) ds[j] = p[j] * (ds[j] - delta_f);
           float* dqt = dq + d.q_row(b, t, h);
@@ -201,17 +207,15 @@ void CpuBackend::attention_backward(const AttentionArgs& args) {
             const float dsj = ds[j] * scale;
             const float pj = p[j];
             float* dkj = dk_acc.data() + (s0 + j) * d.head_dim;
-            float* dvj = dv_acc.data() + (s0 + j) * d.head_dim;
-            for (int64_t i = 0; i < d.head_dim; ++i) {
-              dkj[i] += dsj * qt[i];
-              dvj[i] += pj * dot[i];
-            }
+            float* dvj = dv_acc.data() + (s0 + j) * d.v_dim;
+            for (int64_t i = 0; i < d.head_dim; ++i) dkj[i] += dsj * qt[i];
+            for (int64_t i = 0; i < d.v_dim; ++i) dvj[i] += pj * dot[i];
           }
         }
       }
       for (int64_t t = 0; t < d.seq; ++t) {
         std::copy_n(dk_acc.data() + t * d.head_dim, d.head_dim, dk + d.kv_row(b, t, kvh));
-        std::copy_n(dv_acc.data() + t * d.head_dim, d.head_dim, dv + d.kv_row(b, t, kvh));
+        std::copy_n(dv_acc.data() + t * d.v_dim, d.v_dim, dv + d.v_row(b, t, kvh));
       }
     }
   }

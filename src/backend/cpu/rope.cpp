@@ -1,5 +1,5 @@
 // Rotary position embedding on the CPU, Hugging Face "rotate half" layout: within each head vector of size D,
-// the pair (x[i], x[i + D/2]) rotates by angle[p, i]:
+// the pair (x[i], x[i + D/2]) rotates by angle[p, i] (or, interleaved, the pair (x[2i], x[2i + 1])):
 //   forward:  (a, b) -> (a·cos − b·sin, b·cos + a·sin)
 //   backward: the transpose (inverse) rotation, (a, b) -> (a·cos + b·sin, b·cos − a·sin)
 // Both work in place on x [B, T, H, D]. The table row p of token (b, t) is t (cos, sin [T, D/2]), or
@@ -38,16 +38,18 @@ void rotate(const RopeArgs& args, float sign, const char* op) {
   for (int64_t v = 0; v < vectors; ++v) {
     const int64_t token = v / heads;  // b * T + t
     const int64_t row = positions != nullptr ? positions[token] : token % seq;
-    float* lo = x + v * head_dim;
-    float* hi = lo + half;
+    // Pair i is (first[i·step], second[i·step]): halves (step 1) or adjacent features (step 2).
+    float* first = x + v * head_dim;
+    float* second = args.interleaved ? first + 1 : first + half;
+    const int64_t step = args.interleaved ? 2 : 1;
     const float* ct = cos + row * half;
     const float* st = sin + row * half;
     for (int64_t i = 0; i < half; ++i) {
-      const float a = lo[i];
-      const float b = hi[i];
+      const float a = first[i * step];
+      const float b = second[i * step];
       const float s = sign * st[i];
-      lo[i] = a * ct[i] - b * s;
-      hi[i] = b * ct[i] + a * s;
+      first[i * step] = a * ct[i] - b * s;
+      second[i * step] = b * ct[i] + a * s;
     }
   }
 }
