@@ -155,25 +155,28 @@ std::vector<KernelTiming> benchmark_attention(const ModelArgs& a, const Training
                                               const KernelBenchmarkOptions& o) {
   const int64_t tp = std::max<int64_t>(1, t.tensor_model_parallel_size);
   const int64_t b = t.micro_batch_size, seq = t.seq_length / std::max<int64_t>(1, t.context_parallel_size);
-  const int64_t hq = a.num_attention_heads / tp, hkv = std::max<int64_t>(1, a.num_query_groups / tp),
-                d = a.kv_channels;
+  const int64_t hq = a.num_attention_heads / tp, hkv = std::max<int64_t>(1, a.num_query_groups / tp);
+  // Multi-head latent attention: every head has its own key; queries and keys carry the RoPE part too, values not.
+  const int64_t d = a.multi_latent_attention ? a.qk_head_dim + a.qk_pos_emb_head_dim : a.kv_channels;
+  const int64_t dv = a.multi_latent_attention ? a.v_head_dim : a.kv_channels;
   const Tensor q = random_tensor({b, seq, hq, d}, dtype, device, 1);
   const Tensor k = random_tensor({b, seq, hkv, d}, dtype, device, 2);
-  const Tensor v = random_tensor({b, seq, hkv, d}, dtype, device, 3);
-  const Tensor dout = random_tensor({b, seq, hq, d}, dtype, device, 4);
-  Tensor out = Tensor::empty({b, seq, hq, d}, dtype, device);
+  const Tensor v = random_tensor({b, seq, hkv, dv}, dtype, device, 3);
+  const Tensor dout = random_tensor({b, seq, hq, dv}, dtype, device, 4);
+  Tensor out = Tensor::empty({b, seq, hq, dv}, dtype, device);
   Tensor lse = Tensor::empty({b, hq, seq}, DType::kF32, device);
   Tensor dq = Tensor::empty(q.shape(), dtype, device), dk = Tensor::empty(k.shape(), dtype, device),
-         dv = Tensor::empty(v.shape(), dtype, device);
-  const double forward_flops = 2.0 * static_cast<double>(b) * seq * seq * hq * d;  // 4·B·T²·H·D, causal half
-  const std::string shape = fmt::format("q [{}, {}, {}, {}], k and v [{}, {}, {}, {}], causal", b, seq, hq, d, b,
-                                        seq, hkv, d);
+         dvalues = Tensor::empty(v.shape(), dtype, device);
+  // QKᵀ and PV, causal half: 2·B·T²·H·(D + Dv)/2 (4·B·T²·H·D / 2 when the widths are equal).
+  const double forward_flops = static_cast<double>(b) * seq * seq * hq * (d + dv);
+  const std::string shape = fmt::format("q and k [{}, {}, {}, {}] and [{}, {}, {}, {}], v [.., {}], causal", b, seq,
+                                        hq, d, b, seq, hkv, d, dv);
   std::vector<KernelTiming> timings;
   timings.push_back({"attention", "forward", 0, 0, 0, shape, dtype_name(dtype), forward_flops,
                      median_ms(device, o, [&] { ops::attention_forward(q, k, v, out, lse); })});
   ops::attention_forward(q, k, v, out, lse);
   timings.push_back({"attention", "backward", 0, 0, 0, shape, dtype_name(dtype), 2.5 * forward_flops,
-                     median_ms(device, o, [&] { ops::attention_backward(q, k, v, out, lse, dout, dq, dk, dv); })});
+                     median_ms(device, o, [&] { ops::attention_backward(q, k, v, out, lse, dout, dq, dk, dvalues); })});
   return timings;
 }
 

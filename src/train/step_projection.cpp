@@ -93,7 +93,9 @@ class StageCoster {
         measured_(measured),
         recompute_(RecomputeConfig::from(t)),
         a_(t.bf16 ? 2.0 : 4.0),
-        tokens_(t.micro_batch_size * t.seq_length / dims.cp()) {}
+        tokens_(t.micro_batch_size * t.seq_length / dims.cp()),
+        qk_width_(whole.multi_latent_attention ? whole.qk_head_dim + whole.qk_pos_emb_head_dim : whole.kv_channels),
+        v_width_(whole.multi_latent_attention ? whole.v_head_dim : whole.kv_channels) {}
 
   MicroBatchCost micro_batch(int stage) const {
     MicroBatchCost cost;
@@ -146,13 +148,14 @@ class StageCoster {
     const double passes = again ? 4.0 : 3.0;  // forward, backward (twice the forward's work), the recompute
     for (const GemmShape& g : layer_gemms(rank_, dims_.ep(), moe)) add_gemm(g, tokens_, again, cost);
 
-    // Attention: forward 2·B·S²·Hq·D / cp (the causal half), backward 2.5 × that.
+    // Attention: forward B·S²·Hq·(Dqk + Dv) / cp (QKᵀ and PV, the causal half; 2·B·S²·Hq·D when the widths are
+    // equal), backward 2.5 × that.
     const double s = static_cast<double>(t_.seq_length);
-    const double forward_flops = 2.0 * static_cast<double>(t_.micro_batch_size) * s * s *
-                                 static_cast<double>(rank_.num_attention_heads * rank_.kv_channels) / dims_.cp();
+    const double forward_flops = static_cast<double>(t_.micro_batch_size) * s * s *
+                                 static_cast<double>(rank_.num_attention_heads * (qk_width_ + v_width_)) / dims_.cp();
     const std::optional<double> fwd_rate = measured_ ? measured_->find("attention", "forward") : std::nullopt;
     const std::optional<double> bwd_rate = measured_ ? measured_->find("attention", "backward") : std::nullopt;
-    const double table_rate = attention_rate(gpu_, rank_.kv_channels);
+    const double table_rate = attention_rate(gpu_, qk_width_);
     const double forward_ms = forward_flops / ((fwd_rate ? *fwd_rate : table_rate) * 1e9);
     const double backward_ms = 2.5 * forward_flops / ((bwd_rate ? *bwd_rate : table_rate) * 1e9);
     cost.measured_attention = fwd_rate && bwd_rate;
@@ -165,7 +168,11 @@ class StageCoster {
     const double n = static_cast<double>(tokens_);
     const double c = static_cast<double>(rank_.hidden_size);
     const double norm_rows = dims_.sequence_parallel() ? n / dims_.tp() : n;
-    const double heads = static_cast<double>((rank_.num_attention_heads + rank_.num_query_groups) * rank_.kv_channels);
+    // q and k (k per query head under MLA, whose keys are expanded from the latent) and v; RoPE and norms pass them.
+    const double heads = rank_.multi_latent_attention
+                             ? static_cast<double>(rank_.num_attention_heads * (2 * qk_width_ + v_width_)) / 2.0
+                             : static_cast<double>((rank_.num_attention_heads + rank_.num_query_groups) *
+                                                   rank_.kv_channels);
     double per_token = 2.0 * heads * (rank_.qk_layernorm ? 2.0 : 1.0);
     if (moe) {
       const double k = static_cast<double>(whole_.moe_router_topk);
@@ -225,6 +232,7 @@ class StageCoster {
   const RecomputeConfig recompute_;
   const double a_;
   const int64_t tokens_;
+  const int64_t qk_width_, v_width_;  // a head's query/key and value features (they differ under MLA)
 };
 
 // The performance figures of a known GPU when `gpu` (the driver's name, say) matches one by name.

@@ -6,7 +6,8 @@
 //   GEMMs        every GEMM of models/gemm_shapes.h in its three passes (a fourth, forward, for a layer recomputed
 //                in full), each at the larger of FLOPs / (peak × gemm efficiency) and its bytes / HBM bandwidth;
 //                or at the TFLOP/s `benchmark gemm` measured for that op and pass (--rates)
-//   attention    causal flash attention: forward 2·B·S²·Hq·D / cp FLOPs (S the whole sequence: a cp rank's two
+//   attention    causal flash attention: forward B·S²·Hq·(Dqk + Dv) / cp FLOPs (= 2·B·S²·Hq·D unless MLA's widths
+//                differ; S the whole sequence: a cp rank's two
 //                chunks hold 1/cp of the causal work), backward 2.5 × that, at the attention rate (or measured)
 //   memory-bound the engine's passes over activations outside GEMMs and attention (RMSNorm, RoPE, SwiGLU, residual
 //                adds, MoE permutation, the loss over the logits), each tensor read or written once per pass, at the

@@ -65,7 +65,7 @@ TEST_F(ProjectionCliTest, EveryLoadablePresetAnswers) {
     const std::string name = entry.path().stem().string();
     // Partial files, and the presets of models whose features the engine lacks (presets_test: they exit 2). 256
     // tokens: the tiny presets' longest sequence.
-    if (name.ends_with("_base") || name.starts_with("deepseek") || name.starts_with("gpt_oss")) continue;
+    if (name.ends_with("_base") || name == "deepseek_v3" || name.starts_with("gpt_oss")) continue;
     const nlohmann::json j = run_json({"--", "projection", "memory", "--config", write_config(name, "", 256), "--gpu", "H100", "--json"});
     if (j.is_null()) continue;
     ASSERT_EQ(j.at("stages").size(), 1u) << name;

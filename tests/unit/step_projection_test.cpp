@@ -108,6 +108,42 @@ TEST(StepProjection, MeasuredRatesCostTheModelsMatmulFlops) {
   EXPECT_NEAR(part_ms(full, "GEMMs"), (head + (flops - head) * 8.0 / 6.0) / 500e9, 1e-6);
 }
 
+// The GEMM list (models/gemm_shapes.h) against the model's own parameter table for MoE and multi-head latent
+// attention too: DeepSeek-V2-Lite's low-rank key/value projections, its router, routed experts (top-6 of 64 a
+// token), shared experts and dense first layer, and Mixtral's experts, all rated alike, cost 6 FLOPs per matmul
+// parameter a token passes through.
+TEST(StepProjection, TheGemmListIsTheModelsForMoeAndLatentAttention) {
+  const std::string dir = testing::temp_dir("step_projection_moe");
+  std::ofstream out(dir + "/gemm.jsonl");
+  for (const char* op : {"q_proj", "q_a_proj", "q_b_proj", "k_proj", "v_proj", "kv_a_proj_with_mqa", "kv_b_proj",
+                         "o_proj", "gate_up_proj", "down_proj", "router", "experts.gate_up", "experts.down",
+                         "shared_experts.gate_up", "shared_experts.down", "lm_head"}) {
+    for (const char* pass : {"forward", "data_grad", "weight_grad"}) {
+      out << nlohmann::json{{"op", op}, {"pass", pass}, {"tflops", 400.0}}.dump() << "\n";
+    }
+  }
+  out.close();
+  const MeasuredRates rates = read_measured_rates({dir + "/gemm.jsonl"});
+  setenv("PRIMUS_CONFIGS_DIR", PRIMUS_SOURCE_DIR "/configs", 1);
+  setenv("WORLD_SIZE", "1", 1);
+  for (const char* preset : {"deepseek_v2_lite", "mixtral_8x7B"}) {
+    const std::string path = dir + "/" + preset + ".yaml";
+    std::ofstream(path) << "exp_name: moe\nmodules:\n  pre_trainer:\n    framework: megatron\n    model: " << preset
+                        << "\n    overrides: {train_iters: 1, seq_length: 2048, micro_batch_size: 1, lr: 1.0e-4, "
+                           "bf16: true, mock_data: true}\n";
+    const ExperimentConfig config = load_experiment_config(path, {}).config;
+    const ModelArgs args = with_vocab_size(config.model, config.train);
+    const double flops = 6.0 * static_cast<double>(model_family(args).matmul_params(args)) * 2048.0;
+    const PerformanceProjection p = project_performance(config, find_gpu("H200"), {}, &rates);
+    EXPECT_NEAR(part_ms(p, "GEMMs"), flops / 400e9, 1e-9 * flops / 400e9) << preset;
+    // Every GEMM pass came from the file: "K of K GEMM passes".
+    const std::string counts = p.rates_source.substr(0, p.rates_source.find(" GEMM passes and not attention measured"));
+    const size_t of = counts.find(" of ");
+    ASSERT_NE(of, std::string::npos) << p.rates_source;
+    EXPECT_EQ(counts.substr(0, of), counts.substr(of + 4)) << p.rates_source;
+  }
+}
+
 TEST(StepProjection, BadRateFilesNameTheFileAndLine) {
   const std::string dir = testing::temp_dir("step_projection_bad");
   auto write = [&](const std::string& text) {
