@@ -16,13 +16,11 @@ m(mscale_all_dim)^2, and the YaRN cos/sin tables carry m(mscale) / m(mscale_all_
 Exit codes: 0 ok, 2 bad arguments or unsupported config, 3 unreadable or corrupt input file.
 """
 
-import argparse
 import json
 import math
 import os
 import sys
 
-import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -124,61 +122,14 @@ def mla_attention(cfg, p, x, cos, sin):
 
 
 def forward(cfg, params, input_ids, labels):
-    """(mean cross-entropy, Σ router losses); labels as torch_llama's (no shift, -100 ignored)."""
-    _, t = input_ids.shape
-    cos, sin = rope_tables(cfg, t)
-    x = params["model.embed_tokens.weight"][input_ids]
-    router_losses = torch.zeros((), dtype=x.dtype)
-    for i in range(cfg.layers):
-        pre = f"model.layers.{i}."
-        p = {k[len(pre):]: v for k, v in params.items() if k.startswith(pre)}
-        x = x + mla_attention(cfg, p, base.rms_norm(x, p["input_layernorm.weight"], cfg.eps), cos, sin)
-        h = base.rms_norm(x, p["post_attention_layernorm.weight"], cfg.eps)
-        if cfg.layer_is_moe[i]:
-            m, losses = moe.moe_block(cfg, params, pre, h)
-            router_losses = router_losses + losses
-        else:
-            m = base.mlp(p, h)
-        x = x + m
-    x = base.rms_norm(x, params["model.norm.weight"], cfg.eps)
-    head = params["model.embed_tokens.weight" if cfg.tied else "lm_head.weight"]
-    logits = x @ head.T
-    ce = torch.nn.functional.cross_entropy(logits.reshape(-1, cfg.vocab_size), labels.reshape(-1),
-                                           ignore_index=-100, reduction="mean")
-    return ce, router_losses
-
-
-def run(args):
-    cfg = MlaConfig(os.path.join(args.model_dir, "mla.json"))
-    tensors = base.read_safetensors(os.path.join(args.model_dir, "model.safetensors"))
-    params = {n: torch.tensor(v, dtype=torch.float64, requires_grad=True) for n, v in tensors.items()}
-    input_ids, labels = base.load_batch(args.batch, cfg)
-    ce, router_losses = forward(cfg, params, input_ids, labels)
-    aux_weight = labels.numel() / int((labels >= 0).sum())
-    (ce + aux_weight * router_losses).backward()
-    out = {"loss": np.array(ce.item(), dtype=np.float32),
-           "router_losses": np.array(router_losses.item(), dtype=np.float32)}
-    for n, p in params.items():  # an expert no token chose is not in the graph: its gradient is zero
-        grad = p.grad if p.grad is not None else torch.zeros_like(p)
-        out["grad." + n] = grad.detach().numpy().astype(np.float32)
-    base.write_safetensors(args.out, out)
+    """(mean cross-entropy, Σ router losses): torch_moe's model with MLA in place of its attention."""
+    return moe.forward(cfg, params, input_ids, labels, attention=mla_attention,
+                       rope_tables=lambda c, t, _dtype: rope_tables(c, t))
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model-dir", required=True, help="directory with mla.json and model.safetensors (F32)")
-    ap.add_argument("--batch", required=True, help="safetensors with input_ids [B,T] and labels [B,T] (I32)")
-    ap.add_argument("--out", required=True, help="safetensors to write: loss, router_losses, grad.<name>")
-    args = ap.parse_args(argv)
-    try:
-        run(args)
-    except base.UsageError as e:
-        print(f"torch_mla: {e}", file=sys.stderr)
-        return 2
-    except base.FileFormatError as e:
-        print(f"torch_mla: {e}", file=sys.stderr)
-        return 3
-    return 0
+    return moe.main(argv, name="torch_mla", doc=__doc__, config_file="mla.json", config_class=MlaConfig,
+                    forward_fn=forward)
 
 
 if __name__ == "__main__":

@@ -170,17 +170,18 @@ def moe_block(cfg, params, pre, x):
     return out.view(b, t, c), losses
 
 
-def forward(cfg, params, input_ids, labels):
-    """(mean cross-entropy, Σ router losses); labels as torch_llama's (no shift, -100 ignored)."""
+def forward(cfg, params, input_ids, labels, attention=base.attention, rope_tables=base.rope_tables):
+    """(mean cross-entropy, Σ router losses); labels as torch_llama's (no shift, -100 ignored). attention(cfg, p, x,
+    cos, sin) and rope_tables(cfg, t, dtype) are torch_llama's unless another model (torch_mla) passes its own."""
     _, t = input_ids.shape
     dtype = params["model.embed_tokens.weight"].dtype
-    cos, sin = base.rope_tables(cfg, t, dtype)
+    cos, sin = rope_tables(cfg, t, dtype)
     x = params["model.embed_tokens.weight"][input_ids]
     router_losses = torch.zeros((), dtype=dtype)
     for i in range(cfg.layers):
         pre = f"model.layers.{i}."
         p = {k[len(pre):]: v for k, v in params.items() if k.startswith(pre)}
-        x = x + base.attention(cfg, p, base.rms_norm(x, p["input_layernorm.weight"], cfg.eps), cos, sin)
+        x = x + attention(cfg, p, base.rms_norm(x, p["input_layernorm.weight"], cfg.eps), cos, sin)
         h = base.rms_norm(x, p["post_attention_layernorm.weight"], cfg.eps)
         if cfg.layer_is_moe[i]:
             m, losses = moe_block(cfg, params, pre, h)
@@ -196,12 +197,11 @@ def forward(cfg, params, input_ids, labels):
     return ce, router_losses
 
 
-def run(args):
-    cfg = MoeConfig(os.path.join(args.model_dir, "moe.json"))
+def run(args, cfg, forward_fn):
     tensors = base.read_safetensors(os.path.join(args.model_dir, "model.safetensors"))
     params = {n: torch.tensor(v, dtype=torch.float64, requires_grad=True) for n, v in tensors.items()}
     input_ids, labels = base.load_batch(args.batch, cfg)
-    ce, router_losses = forward(cfg, params, input_ids, labels)
+    ce, router_losses = forward_fn(cfg, params, input_ids, labels)
     aux_weight = labels.numel() / int((labels >= 0).sum())
     (ce + aux_weight * router_losses).backward()
     out = {"loss": np.array(ce.item(), dtype=np.float32),
@@ -212,19 +212,21 @@ def run(args):
     base.write_safetensors(args.out, out)
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model-dir", required=True, help="directory with moe.json and model.safetensors (F32)")
+def main(argv=None, name="torch_moe", doc=__doc__, config_file="moe.json", config_class=MoeConfig,
+         forward_fn=forward):
+    """The command line of this script, and of torch_mla's with its own name, config file, config and forward."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--model-dir", required=True, help=f"directory with {config_file} and model.safetensors (F32)")
     ap.add_argument("--batch", required=True, help="safetensors with input_ids [B,T] and labels [B,T] (I32)")
     ap.add_argument("--out", required=True, help="safetensors to write: loss, router_losses, grad.<name>")
     args = ap.parse_args(argv)
     try:
-        run(args)
+        run(args, config_class(os.path.join(args.model_dir, config_file)), forward_fn)
     except base.UsageError as e:
-        print(f"torch_moe: {e}", file=sys.stderr)
+        print(f"{name}: {e}", file=sys.stderr)
         return 2
     except base.FileFormatError as e:
-        print(f"torch_moe: {e}", file=sys.stderr)
+        print(f"{name}: {e}", file=sys.stderr)
         return 3
     return 0
 

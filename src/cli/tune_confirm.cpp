@@ -9,13 +9,13 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/file_io.h"
 
 extern char** environ;
 
@@ -24,13 +24,6 @@ namespace primus::cli {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string read_text(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 // The last line of `text` that starts with `prefix` (the JSON line of `benchmark train`, an error line), or "".
 std::string last_line_starting(const std::string& text, const std::string& prefix) {
@@ -74,7 +67,7 @@ ConfirmRun confirm_layout(const std::string& config_path, const std::vector<std:
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
-  const std::string out = read_text(out_path), err = read_text(err_path);
+  const std::string out = read_file(out_path), err = read_file(err_path);
   fs::remove_all(dir);
 
   ConfirmRun run;

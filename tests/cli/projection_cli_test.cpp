@@ -46,6 +46,25 @@ class ProjectionCliTest : public ::testing::Test {
     return path;
   }
 
+  // A tiny Llama on the CPU engine (mock tokens, 2 steps of 64 tokens); `extra` override lines appended.
+  std::string write_cpu_config(const std::string& name, const std::string& extra) {
+    const std::string path = dir_ + "/" + name + ".yaml";
+    std::ofstream(path) << "exp_name: " << name << "\n"
+                           "workspace: " << dir_ << "/workspace\n"
+                           "modules:\n"
+                           "  pre_trainer:\n"
+                           "    framework: megatron\n"
+                           "    model: tiny_llama\n"
+                           "    overrides:\n"
+                           "      device: cpu\n"
+                           "      train_iters: 2\n"
+                           "      seq_length: 64\n"
+                           "      lr: 1.0e-3\n"
+                           "      mock_data: true\n"
+                        << extra;
+    return path;
+  }
+
   testing::CliResult run(const std::vector<std::string>& args) {
     return testing::wait_cli(testing::spawn_cli(args, dir_), dir_);
   }
@@ -138,20 +157,7 @@ TEST_F(ProjectionCliTest, Llama405BOnSixtyFourGpusPlansEachStage) {
 
 // The projection's total is the trainer's: `benchmark train` logs the same table for the same config.
 TEST_F(ProjectionCliTest, TheTotalIsTheOneTheTrainerLogs) {
-  const std::string config = dir_ + "/cpu.yaml";
-  std::ofstream(config) << "exp_name: projection_cpu\n"
-                           "workspace: " << dir_ << "/workspace\n"
-                           "modules:\n"
-                           "  pre_trainer:\n"
-                           "    framework: megatron\n"
-                           "    model: tiny_llama\n"
-                           "    overrides:\n"
-                           "      device: cpu\n"
-                           "      train_iters: 2\n"
-                           "      seq_length: 64\n"
-                           "      micro_batch_size: 2\n"
-                           "      lr: 1.0e-3\n"
-                           "      mock_data: true\n";
+  const std::string config = write_cpu_config("cpu", "      micro_batch_size: 2\n");
   const testing::CliResult bench = run({"--", "benchmark", "train", "--config", config, "--warmup", "0", "--steps", "1"});
   ASSERT_EQ(bench.exit_code, 0) << bench.err;
   const testing::CliResult projected = run({"--", "projection", "memory", "--config", config});
@@ -200,20 +206,7 @@ TEST_F(ProjectionCliTest, TunePrintsAWinnerThatLoads) {
 // --confirm times the best candidates with benchmark train in child processes (here two CPU ranks over Gloo each) and
 // names the fastest measured one; it needs the candidates to run on this machine.
 TEST_F(ProjectionCliTest, TuneConfirmTimesTheBestCandidates) {
-  const std::string config = dir_ + "/tiny.yaml";
-  std::ofstream(config) << "exp_name: tune_cpu\n"
-                           "workspace: " << dir_ << "/workspace\n"
-                           "modules:\n"
-                           "  pre_trainer:\n"
-                           "    framework: megatron\n"
-                           "    model: tiny_llama\n"
-                           "    overrides:\n"
-                           "      device: cpu\n"
-                           "      train_iters: 2\n"
-                           "      seq_length: 64\n"
-                           "      global_batch_size: 8\n"
-                           "      lr: 1.0e-3\n"
-                           "      mock_data: true\n";
+  const std::string config = write_cpu_config("tiny", "      global_batch_size: 8\n");
   const nlohmann::json j = run_json({"--", "tune", "--config", config, "--gpus-per-node", "2", "--gpu", "H200",
                                      "--confirm", "2", "--confirm-warmup", "1", "--confirm-steps", "1", "--json"});
   ASSERT_FALSE(j.is_null());
