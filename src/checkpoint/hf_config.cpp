@@ -239,6 +239,22 @@ void read_moe_fields(const json& j, FieldReader& r, bool qwen3, ModelArgs& m) {
 
 namespace {
 
+// The fields Llama's, Qwen3's, Mixtral's and DeepSeek-V2's config.json write alike (a json object keeps its keys
+// sorted, so where they are set does not matter).
+void add_decoder_fields(json& j, const ModelArgs& m) {
+  j["hidden_size"] = m.hidden_size;
+  j["intermediate_size"] = m.ffn_hidden_size;
+  j["num_hidden_layers"] = m.num_layers;
+  j["num_attention_heads"] = m.num_attention_heads;
+  j["max_position_embeddings"] = m.max_position_embeddings;
+  j["rms_norm_eps"] = m.norm_epsilon;
+  j["rope_theta"] = m.rotary_base;
+  j["tie_word_embeddings"] = !m.untie_embeddings_and_output_weights;
+  j["hidden_act"] = "silu";
+  j["attention_bias"] = false;
+  j["attention_dropout"] = 0.0;
+}
+
 // DeepSeek-V2's config.json (model_type deepseek_v2, which DeepSeek-V3's checkpoints extend) for a model with
 // multi-head latent attention: its attention, YaRN and MoE fields under their names there. A setting that file
 // cannot state is refused naming the key, rather than written as another model.
@@ -246,15 +262,9 @@ json deepseek_config(const ModelArgs& m, const std::string& torch_dtype) {
   json j = json::object();
   j["architectures"] = json::array({"DeepseekV2ForCausalLM"});
   j["model_type"] = "deepseek_v2";
-  j["hidden_size"] = m.hidden_size;
-  j["intermediate_size"] = m.ffn_hidden_size;
-  j["num_hidden_layers"] = m.num_layers;
-  j["num_attention_heads"] = m.num_attention_heads;
+  add_decoder_fields(j, m);
   j["num_key_value_heads"] = m.num_attention_heads;
   j["vocab_size"] = m.vocab_size;
-  j["max_position_embeddings"] = m.max_position_embeddings;
-  j["rms_norm_eps"] = m.norm_epsilon;
-  j["rope_theta"] = m.rotary_base;
   j["q_lora_rank"] = m.q_lora_rank > 0 ? json(m.q_lora_rank) : json(nullptr);
   j["kv_lora_rank"] = m.kv_lora_rank;
   j["qk_nope_head_dim"] = m.qk_head_dim;
@@ -271,10 +281,6 @@ json deepseek_config(const ModelArgs& m, const std::string& torch_dtype) {
   } else {
     j["rope_scaling"] = nullptr;
   }
-  j["tie_word_embeddings"] = !m.untie_embeddings_and_output_weights;
-  j["hidden_act"] = "silu";
-  j["attention_bias"] = false;
-  j["attention_dropout"] = 0.0;
   if (m.num_experts > 0) {
     auto refuse = [](const char* key) {
       throw UsageError(fmt::format("[checkpoint] {}: the setting has no equivalent in DeepSeek-V2's config.json", key));
@@ -374,16 +380,10 @@ json hf_config_from_model(const ModelArgs& m, const std::string& torch_dtype) {
   j["architectures"] = json::array({moe ? (qwen3 ? "Qwen3MoeForCausalLM" : "MixtralForCausalLM")
                                         : (qwen3 ? "Qwen3ForCausalLM" : "LlamaForCausalLM")});
   j["model_type"] = std::string(model_family_name(m));
-  j["hidden_size"] = m.hidden_size;
-  j["intermediate_size"] = m.ffn_hidden_size;
-  j["num_hidden_layers"] = m.num_layers;
-  j["num_attention_heads"] = m.num_attention_heads;
+  add_decoder_fields(j, m);
   j["num_key_value_heads"] = m.num_query_groups > 0 ? m.num_query_groups : m.num_attention_heads;
   j["head_dim"] = m.kv_channels > 0 ? m.kv_channels : m.hidden_size / m.num_attention_heads;
   j["vocab_size"] = m.vocab_size;
-  j["max_position_embeddings"] = m.max_position_embeddings;
-  j["rms_norm_eps"] = m.norm_epsilon;
-  j["rope_theta"] = m.rotary_base;
   if (m.use_rope_scaling) {
     j["rope_scaling"] = {{"rope_type", "llama3"},
                          {"factor", m.rope_scaling_factor},
@@ -393,10 +393,6 @@ json hf_config_from_model(const ModelArgs& m, const std::string& torch_dtype) {
   } else {
     j["rope_scaling"] = nullptr;
   }
-  j["tie_word_embeddings"] = !m.untie_embeddings_and_output_weights;
-  j["hidden_act"] = "silu";
-  j["attention_bias"] = false;
-  j["attention_dropout"] = 0.0;
   if (qwen3) {
     j["use_sliding_window"] = false;
     j["sliding_window"] = nullptr;

@@ -100,11 +100,12 @@ int run_tune(const LaunchOptions& launch, const ProjectionOptions& o, const Tune
   const TuneResult result = tune_layouts(o.config_path, overrides, gpu, cluster);
   // The top candidates timed for real, each with the user's overrides and its own.
   std::vector<ConfirmRun> runs;
-  for (int i = 0; i < std::min<int>(u.confirm, static_cast<int>(result.ranked.size())); ++i) {
+  const int confirming = std::min<int>(u.confirm, static_cast<int>(result.ranked.size()));
+  for (int i = 0; i < confirming; ++i) {
     std::vector<std::string> all = overrides;
     const std::vector<std::string>& own = result.ranked[static_cast<size_t>(i)].overrides;
     all.insert(all.end(), own.begin(), own.end());
-    if (!o.json) fmt::print(stderr, "tune: timing candidate {} of {} with benchmark train\n", i + 1, u.confirm);
+    if (!o.json) fmt::print(stderr, "tune: timing candidate {} of {} with benchmark train\n", i + 1, confirming);
     runs.push_back(confirm_layout(o.config_path, all, o.gpus_per_node, u.confirm_warmup, u.confirm_steps));
   }
   int measured_best = -1;
