@@ -80,12 +80,6 @@ struct ModelArgs {
   }
 };
 
-// The CUDA MoE kernels are written but have not run on a GPU yet: until their GPU tests pass on one, the config
-// (device: cuda) and the trainer (a device chosen at run time) refuse a MoE model on a GPU with this message.
-inline constexpr const char* kMoeGpuNotVerified =
-    "num_experts: MoE's CUDA kernels have not been verified on a GPU yet (their tests are written, issue 14); "
-    "train MoE models with device: cpu for now";
-
 // Multi-head latent attention runs on the CPU engine only: its CUDA path (attention with a value width other than
 // the query's, the head concatenation and interleaved RoPE kernels) is not written, and tensor and context
 // parallelism do not split it yet. The config and the trainer refuse the rest with this message.

@@ -347,10 +347,6 @@ void check_moe_keys(const ModuleKeys& keys, const Origin& module_origin) {
                              ep.value.i, strategy.value.s));
   }
   check_capacity_keys(keys, module_origin);
-  const ModuleKey& device = get(keys, "device");
-  if (device.value.s == "cuda") {
-    config_error(place(experts, module_origin), fmt::format("{} ({})", kMoeGpuNotVerified, describe(device)));
-  }
 }
 
 // Multi-head latent attention and YaRN: their shape keys among themselves and against what the engine does with them.

@@ -55,10 +55,20 @@ double micros(Clock::time_point from, Clock::time_point to) {
   return std::chrono::duration<double, std::micro>(to - from).count();
 }
 
+// Every scope open on this thread, outermost first.
+thread_local std::vector<std::string> open_scope_names;
+
 }  // namespace
+
+std::string open_scopes() {
+  std::string path;
+  for (const std::string& name : open_scope_names) path += (path.empty() ? "" : " / ") + name;
+  return path;
+}
 
 ProfileScope::ProfileScope(std::string name) {
   if (Backend* b = range_backend()) b->range_push(name.c_str());
+  open_scope_names.push_back(name);
   TraceState& t = trace();
   if (!t.active) return;
   ScopeRecord r;
@@ -72,6 +82,7 @@ ProfileScope::ProfileScope(std::string name) {
 
 ProfileScope::~ProfileScope() {
   if (Backend* b = range_backend()) b->range_pop();
+  open_scope_names.pop_back();
   TraceState& t = trace();
   if (record_ < 0 || !t.active || record_ >= static_cast<int64_t>(t.records.size())) return;
   ScopeRecord& r = t.records[static_cast<size_t>(record_)];

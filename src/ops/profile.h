@@ -16,6 +16,10 @@
 
 namespace primus::ops {
 
+// The names of the scopes open on this thread, outermost first, joined by " / " ("" when none): where the host is
+// in a step, for diagnostics (the memory-peak trace).
+std::string open_scopes();
+
 class ProfileScope {
  public:
   explicit ProfileScope(std::string name);

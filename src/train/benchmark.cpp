@@ -6,6 +6,7 @@
 #include <chrono>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
 #include <sstream>
 
 #include "data/loader.h"
@@ -103,6 +104,7 @@ BenchmarkResult run_benchmark_train(const ExperimentConfig& config, const Benchm
   // Synthetic tokens need no tokenizer, only a vocabulary size: the tokenizer file is read only when the model
   // takes its size from it, so a config naming data and a tokenizer benchmarks where they are not present.
   const ModelArgs args = with_vocab_size(config.model, t);
+  trace_device_memory_peaks(device);
   MemoryPlan plan = plan_memory(args, t, device, compute_dtype(t, device));
   add_device_memory(plan, device);
   log_memory_plan(plan);
@@ -114,13 +116,18 @@ BenchmarkResult run_benchmark_train(const ExperimentConfig& config, const Benchm
     const std::shared_ptr<Communicator> world = connect_world(env, device, t);
     const ProcessGroups groups = make_process_groups(world, args, t);
     const std::unique_ptr<Model> model = make_parallel_model(args, t, device, groups);
+    note_device_memory(device, "model built");
     model->set_recompute(RecomputeConfig::from(t));
     model->params().initialize(static_cast<uint64_t>(t.seed));
+    note_device_memory(device, "initialize");
     const Pipeline pipeline = make_pipeline(groups, !args.untie_embeddings_and_output_weights);
     check_pipeline_schedule(pipeline, micro_batches_per_step(t));
     const std::unique_ptr<DataParallel> dp = make_data_parallel(groups, *model, t);
+    note_device_memory(device, "data parallel");
     AdamW optimizer = make_optimizer(*model, *dp, t);
+    note_device_memory(device, "optimizer");
     weights_ready(*model, *dp);
+    note_device_memory(device, "weights ready");
     result = time_steps(*model, optimizer, *dp, batch_split(groups), t, device, options, pipeline);
     result.world_size = world->size();
     result.parameters = model->params().numel();
@@ -134,6 +141,9 @@ BenchmarkResult run_benchmark_train(const ExperimentConfig& config, const Benchm
                           static_cast<double>(result.world_size);
   if (!device.is_cpu()) result.mfu = result.tflops_per_gpu / kPeakBf16Tflops;
   result.mem_peak_gib = device_peak_memory_gib(device);
+  if (const std::string sites = device_memory_peak_sites(); !sites.empty()) {
+    spdlog::info("where device memory peaked (PRIMUS_MEMORY_TRACE):\n{}", sites);
+  }
   return result;
 }
 

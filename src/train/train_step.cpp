@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <string>
+#include <vector>
 
 #include "core/host_memory.h"
 #include "data/tokenizer.h"
@@ -198,14 +200,13 @@ ProcessGroups make_process_groups(std::shared_ptr<Communicator> world, const Mod
 
 std::unique_ptr<Model> make_parallel_model(const ModelArgs& args, const TrainingArgs& t, Device device,
                                            const ProcessGroups& groups) {
-  // Token dropping and the sequence-level aux loss have no CUDA path yet, whatever becomes of the gate above.
+  // Token dropping and the sequence-level aux loss have no CUDA path yet.
   if (args.num_experts > 0 && !device.is_cpu() && args.moe_expert_capacity_factor > 0.0) {
     throw UsageError("[config] moe_expert_capacity_factor (token dropping) runs on the CPU engine only");
   }
   if (args.num_experts > 0 && !device.is_cpu() && args.moe_router_load_balancing_type == "seq_aux_loss") {
     throw UsageError("[config] moe_router_load_balancing_type seq_aux_loss runs on the CPU engine only");
   }
-  if (args.num_experts > 0 && !device.is_cpu()) throw UsageError(fmt::format("[config] {}", kMoeGpuNotVerified));
   if (args.multi_latent_attention && !device.is_cpu()) throw UsageError(fmt::format("[config] {}", kMlaCpuOnly));
   // The ring runs beside data parallelism's collectives (on another thread or stream), and at dp 1 the cp group may
   // be the very communicator data parallelism reduces on: it gets a communicator of its own.
@@ -357,6 +358,55 @@ double device_peak_memory_gib(Device device) {
   }
 #endif
   return static_cast<double>(host_memory_stats().peak_bytes) / (1ull << 30);
+}
+
+namespace {
+
+struct PeakSite {
+  size_t allocated = 0, request = 0;
+  std::string scopes;
+};
+std::vector<PeakSite> g_peak_sites;  // the last few, the highest last
+size_t g_peak_logged = 0;
+std::vector<PeakSite> g_memory_notes;  // note_device_memory's, in order
+bool g_tracing = false;
+
+// Runs under the allocator's lock on every new peak: cheap unless the peak grew by 64 MiB since the last record.
+void record_peak_site(size_t allocated, size_t request) {
+  constexpr size_t kStep = size_t{64} << 20;
+  if (allocated < g_peak_logged + kStep && request < kStep) return;
+  g_peak_logged = allocated;
+  if (g_peak_sites.size() == 8) g_peak_sites.erase(g_peak_sites.begin());
+  g_peak_sites.push_back({allocated, request, ops::open_scopes()});
+}
+
+}  // namespace
+
+void trace_device_memory_peaks(Device device) {
+  const char* flag = std::getenv("PRIMUS_MEMORY_TRACE");
+  if (flag == nullptr || std::string(flag) != "1" || device.is_cpu()) return;
+#if PRIMUS_WITH_CUDA
+  start_cuda_backend(device.index).allocator().set_peak_observer(&record_peak_site);
+  g_tracing = true;
+#endif
+}
+
+void note_device_memory(Device device, const char* what) {
+#if PRIMUS_WITH_CUDA
+  if (g_tracing) g_memory_notes.push_back({start_cuda_backend(device.index).allocator().stats().allocated_bytes, 0, what});
+#endif
+}
+
+std::string device_memory_peak_sites() {
+  std::string text;
+  for (const PeakSite& s : g_memory_notes) {
+    text += fmt::format("  {:8.3f} GiB held after {}\n", static_cast<double>(s.allocated) / (1ull << 30), s.scopes);
+  }
+  for (const PeakSite& s : g_peak_sites) {
+    text += fmt::format("  {:8.3f} GiB after a request of {:8.1f} MiB in {}\n", static_cast<double>(s.allocated) / (1ull << 30),
+                        static_cast<double>(s.request) / (1ull << 20), s.scopes.empty() ? "(no scope)" : s.scopes);
+  }
+  return text;
 }
 
 }  // namespace primus

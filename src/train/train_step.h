@@ -127,5 +127,13 @@ DType compute_dtype(const TrainingArgs& t, Device device);
 // Peak bytes allocated on the device since start, in GiB: the CUDA allocator's, or the host tensors' on the CPU
 // (core/host_memory.h).
 double device_peak_memory_gib(Device device);
+// PRIMUS_MEMORY_TRACE=1 on a CUDA device: from now on, each time the allocator's peak grows by 64 MiB or more (or
+// by a request of that size), records the total, the request and the profile scopes open (ops/profile.h);
+// device_memory_peak_sites then lists the last records, the run's peak among them. Otherwise does nothing.
+void trace_device_memory_peaks(Device device);
+// Under trace_device_memory_peaks, records the bytes held now, after `what` (a setup stage).
+void note_device_memory(Device device, const char* what);
+// The records of trace_device_memory_peaks, one line each, the highest last ("" when none).
+std::string device_memory_peak_sites();
 
 }  // namespace primus

@@ -70,7 +70,10 @@ void* CachingAllocator::allocate(size_t bytes) {
     stats_.peak_reserved_bytes = std::max(stats_.peak_reserved_bytes, stats_.reserved_bytes);
   }
   stats_.allocated_bytes += block;
-  stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
+  if (stats_.allocated_bytes > stats_.peak_allocated_bytes) {
+    stats_.peak_allocated_bytes = stats_.allocated_bytes;
+    if (peak_observer_ != nullptr) peak_observer_(stats_.allocated_bytes, block);
+  }
   return ptr;
 }
 
@@ -164,6 +167,11 @@ void CachingAllocator::collect_pending_locked() {
 CudaMemoryStats CachingAllocator::stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return stats_;
+}
+
+void CachingAllocator::set_peak_observer(PeakObserver observer) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  peak_observer_ = observer;
 }
 
 void CachingAllocator::reset_peak() {

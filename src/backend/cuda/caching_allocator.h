@@ -61,6 +61,11 @@ class CachingAllocator : public Allocator {
 
   CudaMemoryStats stats() const;
   void reset_peak();
+  // Called (under the allocator's lock: it must not allocate device memory) each time allocated_bytes reaches a
+  // new peak, with the new total and the size class of the request that reached it; nullptr (the default) stops
+  // the calls. For diagnostics (PRIMUS_MEMORY_TRACE): where a run's peak is reached.
+  using PeakObserver = void (*)(size_t allocated_bytes, size_t request_bytes);
+  void set_peak_observer(PeakObserver observer);
   // Returns every cached block (free, or pending once the device is idle) to the driver. Synchronises the device.
   void release_cached();
 
@@ -92,6 +97,7 @@ class CachingAllocator : public Allocator {
   std::vector<PendingBlock> pending_;
   std::vector<void*> event_pool_;  // gpuEvent_t without timing, reached, reusable
   CudaMemoryStats stats_;
+  PeakObserver peak_observer_ = nullptr;
 };
 
 // Scratch device memory for one op, returned to the allocator at scope exit. Reuse by the next op is
