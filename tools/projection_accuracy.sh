@@ -32,8 +32,10 @@ for c in "${cases[@]}"; do
   n=$((n + 1))
   echo "[$n/${#cases[@]}] $cfg ${ov[*]}" >&2
   rates=$work/rates$n.jsonl
-  "$primus" benchmark gemm --config "$cfg" --jsonl "$rates" "${ov[@]}" > /dev/null 2>&1
-  "$primus" benchmark attention --config "$cfg" --jsonl "$rates" "${ov[@]}" > /dev/null 2>&1
+  for kernel in gemm attention; do
+    "$primus" benchmark $kernel --config "$cfg" --jsonl "$rates" "${ov[@]}" > "$work/$kernel$n.log" 2>&1 ||
+      { echo "benchmark $kernel failed:" >&2; tail -3 "$work/$kernel$n.log" >&2; }
+  done
   measured=$("$primus" benchmark train --config "$cfg" --warmup 3 --steps 10 "${ov[@]}" 2> "$work/train$n.err" | grep -E '^\{' | tail -1)
   [[ -n $measured ]] || { measured='{"failure": "benchmark train failed"}'; tail -5 "$work/train$n.err" >&2; }
   memory=$("$primus" projection memory --config "$cfg" --gpu H200 --json "${ov[@]}" 2>/dev/null)

@@ -28,21 +28,23 @@ std::string lower(std::string_view text) {
 
 // Rates: the H200's as the engine measured them there (docs/perf/projection.md): its GEMMs at 0.77 of the peak
 // (740-790 TFLOP/s at a training step's shapes), cuDNN's fused attention at 456 TFLOP/s forward and backward at head
-// dim 128, device copies at 4.26 TB/s, and the memory-bound rest of a step (norms, RoPE, SwiGLU, adds, the loss,
+// dim 128, the experts' grouped GEMMs (its own mma.sync kernel, docs/perf/grouped-gemm.md) at 0.24 of the peak
+// (160-280 TFLOP/s on the Mixtral and Qwen3-MoE shapes), device copies at 4.26 TB/s, and the memory-bound rest of a step (norms, RoPE, SwiGLU, adds, the loss,
 // launch gaps) at 0.45 of that: the one figure fitted, to three measured steps. The other GPUs: their datasheets'
 // dense bf16 peak and HBM bandwidth at the H200's shares, and each link's bandwidth per direction at the share NCCL's
 // ring reaches over NVLink 4 without multicast (about 370 of 450 GB/s: assumed, no multi-GPU machine has been
 // measured yet). Only the H200 row is calibrated.
 const std::vector<GpuModel>& known_gpus() {
-  constexpr double kGemmShare = 0.77, kAttentionShare = 456.0 / 989.0, kCopyShare = 0.8875, kElementwiseShare = 0.45,
+  constexpr double kGemmShare = 0.77, kGroupedGemmShare = 0.24, kAttentionShare = 456.0 / 989.0, kCopyShare = 0.8875, kElementwiseShare = 0.45,
                    kLinkShare = 0.82;
   const std::string measured = "measured by this engine on an H200 (docs/perf/projection.md); link assumed";
   const std::string scaled = "the datasheet's peak and bandwidths at the H200's measured shares (not calibrated)";
   auto gpu = [&](std::string name, int64_t gb, std::string what, double tflops, double hbm_tb, double link_gb,
                  const std::string& rates) {
     const double copy = kCopyShare * hbm_tb * 1000.0;
-    return GpuModel{std::move(name), gb * kGB,   "the vendor's capacity (" + what + ")", tflops, kGemmShare,
-                    kAttentionShare * tflops, copy, kElementwiseShare * copy, kLinkShare * link_gb, rates};
+    return GpuModel{std::move(name), gb * kGB, "the vendor's capacity (" + what + ")", tflops, kGemmShare,
+                    kGroupedGemmShare, kAttentionShare * tflops, copy, kElementwiseShare * copy,
+                    kLinkShare * link_gb, rates};
   };
   static const std::vector<GpuModel> gpus = {
       gpu("H100", 80, "H100 SXM, 80 GB HBM3", 989.0, 3.35, 450.0, scaled),

@@ -20,11 +20,12 @@ struct GpuModel {
   std::string source;  // where the figure is from: "the vendor's capacity", "the driver (cuda:0)"
   double bf16_tflops = 0.0;        // dense bf16 peak (the datasheet's; the MFU denominator)
   double gemm_efficiency = 0.0;    // the share of it the engine's GEMMs reach at the shapes of a training step
+  double grouped_gemm_efficiency = 0.0;  // the share the experts' grouped GEMMs reach (MoE layers)
   double attention_tflops = 0.0;   // causal flash attention at head dim 128, forward and backward, causal half
   double hbm_gbytes_per_s = 0.0;   // what a device copy reaches (read + write)
   double elementwise_gbytes_per_s = 0.0;  // what a step's memory-bound kernels reach, launch gaps included
   double link_gbytes_per_s = 0.0;  // a collective's bus bandwidth inside a node (NVLink / xGMI)
-  std::string rates_source;        // where the six figures above come from
+  std::string rates_source;        // where the seven figures above come from
 };
 
 // The shipped table: the vendors' HBM capacities; the H200's rates as measured by this engine, the others' scaled from

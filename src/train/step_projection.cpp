@@ -71,13 +71,14 @@ std::string gbytes(double bytes) {
 // The compute of one micro-batch on one rank of a stage, and how each part was costed.
 struct MicroBatchCost {
   double gemm_ms = 0.0, gemm_flops = 0.0;
+  double grouped_ms = 0.0, grouped_flops = 0.0;  // the experts' grouped GEMMs (MoE layers), apart from the rest
   double attention_ms = 0.0, attention_flops = 0.0;
   double memory_ms = 0.0, memory_bytes = 0.0;
   double forward_ms = 0.0;  // of the above, the forward's (what overlaps the next step's weight gathering)
   double tp_ms = 0.0, ep_ms = 0.0, cp_ms = 0.0, cp_exposed_ms = 0.0;
   std::set<std::string> measured_gemms, table_gemms;  // "op pass" of the GEMMs costed each way
   bool measured_attention = false;
-  double total_ms() const { return gemm_ms + attention_ms + memory_ms + tp_ms + ep_ms + cp_exposed_ms; }
+  double total_ms() const { return gemm_ms + grouped_ms + attention_ms + memory_ms + tp_ms + ep_ms + cp_exposed_ms; }
 };
 
 class StageCoster {
@@ -112,7 +113,7 @@ class StageCoster {
   // its FLOPs at the table's GEMM rate and its bytes at the HBM bandwidth.
   double gemm_pass_ms(const GemmShape& g, const char* pass, int64_t tokens, MicroBatchCost& cost) const {
     const double flops = g.pass_flops(tokens);
-    cost.gemm_flops += flops;
+    (g.experts > 0 ? cost.grouped_flops : cost.gemm_flops) += flops;
     if (measured_ != nullptr) {
       if (const std::optional<double> rate = measured_->find(g.op, pass)) {
         cost.measured_gemms.insert(g.op + " " + pass);
@@ -125,16 +126,18 @@ class StageCoster {
     const double bytes = std::string_view(pass) == "weight_grad"
                              ? a_ * rows * (g.in + g.out) + 8.0 * weights  // fp32 gradient read and written
                              : a_ * (rows * (g.in + g.out) + weights);
-    return std::max(flops / (gpu_.bf16_tflops * gpu_.gemm_efficiency * 1e9), bytes / (gpu_.hbm_gbytes_per_s * 1e6));
+    const double share = g.experts > 0 ? gpu_.grouped_gemm_efficiency : gpu_.gemm_efficiency;
+    return std::max(flops / (gpu_.bf16_tflops * share * 1e9), bytes / (gpu_.hbm_gbytes_per_s * 1e6));
   }
 
   // A linear's forward, data and weight gradient; a recomputed layer runs its forward twice.
   void add_gemm(const GemmShape& g, int64_t tokens, bool recomputed, MicroBatchCost& cost) const {
     const double forward = gemm_pass_ms(g, "forward", tokens, cost);
     cost.forward_ms += forward;
-    cost.gemm_ms += forward * (recomputed ? 2 : 1) + gemm_pass_ms(g, "data_grad", tokens, cost) +
-                    gemm_pass_ms(g, "weight_grad", tokens, cost);
-    if (recomputed) cost.gemm_flops += g.pass_flops(tokens);
+    (g.experts > 0 ? cost.grouped_ms : cost.gemm_ms) += forward * (recomputed ? 2 : 1) +
+                                                        gemm_pass_ms(g, "data_grad", tokens, cost) +
+                                                        gemm_pass_ms(g, "weight_grad", tokens, cost);
+    if (recomputed) (g.experts > 0 ? cost.grouped_flops : cost.gemm_flops) += g.pass_flops(tokens);
   }
 
   bool recomputed(int64_t layer) const {
@@ -314,6 +317,8 @@ PerformanceProjection project_performance(const ExperimentConfig& config, const 
   };
   add("GEMMs", m * mb.gemm_ms,
       fmt::format("{} at {:.0f} TFLOP/s", tflop(m * mb.gemm_flops), mb.gemm_flops * m / (m * mb.gemm_ms * 1e9)));
+  add("experts' grouped GEMMs", m * mb.grouped_ms,
+      fmt::format("{} at {:.0f} TFLOP/s", tflop(m * mb.grouped_flops), mb.grouped_flops / (mb.grouped_ms * 1e9)));
   add("attention", m * mb.attention_ms,
       fmt::format("{} (causal) at {:.0f} TFLOP/s", tflop(m * mb.attention_flops),
                   mb.attention_flops / (mb.attention_ms * 1e9)));
