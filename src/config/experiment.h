@@ -50,6 +50,11 @@ struct ModelArgs {
   double beta_slow = 1.0;
   double mscale = 0.707;
   double mscale_all_dim = 0.707;
+  // Multi-token prediction (DeepSeek-V3, Megatron's keys): mtp_num_layers modules after the last layer, module k
+  // predicting the token k + 1 positions ahead from the previous depth's hidden state and the embedding of token
+  // i + k; their mean loss is added to the main loss with weight mtp_loss_scaling_factor. 0: none.
+  int64_t mtp_num_layers = 0;
+  double mtp_loss_scaling_factor = 0.1;
   // Mixture of experts (Megatron's keys; num_experts 0: a dense model). Validated by the config loader.
   int64_t num_experts = 0;
   int64_t moe_router_topk = 2;
@@ -78,6 +83,9 @@ struct ModelArgs {
     if (moe_layer_freq.size() == 1) return moe_layer_freq[0] > 0 && i % moe_layer_freq[0] == 0;
     return moe_layer_freq[static_cast<size_t>(i)] != 0;
   }
+  // A multi-token prediction module's transformer layer is of the last decoder layer's kind (Megatron builds it from
+  // the last layer's spec): MLA + MoE for DeepSeek-V3.
+  bool is_mtp_moe_layer() const { return num_layers > 0 && is_moe_layer(num_layers - 1); }
 };
 
 // The CUDA MoE kernels are written but have not run on a GPU yet: until their GPU tests pass on one, the config
@@ -92,6 +100,13 @@ inline constexpr const char* kMoeGpuNotVerified =
 inline constexpr const char* kMlaCpuOnly =
     "multi_latent_attention: multi-head latent attention runs on the CPU engine only (its GPU kernels are not "
     "written or verified yet, issue 14)";
+
+// Multi-token prediction's parameters, activations and GEMMs are in the parameter count, the memory table and
+// `projection memory|performance`, but no model trains it yet: building a model (training, evaluation, sampling,
+// checkpoint conversion) refuses a config with mtp_num_layers > 0 with this message.
+inline constexpr const char* kMtpNotTrainable =
+    "mtp_num_layers: multi-token prediction is planned by `projection memory|performance` and the memory table, but "
+    "the engine cannot train or run it yet (issue 14); set mtp_num_layers: 0 to train without it";
 
 // Training keys (Megatron-LM argument names).
 struct TrainingArgs {

@@ -146,9 +146,8 @@ std::vector<ParamSpec> LlamaModel::param_specs(const ModelArgs& a, int tp_size, 
   if (stage.first() || (stage.last() && tied)) {
     specs.push_back(weight("model.embed_tokens.weight", a.vocab_size, C, kRows, std));
   }
-  for (int64_t i = 0; i < a.num_layers; ++i) {
-    if (!held[static_cast<size_t>(i)]) continue;
-    const std::string p = layer_prefix(i);
+  // One transformer layer's parameters under prefix p ("model.layers.{i}."), its MLP a mixture of experts or dense.
+  auto add_layer = [&](const std::string& p, bool moe) {
     specs.push_back(norm(p + "input_layernorm.weight", C));
     if (a.multi_latent_attention) {
       // DeepSeek-V2's names and order (layers/mla.h).
@@ -177,7 +176,7 @@ std::vector<ParamSpec> LlamaModel::param_specs(const ModelArgs& a, int tp_size, 
       specs.push_back(norm(p + "self_attn.k_norm.weight", D));
     }
     specs.push_back(norm(p + "post_attention_layernorm.weight", C));
-    if (a.is_moe_layer(i)) {
+    if (moe) {
       // Each expert's gate_proj then up_proj, expert after expert, then every down_proj: the [E, 2F, C] and
       // [E, C, F] weights of the grouped GEMMs are then views of the flat buffer.
       const MoeParamNames n = moe_param_names(a, p);
@@ -197,15 +196,32 @@ std::vector<ParamSpec> LlamaModel::param_specs(const ModelArgs& a, int tp_size, 
         specs.push_back(weight(n.shared_up, S, C, kRows, std));
         specs.push_back(weight(n.shared_down, C, S, kColumns, out_std));
       }
-      continue;
+      return;
     }
     specs.push_back(weight(p + "mlp.gate_proj.weight", F, C, kRows, std));
     specs.push_back(weight(p + "mlp.up_proj.weight", F, C, kRows, std));
     specs.push_back(weight(p + "mlp.down_proj.weight", C, F, kColumns, out_std));
+  };
+  for (int64_t i = 0; i < a.num_layers; ++i) {
+    if (held[static_cast<size_t>(i)]) add_layer(layer_prefix(i), a.is_moe_layer(i));
   }
   if (!stage.last()) return specs;
   specs.push_back(norm("model.norm.weight", C));
   if (!tied) specs.push_back(weight("lm_head.weight", a.vocab_size, C, kRows, std));
+  // Multi-token prediction modules after the output layer, on the last stage (they read its output layer), under
+  // DeepSeek-V3's names: module k is "model.layers.{num_layers + k - 1}": enorm and hnorm (the RMSNorms of the
+  // shifted tokens' embedding and of the previous depth's hidden state), eh_proj [C, 2C] over their concatenation
+  // (embedding half first), one layer of the last layer's kind, and shared_head.norm (its final norm). The
+  // checkpoint's embed_tokens and shared_head.head of the module are copies of the model's embedding and output
+  // layer, which the module shares: they are no parameters of their own here.
+  for (int64_t k = 1; k <= a.mtp_num_layers; ++k) {
+    const std::string p = layer_prefix(a.num_layers + k - 1);
+    specs.push_back(norm(p + "enorm.weight", C));
+    specs.push_back(norm(p + "hnorm.weight", C));
+    specs.push_back(weight(p + "eh_proj.weight", C, 2 * C, kRows, std));
+    add_layer(p, a.is_mtp_moe_layer());
+    specs.push_back(norm(p + "shared_head.norm.weight", C));
+  }
   return specs;
 }
 
@@ -216,8 +232,10 @@ double LlamaModel::flops_per_token(const ModelArgs& a, int64_t seq_length) {
   const double attention_width = a.multi_latent_attention
                                      ? 0.5 * static_cast<double>(a.qk_head_dim + a.qk_pos_emb_head_dim + a.v_head_dim)
                                      : static_cast<double>(a.kv_channels);
+  // Multi-token prediction modules add a layer's attention each (their matmuls are in matmul_params).
+  const int64_t attention_layers = a.num_layers + a.mtp_num_layers;
   return 6.0 * static_cast<double>(matmul_params(a)) +
-         12.0 * static_cast<double>(a.num_layers * seq_length * a.num_attention_heads) * attention_width;
+         12.0 * static_cast<double>(attention_layers * seq_length * a.num_attention_heads) * attention_width;
 }
 
 int64_t LlamaModel::matmul_params(const ModelArgs& a) {
@@ -226,11 +244,13 @@ int64_t LlamaModel::matmul_params(const ModelArgs& a) {
     if (s.shape.size() == 2 && s.name != "model.embed_tokens.weight") total += shape_numel(s.shape);
   }
   if (!a.untie_embeddings_and_output_weights) total += a.vocab_size * a.hidden_size;  // tied head still multiplies
+  // Each multi-token prediction module runs the shared output layer once more.
+  total += a.mtp_num_layers * a.vocab_size * a.hidden_size;
   // A token passes through k of the E experts of a MoE layer: the others' weights do no work for it.
   const int64_t idle_experts = std::max<int64_t>(a.num_experts - a.moe_router_topk, 0);
-  for (int64_t i = 0; i < a.num_layers; ++i) {
-    if (a.is_moe_layer(i)) total -= idle_experts * 3 * a.moe_ffn_hidden_size * a.hidden_size;
-  }
+  int64_t moe_layers = a.is_mtp_moe_layer() ? a.mtp_num_layers : 0;
+  for (int64_t i = 0; i < a.num_layers; ++i) moe_layers += a.is_moe_layer(i) ? 1 : 0;
+  total -= moe_layers * idle_experts * 3 * a.moe_ffn_hidden_size * a.hidden_size;
   return total;
 }
 

@@ -187,6 +187,8 @@ ParallelDims parallel_dims_for(const ModelArgs& model, const TrainingArgs& t, in
 }
 
 ProcessGroups make_process_groups(std::shared_ptr<Communicator> world, const ModelArgs& model, const TrainingArgs& t) {
+  // Refused before the memory plan, which would only say that the whole preset cannot fit.
+  if (model.mtp_num_layers > 0) throw UsageError(fmt::format("[config] {}", kMtpNotTrainable));
   const ParallelDims dims = parallel_dims_for(model, t, world->size());
   if (dims.dp() != t.data_parallel_size) {
     throw UsageError(fmt::format("[distributed] the config was resolved for a data-parallel size of {} but the job "
