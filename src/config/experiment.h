@@ -101,12 +101,28 @@ inline constexpr const char* kMlaCpuOnly =
     "multi_latent_attention: multi-head latent attention runs on the CPU engine only (its GPU kernels are not "
     "written or verified yet, issue 14)";
 
-// Multi-token prediction's parameters, activations and GEMMs are in the parameter count, the memory table and
-// `projection memory|performance`, but no model trains it yet: building a model (training, evaluation, sampling,
-// checkpoint conversion) refuses a config with mtp_num_layers > 0 with this message.
-inline constexpr const char* kMtpNotTrainable =
-    "mtp_num_layers: multi-token prediction is planned by `projection memory|performance` and the memory table, but "
-    "the engine cannot train or run it yet (issue 14); set mtp_num_layers: 0 to train without it";
+// Multi-token prediction runs on the CPU engine in fp32, on one pipeline stage, without tensor or context
+// parallelism or FSDP (the config, the trainer and the model refuse the rest); projection plans every layout.
+inline constexpr const char* kMtpCpuOnly =
+    "mtp_num_layers: multi-token prediction runs on the CPU engine only, in fp32 (its GPU path is not written or "
+    "verified yet, issue 14)";
+// Why a layout cannot run the modules, or "" when it can.
+inline std::string mtp_layout_refusal(const ModelArgs& m, int64_t tp, int64_t pp, int64_t cp, bool fsdp) {
+  if (m.mtp_num_layers == 0) return "";
+  if (pp > 1) {
+    return "mtp_num_layers: multi-token prediction needs the embedding on the last pipeline stage as well (for the "
+           "tokens k ahead), which pipeline parallelism does not keep there yet; set pipeline_model_parallel_size: 1";
+  }
+  if (tp > 1 || cp > 1) {
+    return "mtp_num_layers: multi-token prediction is not split over tensor- or context-parallel ranks yet; set "
+           "tensor_model_parallel_size: 1 and context_parallel_size: 1";
+  }
+  if (fsdp) {
+    return "mtp_num_layers: multi-token prediction reads the embedding after the output layer, which FSDP's units do "
+           "not keep gathered; set use_megatron_fsdp: false";
+  }
+  return "";
+}
 
 // Training keys (Megatron-LM argument names).
 struct TrainingArgs {

@@ -407,8 +407,8 @@ std::vector<KeySpec> build_specs() {
        .min = 0,
        .help = "Multi-token prediction modules after the last layer (DeepSeek-V3: 1); module k predicts the token "
                "k + 1 ahead through eh_proj, one layer of the last layer's kind, its own final norm and the shared "
-               "output layer. Planned by projection and the memory table; training refuses it until the engine "
-               "runs it. Unset or 0: none.",
+               "output layer; trained on the CPU engine in fp32 without tensor, context or pipeline parallelism. "
+               "Unset or 0: none.",
        .aliases = {"num_nextn_predict_layers"},
        .apply = model_field<&ModelArgs::mtp_num_layers>},
       {.name = "mtp_loss_scaling_factor",

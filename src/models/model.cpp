@@ -43,7 +43,6 @@ const ModelFamily& find_model_family(std::string_view name) {
 
 std::unique_ptr<Model> make_model(const ModelArgs& args, int64_t max_seq_length, Device device, DType compute_dtype,
                                   const ModelParallel& parallel) {
-  if (args.mtp_num_layers > 0) throw UsageError(fmt::format("[config] {}", kMtpNotTrainable));
   return model_family(args).make(args, max_seq_length, device, compute_dtype, parallel);
 }
 

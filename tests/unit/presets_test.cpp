@@ -91,7 +91,9 @@ TEST(Presets, DeepSeekV3CountsItsMultiTokenPredictionModule) {
   const int64_t main_model = parameter_count(v3);
   EXPECT_NEAR(static_cast<double>(main_model), 671e9, 0.5e9);
   const int64_t shared_copies = 2 * v3.vocab_size * v3.hidden_size;
-  EXPECT_NEAR(static_cast<double>(with_mtp - main_model + shared_copies), 14e9, 0.5e9);
+  // 13.46B with the copies: the card's 14B (and its 685B in all) are rounded up.
+  EXPECT_NEAR(static_cast<double>(with_mtp - main_model + shared_copies), 14e9, 0.6e9);
+  EXPECT_NEAR(static_cast<double>(with_mtp + shared_copies), 685e9, 0.6e9);
   // The module: enorm, hnorm, eh_proj [C, 2C], one MLA + MoE layer (the last layer's kind) and its final norm.
   const int64_t C = v3.hidden_size;
   v3.mtp_num_layers = 1;
@@ -110,17 +112,32 @@ TEST(Presets, DeepSeekV3CountsItsMultiTokenPredictionModule) {
   }
 }
 
-// Until the engine runs multi-token prediction, building a model of such a config exits 2 naming the key.
-TEST(Presets, BuildingAModelWithMultiTokenPredictionIsRefusedByName) {
+// Multi-token prediction runs on the CPU engine in fp32, on one pipeline stage, without tensor or context parallelism
+// or FSDP: the rest is refused naming mtp_num_layers and why.
+TEST(Presets, MultiTokenPredictionRefusesWhatItCannotRun) {
   setenv("PRIMUS_CONFIGS_DIR", PRIMUS_SOURCE_DIR "/configs", 1);
   ModelArgs tiny = load_preset("tiny_llama");
   tiny.mtp_num_layers = 1;
+  EXPECT_NO_THROW(make_model(tiny, 64));
   try {
-    make_model(tiny, 64);
-    ADD_FAILURE() << "a model with mtp_num_layers 1 was built";
+    make_model(tiny, 64, kCpuDevice, DType::kBF16);
+    ADD_FAILURE() << "bf16 multi-token prediction was built";
   } catch (const UsageError& e) {
     EXPECT_NE(std::string(e.what()).find("mtp_num_layers"), std::string::npos) << e.what();
   }
+  EXPECT_EQ(mtp_layout_refusal(tiny, 1, 1, 1, false), "");
+  const std::vector<std::pair<std::string, std::string>> refusals = {
+      {mtp_layout_refusal(tiny, 1, 2, 1, false), "embedding on the last pipeline stage"},
+      {mtp_layout_refusal(tiny, 2, 1, 1, false), "tensor- or context-parallel"},
+      {mtp_layout_refusal(tiny, 1, 1, 2, false), "tensor- or context-parallel"},
+      {mtp_layout_refusal(tiny, 1, 1, 1, true), "use_megatron_fsdp"},
+  };
+  for (const auto& [why, what] : refusals) {
+    EXPECT_EQ(why.rfind("mtp_num_layers: ", 0), 0u) << why;
+    EXPECT_NE(why.find(what), std::string::npos) << why;
+  }
+  tiny.mtp_num_layers = 0;
+  EXPECT_EQ(mtp_layout_refusal(tiny, 2, 2, 2, true), "");
 }
 
 TEST(Presets, PresetsOfMissingFeaturesExitTwoNamingTheKey) {
