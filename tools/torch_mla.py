@@ -8,7 +8,15 @@ parameter names), and a batch (input_ids, labels); writes the loss and the gradi
 
     objective = mean cross-entropy + aux_weight * sum over MoE layers of (aux loss + z-loss)
 
-as tools/torch_moe.py does. The attention follows Hugging Face's DeepSeek-V2 modelling as written here from its
+as tools/torch_moe.py does, plus, with mtp_num_layers D > 0 in mla.json (multi-token prediction, DeepSeek-V3),
+mtp_loss_scaling_factor / D times the sum over depths k = 1..D of module k's mean cross-entropy. Module k
+(model.layers.{num_layers + k - 1}.) takes the previous depth's hidden state h (the decoder's, before its final norm,
+for k = 1) and the embedding of the tokens k ahead, and computes
+
+    h' = layer(eh_proj([enorm(embed(t[i + k])); hnorm(h)])),   loss_k = CE(lm_head(shared_head.norm(h')), labels[i + k])
+
+with the shared embedding and output layer, the layer of the last decoder layer's kind, and no target (ignored) for
+the last k positions of each row, whose tokens k ahead lie past its end (their shifted input is token 0). The attention follows Hugging Face's DeepSeek-V2 modelling as written here from its
 math: the RoPE features of q and of the shared key arrive interleaved from the projections and are de-interleaved
 before the rotate-half rotation; the softmax scale is 1/sqrt(qk_head_dim + qk_pos_emb_head_dim) times YaRN's
 m(mscale_all_dim)^2, and the YaRN cos/sin tables carry m(mscale) / m(mscale_all_dim).
@@ -53,6 +61,8 @@ class MlaConfig(moe.MoeConfig):
         # DeepSeek names its MoE layers as Qwen3-MoE does (mlp.gate, mlp.experts.E.gate_proj, ...): torch_moe picks
         # those names by this flag. MLA itself has no per-head q/k norm.
         self.qk_norm = True
+        self.mtp_layers = int(c.get("mtp_num_layers", 0))
+        self.mtp_scale = float(c.get("mtp_loss_scaling_factor", 0.1))
         if self.rope % 2 != 0:
             raise base.UsageError(f"{path}: qk_pos_emb_head_dim {self.rope} must be even")
 
@@ -121,10 +131,32 @@ def mla_attention(cfg, p, x, cos, sin):
     return out.transpose(1, 2).reshape(b, t, heads * cfg.v_dim) @ p["self_attn.o_proj.weight"].T
 
 
+def shifted(x, k, fill):
+    """x [B, T] moved k positions left within each row, the last k positions set to `fill`."""
+    out = torch.full_like(x, fill)
+    out[:, :x.shape[1] - k] = x[:, k:]
+    return out
+
+
 def forward(cfg, params, input_ids, labels):
-    """(mean cross-entropy, Σ router losses): torch_moe's model with MLA in place of its attention."""
-    return moe.forward(cfg, params, input_ids, labels, attention=mla_attention,
-                       rope_tables=lambda c, t, _dtype: rope_tables(c, t))
+    """(mean cross-entropy, Σ router losses[, weighted multi-token prediction losses]): torch_moe's model with MLA in
+    place of its attention, and the multi-token prediction modules when mla.json has them."""
+    h, router_losses, (cos, sin) = moe.trunk(cfg, params, input_ids, attention=mla_attention,
+                                             rope_tables=lambda c, t, _dtype: rope_tables(c, t))
+    ce = moe.output_loss(cfg, params, h, labels)
+    if cfg.mtp_layers == 0:
+        return ce, router_losses
+    mtp_losses = []
+    for k in range(1, cfg.mtp_layers + 1):
+        pre = f"model.layers.{cfg.layers + k - 1}."
+        e = params["model.embed_tokens.weight"][shifted(input_ids, k, 0)]
+        joined = torch.cat([base.rms_norm(e, params[pre + "enorm.weight"], cfg.eps),
+                            base.rms_norm(h, params[pre + "hnorm.weight"], cfg.eps)], dim=-1)
+        h, losses = moe.decoder_layer(cfg, params, pre, cfg.layer_is_moe[cfg.layers - 1],
+                                      joined @ params[pre + "eh_proj.weight"].T, cos, sin, mla_attention)
+        router_losses = router_losses + losses
+        mtp_losses.append(moe.output_loss(cfg, params, h, shifted(labels, k, -100), norm=pre + "shared_head.norm.weight"))
+    return ce, router_losses, cfg.mtp_scale / cfg.mtp_layers * sum(mtp_losses)
 
 
 def main(argv=None):

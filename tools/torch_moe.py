@@ -170,42 +170,59 @@ def moe_block(cfg, params, pre, x):
     return out.view(b, t, c), losses
 
 
-def forward(cfg, params, input_ids, labels, attention=base.attention, rope_tables=base.rope_tables):
-    """(mean cross-entropy, Σ router losses); labels as torch_llama's (no shift, -100 ignored). attention(cfg, p, x,
-    cos, sin) and rope_tables(cfg, t, dtype) are torch_llama's unless another model (torch_mla) passes its own."""
+def decoder_layer(cfg, params, pre, is_moe, x, cos, sin, attention=base.attention):
+    """One layer under prefix `pre` ("model.layers.3."): (its output [B, T, C], its router losses)."""
+    p = {k[len(pre):]: v for k, v in params.items() if k.startswith(pre)}
+    x = x + attention(cfg, p, base.rms_norm(x, p["input_layernorm.weight"], cfg.eps), cos, sin)
+    h = base.rms_norm(x, p["post_attention_layernorm.weight"], cfg.eps)
+    if is_moe:
+        m, losses = moe_block(cfg, params, pre, h)
+    else:
+        m, losses = base.mlp(p, h), torch.zeros((), dtype=x.dtype)
+    return x + m, losses
+
+
+def output_loss(cfg, params, x, labels, norm="model.norm.weight"):
+    """Mean cross-entropy of the shared output layer over x [B, T, C] after the RMSNorm `norm`."""
+    x = base.rms_norm(x, params[norm], cfg.eps)
+    head = params["model.embed_tokens.weight" if cfg.tied else "lm_head.weight"]
+    logits = x @ head.T
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, cfg.vocab_size), labels.reshape(-1),
+                                             ignore_index=-100, reduction="mean")
+
+
+def trunk(cfg, params, input_ids, attention=base.attention, rope_tables=base.rope_tables):
+    """The decoder's last hidden state before the final norm [B, T, C], Σ router losses, and the RoPE tables."""
     _, t = input_ids.shape
     dtype = params["model.embed_tokens.weight"].dtype
     cos, sin = rope_tables(cfg, t, dtype)
     x = params["model.embed_tokens.weight"][input_ids]
     router_losses = torch.zeros((), dtype=dtype)
     for i in range(cfg.layers):
-        pre = f"model.layers.{i}."
-        p = {k[len(pre):]: v for k, v in params.items() if k.startswith(pre)}
-        x = x + attention(cfg, p, base.rms_norm(x, p["input_layernorm.weight"], cfg.eps), cos, sin)
-        h = base.rms_norm(x, p["post_attention_layernorm.weight"], cfg.eps)
-        if cfg.layer_is_moe[i]:
-            m, losses = moe_block(cfg, params, pre, h)
-            router_losses = router_losses + losses
-        else:
-            m = base.mlp(p, h)
-        x = x + m
-    x = base.rms_norm(x, params["model.norm.weight"], cfg.eps)
-    head = params["model.embed_tokens.weight" if cfg.tied else "lm_head.weight"]
-    logits = x @ head.T
-    ce = torch.nn.functional.cross_entropy(logits.reshape(-1, cfg.vocab_size), labels.reshape(-1),
-                                           ignore_index=-100, reduction="mean")
-    return ce, router_losses
+        x, losses = decoder_layer(cfg, params, f"model.layers.{i}.", cfg.layer_is_moe[i], x, cos, sin, attention)
+        router_losses = router_losses + losses
+    return x, router_losses, (cos, sin)
+
+
+def forward(cfg, params, input_ids, labels, attention=base.attention, rope_tables=base.rope_tables):
+    """(mean cross-entropy, Σ router losses); labels as torch_llama's (no shift, -100 ignored). attention(cfg, p, x,
+    cos, sin) and rope_tables(cfg, t, dtype) are torch_llama's unless another model (torch_mla) passes its own."""
+    x, router_losses, _ = trunk(cfg, params, input_ids, attention, rope_tables)
+    return output_loss(cfg, params, x, labels), router_losses
 
 
 def run(args, cfg, forward_fn):
     tensors = base.read_safetensors(os.path.join(args.model_dir, "model.safetensors"))
     params = {n: torch.tensor(v, dtype=torch.float64, requires_grad=True) for n, v in tensors.items()}
     input_ids, labels = base.load_batch(args.batch, cfg)
-    ce, router_losses = forward_fn(cfg, params, input_ids, labels)
+    # A forward may return a third term: further objective (torch_mla's multi-token prediction losses, weighted).
+    ce, router_losses, *extra = forward_fn(cfg, params, input_ids, labels)
     aux_weight = labels.numel() / int((labels >= 0).sum())
-    (ce + aux_weight * router_losses).backward()
+    (ce + aux_weight * router_losses + sum(extra)).backward()
     out = {"loss": np.array(ce.item(), dtype=np.float32),
            "router_losses": np.array(router_losses.item(), dtype=np.float32)}
+    if extra:
+        out["extra_objective"] = np.array(sum(extra).item(), dtype=np.float32)
     for n, p in params.items():  # an expert no token chose is not in the graph: its gradient is zero
         grad = p.grad if p.grad is not None else torch.zeros_like(p)
         out["grad." + n] = grad.detach().numpy().astype(np.float32)

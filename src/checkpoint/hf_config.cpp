@@ -270,6 +270,8 @@ json deepseek_config(const ModelArgs& m, const std::string& torch_dtype) {
   j["qk_nope_head_dim"] = m.qk_head_dim;
   j["qk_rope_head_dim"] = m.qk_pos_emb_head_dim;
   j["v_head_dim"] = m.v_head_dim;
+  // DeepSeek-V3's key for its multi-token prediction modules (model.layers.{num_hidden_layers + k - 1}).
+  if (m.mtp_num_layers > 0) j["num_nextn_predict_layers"] = m.mtp_num_layers;
   if (m.yarn) {
     j["rope_scaling"] = {{"type", "yarn"},
                          {"factor", m.rotary_scaling_factor},
@@ -325,6 +327,8 @@ void read_deepseek_fields(const json& j, FieldReader& r, const std::string& sour
   m.qk_pos_emb_head_dim = r.positive_int("qk_rope_head_dim", 64);
   if (m.qk_pos_emb_head_dim % 2 != 0) r.fail("qk_rope_head_dim", fmt::format("({}) must be even", m.qk_pos_emb_head_dim));
   m.v_head_dim = r.positive_int("v_head_dim", 128);
+  m.mtp_num_layers = r.has("num_nextn_predict_layers") ? j.at("num_nextn_predict_layers").get<int64_t>() : 0;
+  if (m.mtp_num_layers < 0) r.fail("num_nextn_predict_layers", fmt::format("({}) must be >= 0", m.mtp_num_layers));
   if (r.has("rope_scaling")) {
     const json& rope = j.at("rope_scaling");
     if (!rope.is_object()) r.fail("rope_scaling", fmt::format("must be an object or null, got {}", rope.dump()));
@@ -549,6 +553,7 @@ void require_same_model(const ModelArgs& theirs, const ModelArgs& ours, const st
       {"qk_nope_head_dim", {theirs.qk_head_dim, ours.qk_head_dim}},
       {"qk_rope_head_dim", {theirs.qk_pos_emb_head_dim, ours.qk_pos_emb_head_dim}},
       {"v_head_dim", {theirs.v_head_dim, ours.v_head_dim}},
+      {"num_nextn_predict_layers", {theirs.mtp_num_layers, ours.mtp_num_layers}},
       {"rope_scaling.original_max_position_embeddings",
        {theirs.yarn ? theirs.original_max_position_embeddings : 0, ours.yarn ? ours.original_max_position_embeddings : 0}},
   };

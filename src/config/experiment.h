@@ -50,6 +50,11 @@ struct ModelArgs {
   double beta_slow = 1.0;
   double mscale = 0.707;
   double mscale_all_dim = 0.707;
+  // Multi-token prediction (DeepSeek-V3, Megatron's keys): mtp_num_layers modules after the last layer, module k
+  // predicting the token k + 1 positions ahead from the previous depth's hidden state and the embedding of token
+  // i + k; their mean loss is added to the main loss with weight mtp_loss_scaling_factor. 0: none.
+  int64_t mtp_num_layers = 0;
+  double mtp_loss_scaling_factor = 0.1;
   // Mixture of experts (Megatron's keys; num_experts 0: a dense model). Validated by the config loader.
   int64_t num_experts = 0;
   int64_t moe_router_topk = 2;
@@ -78,6 +83,9 @@ struct ModelArgs {
     if (moe_layer_freq.size() == 1) return moe_layer_freq[0] > 0 && i % moe_layer_freq[0] == 0;
     return moe_layer_freq[static_cast<size_t>(i)] != 0;
   }
+  // A multi-token prediction module's transformer layer is of the last decoder layer's kind (Megatron builds it from
+  // the last layer's spec): MLA + MoE for DeepSeek-V3.
+  bool is_mtp_moe_layer() const { return num_layers > 0 && is_moe_layer(num_layers - 1); }
 };
 
 // Multi-head latent attention runs on the CPU engine only: its CUDA path (attention with a value width other than
@@ -86,6 +94,29 @@ struct ModelArgs {
 inline constexpr const char* kMlaCpuOnly =
     "multi_latent_attention: multi-head latent attention runs on the CPU engine only (its GPU kernels are not "
     "written or verified yet, issue 14)";
+
+// Multi-token prediction runs on the CPU engine in fp32, on one pipeline stage, without tensor or context
+// parallelism or FSDP (the config, the trainer and the model refuse the rest); projection plans every layout.
+inline constexpr const char* kMtpCpuOnly =
+    "mtp_num_layers: multi-token prediction runs on the CPU engine only, in fp32 (its GPU path is not written or "
+    "verified yet, issue 14)";
+// Why a layout cannot run the modules, or "" when it can.
+inline std::string mtp_layout_refusal(const ModelArgs& m, int64_t tp, int64_t pp, int64_t cp, bool fsdp) {
+  if (m.mtp_num_layers == 0) return "";
+  if (pp > 1) {
+    return "mtp_num_layers: multi-token prediction needs the embedding on the last pipeline stage as well (for the "
+           "tokens k ahead), which pipeline parallelism does not keep there yet; set pipeline_model_parallel_size: 1";
+  }
+  if (tp > 1 || cp > 1) {
+    return "mtp_num_layers: multi-token prediction is not split over tensor- or context-parallel ranks yet; set "
+           "tensor_model_parallel_size: 1 and context_parallel_size: 1";
+  }
+  if (fsdp) {
+    return "mtp_num_layers: multi-token prediction reads the embedding after the output layer, which FSDP's units do "
+           "not keep gathered; set use_megatron_fsdp: false";
+  }
+  return "";
+}
 
 // Training keys (Megatron-LM argument names).
 struct TrainingArgs {

@@ -431,10 +431,20 @@ void check_mla_keys(const ModuleKeys& keys, const Origin& module_origin) {
   }
 }
 
+// Multi-token prediction runs on the CPU engine only (its layouts are checked with the job's: train_step.cpp).
+void check_mtp_keys(const ModuleKeys& keys, const Origin& module_origin) {
+  const ModuleKey& mtp = get(keys, "mtp_num_layers");
+  const ModuleKey& device = get(keys, "device");
+  if (mtp.value.is_set && mtp.value.i > 0 && device.value.s == "cuda") {
+    config_error(place(mtp, module_origin), fmt::format("{} ({})", kMtpCpuOnly, describe(device)));
+  }
+}
+
 }  // namespace
 
 void check_module_keys(const ModuleKeys& keys, const Origin& module_origin) {
   check_model_size(keys, module_origin);
+  check_mtp_keys(keys, module_origin);
   check_parallel_keys(keys, module_origin);
   check_moe_keys(keys, module_origin);
   check_mla_keys(keys, module_origin);

@@ -399,15 +399,26 @@ std::vector<KeySpec> build_specs() {
        .help = "YaRN with MLA: the softmax scale 1/sqrt(qk_head_dim + qk_pos_emb_head_dim) is multiplied by "
                "m(mscale_all_dim)^2.",
        .apply = model_field<&ModelArgs::mscale_all_dim>},
+      // ---- multi-token prediction (DeepSeek-V3): docs/mla.md ----
       {.name = "mtp_num_layers",
        .type = kInt,
        .group = kModel,
        .presence = kOptional,
        .min = 0,
-       .max = 0,
-       .why = "multi-token prediction (DeepSeek-V3) is not implemented yet",
-       .help = "Multi-token prediction modules after the last layer (DeepSeek-V3: 1); unset or 0: none.",
-       .aliases = {"num_nextn_predict_layers"}},
+       .help = "Multi-token prediction modules after the last layer (DeepSeek-V3: 1); module k predicts the token "
+               "k + 1 ahead through eh_proj, one layer of the last layer's kind, its own final norm and the shared "
+               "output layer; trained on the CPU engine in fp32 without tensor, context or pipeline parallelism. "
+               "Unset or 0: none.",
+       .aliases = {"num_nextn_predict_layers"},
+       .apply = model_field<&ModelArgs::mtp_num_layers>},
+      {.name = "mtp_loss_scaling_factor",
+       .type = kFloat,
+       .group = kModel,
+       .default_yaml = "0.1",
+       .min = 0,
+       .help = "Weight of the mean of the multi-token prediction losses added to the main loss (DeepSeek-V3: 0.3 "
+               "for the first 10T tokens, then 0.1).",
+       .apply = model_field<&ModelArgs::mtp_loss_scaling_factor>},
       {.name = "softmax_type",
        .type = kString,
        .group = kModel,

@@ -53,4 +53,10 @@ std::vector<GemmShape> layer_gemms(const ModelArgs& a, int64_t ep, bool moe) {
 
 GemmShape output_gemm(const ModelArgs& a) { return {"lm_head", a.hidden_size, a.vocab_size}; }
 
+std::vector<GemmShape> mtp_gemms(const ModelArgs& a, int64_t ep) {
+  std::vector<GemmShape> gemms{{"eh_proj", 2 * a.hidden_size, a.hidden_size}};
+  for (GemmShape& g : layer_gemms(a, ep, a.is_mtp_moe_layer())) gemms.push_back(std::move(g));
+  return gemms;
+}
+
 }  // namespace primus

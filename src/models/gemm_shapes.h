@@ -33,5 +33,8 @@ struct GemmShape {
 std::vector<GemmShape> layer_gemms(const ModelArgs& rank_args, int64_t ep, bool moe);
 // The output layer (logits over the rank's vocabulary rows).
 GemmShape output_gemm(const ModelArgs& rank_args);
+// One multi-token prediction module's own GEMMs (ModelArgs::mtp_num_layers): eh_proj over the concatenated normed
+// embedding and hidden state [2C -> C], then its layer's (of the last layer's kind); it runs output_gemm once more.
+std::vector<GemmShape> mtp_gemms(const ModelArgs& rank_args, int64_t ep);
 
 }  // namespace primus

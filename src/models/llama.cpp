@@ -63,6 +63,16 @@ struct LlamaModel::BlockSaved {
   }
 };
 
+struct LlamaModel::MtpSaved {
+  Tensor tokens;  // [N] the tokens k ahead (0 past a row's end)
+  RmsNormSaved enorm;
+  RmsNormSaved hnorm;
+  Tensor joined;  // [N, 2C] eh_proj's input
+  BlockSaved block;
+  RmsNormSaved final_norm;
+  LmLossSaved loss;
+};
+
 // Everything one micro-batch's backward needs from its forward; nothing of it lives in the model, so contexts of
 // several micro-batches (of any shapes and packings) can be alive at once.
 struct LlamaModel::Context final : MicroBatchContext {
@@ -80,6 +90,7 @@ struct LlamaModel::Context final : MicroBatchContext {
   std::vector<BlockSaved> blocks;
   RmsNormSaved final_norm;
   LmLossSaved lm_loss;
+  std::vector<MtpSaved> mtp;  // multi-token prediction modules, by depth
 };
 
 std::vector<ParamSpec> LlamaModel::param_specs(const ModelArgs& a, int tp_size, int tp_rank) {
@@ -146,9 +157,8 @@ std::vector<ParamSpec> LlamaModel::param_specs(const ModelArgs& a, int tp_size, 
   if (stage.first() || (stage.last() && tied)) {
     specs.push_back(weight("model.embed_tokens.weight", a.vocab_size, C, kRows, std));
   }
-  for (int64_t i = 0; i < a.num_layers; ++i) {
-    if (!held[static_cast<size_t>(i)]) continue;
-    const std::string p = layer_prefix(i);
+  // One transformer layer's parameters under prefix p ("model.layers.{i}."), its MLP a mixture of experts or dense.
+  auto add_layer = [&](const std::string& p, bool moe) {
     specs.push_back(norm(p + "input_layernorm.weight", C));
     if (a.multi_latent_attention) {
       // DeepSeek-V2's names and order (layers/mla.h).
@@ -177,7 +187,7 @@ std::vector<ParamSpec> LlamaModel::param_specs(const ModelArgs& a, int tp_size, 
       specs.push_back(norm(p + "self_attn.k_norm.weight", D));
     }
     specs.push_back(norm(p + "post_attention_layernorm.weight", C));
-    if (a.is_moe_layer(i)) {
+    if (moe) {
       // Each expert's gate_proj then up_proj, expert after expert, then every down_proj: the [E, 2F, C] and
       // [E, C, F] weights of the grouped GEMMs are then views of the flat buffer.
       const MoeParamNames n = moe_param_names(a, p);
@@ -197,15 +207,32 @@ std::vector<ParamSpec> LlamaModel::param_specs(const ModelArgs& a, int tp_size, 
         specs.push_back(weight(n.shared_up, S, C, kRows, std));
         specs.push_back(weight(n.shared_down, C, S, kColumns, out_std));
       }
-      continue;
+      return;
     }
     specs.push_back(weight(p + "mlp.gate_proj.weight", F, C, kRows, std));
     specs.push_back(weight(p + "mlp.up_proj.weight", F, C, kRows, std));
     specs.push_back(weight(p + "mlp.down_proj.weight", C, F, kColumns, out_std));
+  };
+  for (int64_t i = 0; i < a.num_layers; ++i) {
+    if (held[static_cast<size_t>(i)]) add_layer(layer_prefix(i), a.is_moe_layer(i));
   }
   if (!stage.last()) return specs;
   specs.push_back(norm("model.norm.weight", C));
   if (!tied) specs.push_back(weight("lm_head.weight", a.vocab_size, C, kRows, std));
+  // Multi-token prediction modules after the output layer, on the last stage (they read its output layer), under
+  // DeepSeek-V3's names: module k is "model.layers.{num_layers + k - 1}": enorm and hnorm (the RMSNorms of the
+  // shifted tokens' embedding and of the previous depth's hidden state), eh_proj [C, 2C] over their concatenation
+  // (embedding half first), one layer of the last layer's kind, and shared_head.norm (its final norm). The
+  // checkpoint's embed_tokens and shared_head.head of the module are copies of the model's embedding and output
+  // layer, which the module shares: they are no parameters of their own here.
+  for (int64_t k = 1; k <= a.mtp_num_layers; ++k) {
+    const std::string p = layer_prefix(a.num_layers + k - 1);
+    specs.push_back(norm(p + "enorm.weight", C));
+    specs.push_back(norm(p + "hnorm.weight", C));
+    specs.push_back(weight(p + "eh_proj.weight", C, 2 * C, kRows, std));
+    add_layer(p, a.is_mtp_moe_layer());
+    specs.push_back(norm(p + "shared_head.norm.weight", C));
+  }
   return specs;
 }
 
@@ -216,8 +243,10 @@ double LlamaModel::flops_per_token(const ModelArgs& a, int64_t seq_length) {
   const double attention_width = a.multi_latent_attention
                                      ? 0.5 * static_cast<double>(a.qk_head_dim + a.qk_pos_emb_head_dim + a.v_head_dim)
                                      : static_cast<double>(a.kv_channels);
+  // Multi-token prediction modules add a layer's attention each (their matmuls are in matmul_params).
+  const int64_t attention_layers = a.num_layers + a.mtp_num_layers;
   return 6.0 * static_cast<double>(matmul_params(a)) +
-         12.0 * static_cast<double>(a.num_layers * seq_length * a.num_attention_heads) * attention_width;
+         12.0 * static_cast<double>(attention_layers * seq_length * a.num_attention_heads) * attention_width;
 }
 
 int64_t LlamaModel::matmul_params(const ModelArgs& a) {
@@ -226,11 +255,13 @@ int64_t LlamaModel::matmul_params(const ModelArgs& a) {
     if (s.shape.size() == 2 && s.name != "model.embed_tokens.weight") total += shape_numel(s.shape);
   }
   if (!a.untie_embeddings_and_output_weights) total += a.vocab_size * a.hidden_size;  // tied head still multiplies
+  // Each multi-token prediction module runs the shared output layer once more.
+  total += a.mtp_num_layers * a.vocab_size * a.hidden_size;
   // A token passes through k of the E experts of a MoE layer: the others' weights do no work for it.
   const int64_t idle_experts = std::max<int64_t>(a.num_experts - a.moe_router_topk, 0);
-  for (int64_t i = 0; i < a.num_layers; ++i) {
-    if (a.is_moe_layer(i)) total -= idle_experts * 3 * a.moe_ffn_hidden_size * a.hidden_size;
-  }
+  int64_t moe_layers = a.is_mtp_moe_layer() ? a.mtp_num_layers : 0;
+  for (int64_t i = 0; i < a.num_layers; ++i) moe_layers += a.is_moe_layer(i) ? 1 : 0;
+  total -= moe_layers * idle_experts * 3 * a.moe_ffn_hidden_size * a.hidden_size;
   return total;
 }
 
@@ -268,6 +299,11 @@ LlamaModel::LlamaModel(const ModelArgs& args, int64_t max_seq_length, Device dev
   // MoE runs on the CPU engine in fp32 and on CUDA in fp32 or bf16 (the router in fp32 either way, layers/moe.h).
   if (args_.num_experts > 0 && device_.is_cpu() && compute_dtype_ != DType::kF32) {
     throw UsageError("[config] num_experts: MoE on the CPU engine runs in fp32 only; bf16 mixed precision runs on cuda");
+  }
+  if (args_.mtp_num_layers > 0) {
+    if (!device_.is_cpu() || compute_dtype_ != DType::kF32) throw UsageError(fmt::format("[config] {}", kMtpCpuOnly));
+    const std::string why = mtp_layout_refusal(args_, tp_.size(), pipeline_.stages, cp_.size(), false);
+    if (!why.empty()) throw UsageError("[config] " + why);
   }
   if (args_.multi_latent_attention && (!device_.is_cpu() || compute_dtype_ != DType::kF32)) {
     throw UsageError(fmt::format("[config] {}, in fp32", kMlaCpuOnly));
@@ -412,12 +448,9 @@ void LlamaModel::bind_layers(const UnitBuffers& buffers) {
   // The embedding's and the output layer's sums over the vocabulary slices are the model's (summed()): all-reduced,
   // or reduce-scattered into this rank's rows under sequence parallelism.
   if (pipeline_.first()) embedding_ = Embedding{p("model.embed_tokens.weight"), g("model.embed_tokens.weight"), vocab, {}};
-  blocks_.resize(args_.num_layers);
-  for (int64_t i = 0; i < args_.num_layers; ++i) {
-    if (!owns_layer(i)) continue;
-    const std::string pre = layer_prefix(i);
-    Block& b = blocks_[i];
-    b.name = fmt::format("model.layers.{}", i);
+  // One layer's modules under prefix `pre` ("model.layers.{i}."): a MoE layer when `moe`.
+  auto bind_block = [&](Block& b, const std::string& pre, bool moe) {
+    b.name = pre.substr(0, pre.size() - 1);
     b.input_norm = RmsNorm{p(pre + "input_layernorm.weight"), g(pre + "input_layernorm.weight"), eps};
     b.post_attention_norm =
         RmsNorm{p(pre + "post_attention_layernorm.weight"), g(pre + "post_attention_layernorm.weight"), eps};
@@ -462,21 +495,37 @@ void LlamaModel::bind_layers(const UnitBuffers& buffers) {
         at.k_norm = RmsNorm{p(pre + "self_attn.k_norm.weight"), g(pre + "self_attn.k_norm.weight"), eps};
       }
     }
-    b.is_moe = args_.is_moe_layer(i);
+    b.is_moe = moe;
     if (b.is_moe) {
       bind_moe(b.moe, pre);
-      continue;
+      return;
     }
     SwiGluMlp& m = b.mlp;
     const std::string gate = pre + "mlp.gate_proj.weight", up = pre + "mlp.up_proj.weight";
     m.gate_up_proj = std::make_unique<Linear>(p2(gate, up), g2(gate, up));
     m.down_proj = linear(pre + "mlp.down_proj.weight");
+  };
+  blocks_.resize(args_.num_layers);
+  for (int64_t i = 0; i < args_.num_layers; ++i) {
+    if (owns_layer(i)) bind_block(blocks_[i], layer_prefix(i), args_.is_moe_layer(i));
   }
   if (!pipeline_.last()) return;
   final_norm_ = RmsNorm{p("model.norm.weight"), g("model.norm.weight"), eps};
   const std::string head = args_.untie_embeddings_and_output_weights ? "lm_head.weight" : "model.embed_tokens.weight";
   lm_loss_ = LmLoss{p(head), g(head), vocab, tp_};
   lm_loss_.dhidden_partial = true;
+  // The multi-token prediction modules (param_specs: after the output layer, in the last unit).
+  mtp_.resize(static_cast<size_t>(args_.mtp_num_layers));
+  for (int64_t k = 0; k < args_.mtp_num_layers; ++k) {
+    const std::string pre = layer_prefix(args_.num_layers + k);
+    MtpModule& m = mtp_[static_cast<size_t>(k)];
+    m.enorm = RmsNorm{p(pre + "enorm.weight"), g(pre + "enorm.weight"), eps};
+    m.hnorm = RmsNorm{p(pre + "hnorm.weight"), g(pre + "hnorm.weight"), eps};
+    m.eh_proj = std::make_unique<Linear>(p(pre + "eh_proj.weight"), g(pre + "eh_proj.weight"));
+    bind_block(m.block, pre, args_.is_mtp_moe_layer());
+    m.final_norm = RmsNorm{p(pre + "shared_head.norm.weight"), g(pre + "shared_head.norm.weight"), eps};
+  }
+  if (mtp_sums_.size() != mtp_.size()) clear_mtp_losses();
 }
 
 RopeTable LlamaModel::rope_for(int64_t seq, const PackedSequence& packed) const {
@@ -648,10 +697,12 @@ void LlamaModel::set_recompute(const RecomputeConfig& recompute) {
   PRIMUS_CHECK(recompute.num_layers >= 1, "[model] recompute_num_layers {} must be >= 1", recompute.num_layers);
   recompute_ = recompute;
   const bool selective = recompute.granularity == RecomputeConfig::Granularity::kSelective;
-  for (Block& b : blocks_) {
+  auto apply = [&](Block& b) {
     b.mlp.recompute_act = selective;
     if (b.moe.shared_expert != nullptr) b.moe.shared_expert->recompute_act = selective;
-  }
+  };
+  for (Block& b : blocks_) apply(b);
+  for (MtpModule& m : mtp_) apply(m.block);  // never recomputed in full: they keep their activations
 }
 
 std::unique_ptr<MicroBatchContext> LlamaModel::forward(const Tensor& tokens, const Tensor& labels, float grad_scale,
@@ -682,8 +733,79 @@ std::unique_ptr<MicroBatchContext> LlamaModel::forward_chunk(int chunk, const Te
   const Tensor losses =
       lm_loss_.forward_with_grad(hidden, labels.reshape({labels.numel()}), grad_scale, ctx->lm_loss);
   ops::sum_into(loss_sum, losses);  // ignored targets have loss 0
+  if (!mtp_.empty()) mtp_forward(*ctx, labels, grad_scale);
   end_head_forward();
   return ctx;
+}
+
+void LlamaModel::mtp_forward(Context& ctx, const Tensor& labels, float grad_scale) {
+  if (ctx.packed.packed()) {
+    throw UsageError("[config] mtp_num_layers: multi-token prediction over packed documents (reset_position_ids, "
+                     "reset_attention_mask) is not implemented: its shifted tokens would cross documents");
+  }
+  const ops::ProfileScope scope("mtp");
+  const int64_t T = labels.dim(1), N = labels.numel(), C = args_.hidden_size;
+  const int64_t D = args_.mtp_num_layers;
+  // The shifts are built on the host: the tokens and labels of a CPU-engine micro-batch are there already.
+  const Tensor host_tokens = ops::to_device(ctx.tokens, kCpuDevice);
+  const Tensor host_labels = ops::to_device(labels.reshape({N}), kCpuDevice);
+  const int64_t counted = counted_tokens(host_labels);
+  Tensor h = ctx.final_norm.x;  // the decoder's last hidden state, before its final norm
+  ctx.mtp.resize(static_cast<size_t>(D));
+  for (int64_t k = 1; k <= D; ++k) {
+    MtpModule& m = mtp_[static_cast<size_t>(k - 1)];
+    MtpSaved& s = ctx.mtp[static_cast<size_t>(k - 1)];
+    // Position t of each row reads the token k ahead and predicts the label k ahead; past the row's end there is
+    // neither (token 0, no target), as Megatron's roll leaves it.
+    Tensor ids = Tensor::empty({N}, DType::kI32), targets = Tensor::empty({N}, DType::kI32);
+    for (int64_t i = 0; i < N; ++i) {
+      const bool inside = i % T + k < T;
+      ids.i32()[i] = inside ? host_tokens.i32()[i + k] : 0;
+      targets.i32()[i] = inside ? host_labels.i32()[i + k] : -1;
+    }
+    const int64_t counted_k = counted_tokens(targets);
+    s.tokens = ops::to_device(ids, device_);
+    const Tensor e = m.enorm.forward(embedding_.forward(s.tokens), s.enorm);
+    const Tensor hn = m.hnorm.forward(h, s.hnorm);
+    s.joined = Tensor::empty({N, 2 * C}, e.dtype(), device_);
+    Tensor joined_heads = s.joined.reshape({N, 1, 2 * C});
+    ops::head_concat(e.reshape({N, 1, C}), hn.reshape({N, 1, C}), joined_heads);  // the embedding's half first
+    h = block_forward(m.block, s.block, m.eh_proj->forward(s.joined), ctx);
+    // The depth's mean loss, weighted λ / D, in the step's per-token scale: Megatron's calculate_per_token_loss form
+    // (this micro-batch's counted tokens over the depth's).
+    const double weight = args_.mtp_loss_scaling_factor / static_cast<double>(D) * static_cast<double>(counted) /
+                          static_cast<double>(std::max<int64_t>(1, counted_k));
+    const Tensor losses = lm_loss_.forward_with_grad(m.final_norm.forward(h, s.final_norm),
+                                                     ops::to_device(targets, device_),
+                                                     static_cast<float>(grad_scale * weight), s.loss);
+    Tensor sum = ops::zeros({1}, DType::kF32, device_);
+    ops::sum_into(sum, losses);
+    LossSum& total = mtp_sums_[static_cast<size_t>(k - 1)];
+    total.loss_sum += ops::to_device(sum, kCpuDevice).f32()[0];
+    total.tokens += counted_k;
+  }
+}
+
+Tensor LlamaModel::mtp_backward(Context& ctx) {
+  const int64_t C = args_.hidden_size;
+  Tensor dh;  // the gradient of the hidden state the depth being handled produced, from the depths after it
+  for (int64_t k = args_.mtp_num_layers; k >= 1; --k) {
+    const ops::ProfileScope scope("mtp (backward)");
+    MtpModule& m = mtp_[static_cast<size_t>(k - 1)];
+    MtpSaved& s = ctx.mtp[static_cast<size_t>(k - 1)];
+    Tensor d = m.final_norm.backward(summed(lm_loss_.backward(s.loss), ctx), s.final_norm);
+    if (dh.defined()) ops::add_inplace(d, dh);
+    const Tensor dy = block_backward(m.block, s.block, d, ctx);
+    Tensor djoined;
+    m.eh_proj->backward(s.joined, dy, djoined);
+    const int64_t N = djoined.dim(0);
+    Tensor de = Tensor::empty({N, 1, C}, djoined.dtype(), device_), dhn = Tensor::empty({N, 1, C}, djoined.dtype(), device_);
+    ops::head_concat_backward(djoined.reshape({N, 1, 2 * C}), de, dhn);
+    embedding_.backward(s.tokens, m.enorm.backward(de.reshape({N, C}), s.enorm));
+    dh = m.hnorm.backward(dhn.reshape({N, C}), s.hnorm);
+    s = MtpSaved();
+  }
+  return dh;
 }
 
 LossSum LlamaModel::evaluate(const Tensor& tokens, const Tensor& labels, const PackedSequence& packed) {
@@ -743,8 +865,12 @@ Tensor LlamaModel::backward_hidden(Context& ctx, const Tensor& grad_output, cons
     const ops::ProfileScope scope("model.norm (backward)");
     hook_before_backward(last_unit());
     if (!args_.untie_embeddings_and_output_weights) hook_before_backward(0);
+    // The modules' backward first (their gradients lie after the output layer's), then the main loss's; both reach
+    // the decoder's last hidden state.
+    const Tensor from_mtp = mtp_.empty() ? Tensor() : mtp_backward(ctx);
     // Each rank's vocabulary slice gives part of the hidden states' gradient.
     dx = final_norm_.backward(summed(lm_loss_.backward(ctx.lm_loss), ctx), ctx.final_norm);
+    if (from_mtp.defined()) ops::add_inplace(dx, from_mtp);
     report_from(start_of("model.norm.weight"));  // with an untied head, lm_head's gradient was final in forward
     hook_after_backward(last_unit());
   } else {

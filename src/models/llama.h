@@ -96,6 +96,8 @@ class LlamaModel final : public Model {
   TensorParallelGradSums tensor_parallel_grad_sums() const override;
   std::vector<MoeLayerRouting> moe_routing() const override;
   void clear_moe_routing() override;
+  std::vector<LossSum> mtp_losses() const override { return mtp_sums_; }
+  void clear_mtp_losses() override { mtp_sums_.assign(mtp_.size(), LossSum()); }
   std::vector<FlatRange> expert_ranges() const override;
 
  private:
@@ -111,6 +113,17 @@ class LlamaModel final : public Model {
     MoeLayer moe;   // MoE layers (ModelArgs::is_moe_layer)
   };
   struct BlockSaved;  // one block's activations in a Context
+  // A multi-token prediction module (ModelArgs::mtp_num_layers): the RMSNorms of the shifted tokens' embedding and of
+  // the previous depth's hidden state, eh_proj over their concatenation, one layer, its own final norm; the embedding
+  // and the output layer are the model's.
+  struct MtpModule {
+    RmsNorm enorm;
+    RmsNorm hnorm;
+    std::unique_ptr<Linear> eh_proj;
+    Block block;
+    RmsNorm final_norm;
+  };
+  struct MtpSaved;  // one module's activations in a Context
   // What chunk `chunk` of this stage runs: layers [begin, end), whether it embeds the tokens (the first stage's
   // first chunk) and whether it ends in the final norm and the output layer (the last stage's last chunk).
   struct ChunkPlan {
@@ -160,6 +173,13 @@ class LlamaModel final : public Model {
   // Training and evaluation under sequence parallelism must split their rows.
   void check_split(const Context& ctx) const;
   Tensor block_forward(Block& b, BlockSaved& saved, const Tensor& x, const Context& ctx);
+  // Training: after the main loss, the modules' forwards, their losses and the losses' gradients (scaled by
+  // mtp_loss_scaling_factor / D and by the micro-batch's counted tokens over the depth's), adding each depth's
+  // Σ token losses and counted tokens to mtp_sums_.
+  void mtp_forward(Context& ctx, const Tensor& labels, float grad_scale);
+  // Their backward, from the last depth down: the gradient they give the decoder's last hidden state (before the
+  // final norm).
+  Tensor mtp_backward(Context& ctx);
   Tensor block_backward(Block& b, BlockSaved& saved, const Tensor& dx, const Context& ctx);
   // The rope rows a forward of `seq` tokens reads: the first `seq` rows of rope_, or all of them for per-token
   // positions (packed.position_ids).
@@ -186,6 +206,8 @@ class LlamaModel final : public Model {
   ParamUnitHooks* hooks_ = nullptr;
   Embedding embedding_;
   std::vector<Block> blocks_;
+  std::vector<MtpModule> mtp_;     // on the (only) stage: pipeline parallelism is refused with them
+  std::vector<LossSum> mtp_sums_;  // per depth, since clear_mtp_losses
   RmsNorm final_norm_;
   LmLoss lm_loss_;
   RopeTable rope_;  // [max_seq_length, rope_dim() / 2]

@@ -200,6 +200,11 @@ class Model {
   // the device. Empty for a dense model.
   virtual std::vector<MoeLayerRouting> moe_routing() const { return {}; }
   virtual void clear_moe_routing() {}
+  // Multi-token prediction (ModelArgs::mtp_num_layers): per depth, Σ token losses and counted tokens of the training
+  // forwards since the last clear_mtp_losses (a step's, when the trainer clears it as the step starts), on this rank.
+  // Empty without the modules.
+  virtual std::vector<LossSum> mtp_losses() const { return {}; }
+  virtual void clear_mtp_losses() {}
   // The ranges of the flat buffers holding this rank's share of the experts under expert parallelism (ascending,
   // disjoint): their gradients sum over the ranks holding the same experts, not over all data-parallel ranks. Empty
   // without expert parallelism.

@@ -85,6 +85,7 @@ nlohmann::json StepMetrics::record() const {
     r["optimizer_ms"] = phases->optimizer_ms;
   }
   if (moe) r["moe"] = moe_record(*moe);
+  if (!mtp_losses.empty()) r["mtp_losses"] = mtp_losses;
   return r;
 }
 
@@ -138,6 +139,10 @@ class TensorBoardSink : public MetricSink {
       writer_.add_scalar("optimizer-time-ms", m.phases->optimizer_ms, m.step);
     }
     if (m.moe) write_moe(*m.moe, m.step);
+    // Megatron's MTPLossLoggingHelper tags.
+    for (size_t k = 0; k < m.mtp_losses.size(); ++k) {
+      writer_.add_scalar(fmt::format("mtp_{} loss", k + 1), m.mtp_losses[k], m.step);
+    }
     writer_.flush();
   }
 

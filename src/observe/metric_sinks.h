@@ -57,6 +57,8 @@ struct StepMetrics {
   };
   std::optional<Phases> phases;
   std::optional<MoeMetrics> moe;  // models with MoE layers, on log steps
+  // Multi-token prediction: each depth's mean token loss over the last step (mtp_num_layers > 0), on log steps.
+  std::vector<double> mtp_losses;
 
   // The metrics.jsonl record (and MLflow's metrics): docs/training.md lists the fields.
   nlohmann::json record() const;

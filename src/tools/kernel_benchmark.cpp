@@ -128,11 +128,16 @@ std::vector<KernelTiming> benchmark_gemms(const ModelArgs& a, const TrainingArgs
   const int64_t n = rank_tokens(t), ep = std::max<int64_t>(1, t.expert_model_parallel_size);
   bool moe_layers = false, dense_layers = false;
   for (int64_t i = 0; i < a.num_layers; ++i) (a.is_moe_layer(i) ? moe_layers : dense_layers) = true;
-  // Each GEMM once: the attention projections are the same in MoE and dense layers.
-  std::vector<GemmShape> shapes;
+  // Each GEMM once: the attention projections are the same in MoE and dense layers (and in the multi-token
+  // prediction modules, which add eh_proj).
+  std::vector<std::vector<GemmShape>> lists;
   for (const bool moe : {true, false}) {
-    if (!(moe ? moe_layers : dense_layers)) continue;
-    for (const GemmShape& g : layer_gemms(rank, ep, moe)) {
+    if (moe ? moe_layers : dense_layers) lists.push_back(layer_gemms(rank, ep, moe));
+  }
+  if (a.mtp_num_layers > 0) lists.push_back(mtp_gemms(rank, ep));
+  std::vector<GemmShape> shapes;
+  for (const std::vector<GemmShape>& list : lists) {
+    for (const GemmShape& g : list) {
       const bool seen = std::any_of(shapes.begin(), shapes.end(), [&](const GemmShape& s) { return s.op == g.op; });
       if (!seen) shapes.push_back(g);
     }

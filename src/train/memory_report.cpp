@@ -148,7 +148,12 @@ ActivationEstimate estimate_activations(const ModelArgs& m, int64_t micro_batch_
     kept += kept_by_layer[static_cast<size_t>(i)];
   }
   e.layers_saved_bytes = kept;
-  e.saved_bytes = kept + final_norm + row_block;  // + the loss gradient dhidden
+  // Multi-token prediction modules (memory_report.h): the shifted embedding, eh_proj's input and the norms' rstd,
+  // their layer whole, their final norm and loss gradient.
+  const int64_t mtp_module = row_block + 2 * N * C * a + 2 * f32 * R +
+                             (m.is_mtp_moe_layer() ? moe_layer : dense_layer) + final_norm + row_block;
+  e.mtp_bytes = m.mtp_num_layers * mtp_module;
+  e.saved_bytes = kept + final_norm + row_block + e.mtp_bytes;  // + the loss gradient dhidden
 
   // The loss: final norm output, losses and lse, one logits chunk, on top of everything saved.
   const LmLoss loss_layer;
@@ -157,7 +162,7 @@ ActivationEstimate estimate_activations(const ModelArgs& m, int64_t micro_batch_
 
   // Backward, top down: dhidden is used up at once, the final norm's saved tensors stay to the end; entering a
   // recomputed chunk from its top replaces the chunk's input by its layers whole.
-  int64_t live = kept + final_norm;
+  int64_t live = kept + final_norm;  // the modules' backward ran first and freed theirs
   for (int64_t i = L - 1; i >= 0; --i) {
     const auto [first, end] = recompute.chunk(i, L);  // the chunking the model applies
     if (first != end && i == end - 1) {
@@ -265,12 +270,16 @@ StageShare stage_share(const ModelArgs& args, const TrainingArgs& t, int stage) 
     ranges += fmt::format("{}{}-{}", ranges.empty() ? "" : ", ", r.begin, r.end - 1);
   }
   const bool first = stage == 0, last = stage == pp - 1, tied = !args.untie_embeddings_and_output_weights;
+  // Multi-token prediction's modules run on the last stage, which then needs the embedding too (for the shifted
+  // tokens), as a copy when the first stage holds it.
+  const bool mtp = args.mtp_num_layers > 0;
   for (const ParamSpec& spec : model_family(args).param_specs(args)) {
     bool mine;
     if (spec.name.rfind("model.layers.", 0) == 0) {
-      mine = held[static_cast<size_t>(std::stoll(spec.name.substr(13)))];
+      const int64_t layer = std::stoll(spec.name.substr(13));
+      mine = layer < args.num_layers ? held[static_cast<size_t>(layer)] : last;  // beyond: the modules
     } else if (spec.name == "model.embed_tokens.weight") {
-      mine = first || (last && tied);
+      mine = first || (last && (tied || mtp));
     } else {
       mine = last;  // final norm, untied output layer
     }
@@ -279,10 +288,14 @@ StageShare stage_share(const ModelArgs& args, const TrainingArgs& t, int stage) 
       if (is_routed_expert(spec.name)) share.expert_parameters += shape_numel(spec.shape);
     }
   }
-  share.description = fmt::format("stage {} of {}: layers {}{}{}", stage, pp, ranges, first ? ", embedding" : "",
+  share.description = fmt::format("stage {} of {}: layers {}{}{}{}", stage, pp, ranges, first ? ", embedding" : "",
                                   last ? (tied ? ", output layer (a copy of the embedding) and loss"
                                                : ", output layer and loss")
-                                       : "");
+                                       : "",
+                                  last && mtp ? fmt::format(", {} multi-token prediction module{} (with a copy of "
+                                                            "the embedding)",
+                                                            args.mtp_num_layers, args.mtp_num_layers == 1 ? "" : "s")
+                                              : "");
   return share;
 }
 
@@ -369,6 +382,8 @@ MemoryPlan plan_memory(const ModelArgs& whole, const TrainingArgs& t, Device dev
   // which gives the same answer for 0 and 1).
   stage_args.moe_layer_freq = share->moe_layers;
   stage_args.moe_first_k_dense_replace = 0;
+  // The multi-token prediction modules are the last stage's (their layer of the kind of its last layer).
+  if (stage != t.pipeline_model_parallel_size - 1) stage_args.mtp_num_layers = 0;
   plan.rank_model = stage_args;
   plan.activations = estimate_activations(stage_args, t.micro_batch_size, plan.seq_length, compute_dtype, recompute,
                                           plan.sequence_parallel_ranks, t.expert_model_parallel_size);
@@ -468,7 +483,10 @@ std::vector<std::string> format_memory_table(const MemoryPlan& p) {
       row(p.micro_batches_in_flight > 1 ? fmt::format("activations, {} micro-batches (peak)", p.micro_batches_in_flight)
                                         : std::string("activations per micro-batch (peak)"),
           p.activations.peak_bytes,
-          fmt::format("(kept for backward {}, logits chunk {})", format_memory_bytes(p.activations.saved_bytes),
+          fmt::format("(kept for backward {}{}, logits chunk {})", format_memory_bytes(p.activations.saved_bytes),
+                      p.activations.mtp_bytes > 0
+                          ? fmt::format(", of it multi-token prediction {}", format_memory_bytes(p.activations.mtp_bytes))
+                          : std::string(),
                       format_memory_bytes(p.activations.logits_chunk_bytes))));
   if (p.not_at_once_bytes > 0) {
     lines.push_back(row("not held at once", -p.not_at_once_bytes, "(units' buffers peak after the loss's transients)"));

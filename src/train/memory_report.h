@@ -22,6 +22,10 @@
 //     output      the final norm's input [N, C] and rstd [N], and the loss gradient dhidden [N, C]; while the
 //                 loss runs also the final norm's output [N, C], losses and lse [N] fp32 and one logits chunk
 //                 of at most LmLoss::max_logits_bytes (1 GiB): rows × V × a.
+//     multi-token prediction (mtp_num_layers D, on the last stage): each module keeps the shifted tokens'
+//                 embedding [N, C] (enorm's input), eh_proj's input [N, 2C], two rstd [N], its layer (of the last
+//                 layer's kind, never recomputed), its final norm's input and rstd and its loss gradient [N, C];
+//                 its loss's transients are those of the output layer's (one loss runs at a time).
 //     sequence parallel (tp ranks): the norms' inputs and rstd, a chunk's input, the final norm's input and rstd and
 //                 dhidden hold N/tp rows; the gathered inputs of attention, the MLP and the output layer hold N.
 //     peak        the larger of: everything saved plus the output layer's transients at the loss; with full
@@ -48,6 +52,7 @@ struct ActivationEstimate {
   int64_t saved_bytes = 0;         // held from the end of forward until backward: layers and output layer
   int64_t layers_saved_bytes = 0;  // of saved_bytes, the layers' (what each further micro-batch in flight adds)
   int64_t logits_chunk_bytes = 0;  // the output layer's logits buffer
+  int64_t mtp_bytes = 0;           // of saved_bytes, the multi-token prediction modules' (mtp_num_layers)
   int64_t peak_bytes = 0;          // the most held at once (see above)
 };
 

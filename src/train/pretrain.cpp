@@ -420,6 +420,7 @@ int run_training(const ExperimentConfig& config, const RunOptions& options, std:
         m.moe = r.moe ? *r.moe : reduce_moe_routing(model, *dp, &pipeline);
         m.moe->per_layer_tensorboard = t.moe_per_layer_logging;
       }
+      if (model.args().mtp_num_layers > 0) m.mtp_losses = reduce_mtp_losses(model, *dp);
       sinks.write(m);
       window_loss = window_s = 0.0;
       window_steps = window_tokens = 0;

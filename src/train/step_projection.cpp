@@ -104,7 +104,18 @@ class StageCoster {
       const LayerRange range = dims_.layers(stage, chunk);
       for (int64_t i = range.begin; i < range.end; ++i) add_layer(i, cost);
     }
-    if (stage == dims_.pp() - 1) add_output_layer(cost);
+    if (stage == dims_.pp() - 1) {
+      add_output_layer(cost);
+      // Multi-token prediction modules (on the last stage): eh_proj and a layer of the last layer's kind, never
+      // recomputed, the norms of the embedding and of the hidden state and the concatenation (a forward reads and
+      // writes [N, C] twice and [N, 2C] once), and the shared output layer with its loss again.
+      for (int64_t k = 0; k < whole_.mtp_num_layers; ++k) {
+        add_block(mtp_gemms(rank_, dims_.ep()), whole_.is_mtp_moe_layer(), false, cost);
+        add_memory_passes(3.0, a_ * 8.0 * static_cast<double>(rank_.hidden_size) * static_cast<double>(tokens_),
+                          cost);
+        add_output_layer(cost);
+      }
+    }
     return cost;
   }
 
@@ -146,10 +157,22 @@ class StageCoster {
     return first != end;
   }
 
+  // A memory-bound forward of `forward_bytes` run `passes` times (forward, backward twice its work, a recompute).
+  void add_memory_passes(double passes, double forward_bytes, MicroBatchCost& cost) const {
+    cost.memory_bytes += passes * forward_bytes;
+    cost.memory_ms += passes * forward_bytes / (gpu_.elementwise_gbytes_per_s * 1e6);
+    cost.forward_ms += forward_bytes / (gpu_.elementwise_gbytes_per_s * 1e6);
+  }
+
   void add_layer(int64_t i, MicroBatchCost& cost) const {
-    const bool moe = whole_.is_moe_layer(i), again = recomputed(i);
+    const bool moe = whole_.is_moe_layer(i);
+    add_block(layer_gemms(rank_, dims_.ep(), moe), moe, recomputed(i), cost);
+  }
+
+  // A transformer layer running `gemms` (a MoE layer when `moe`), recomputed in full when `again`.
+  void add_block(const std::vector<GemmShape>& gemms, bool moe, bool again, MicroBatchCost& cost) const {
     const double passes = again ? 4.0 : 3.0;  // forward, backward (twice the forward's work), the recompute
-    for (const GemmShape& g : layer_gemms(rank_, dims_.ep(), moe)) add_gemm(g, tokens_, again, cost);
+    for (const GemmShape& g : gemms) add_gemm(g, tokens_, again, cost);
 
     // Attention: forward B·S²·Hq·(Dqk + Dv) / cp (QKᵀ and PV, the causal half; 2·B·S²·Hq·D when the widths are
     // equal), backward 2.5 × that.
@@ -186,10 +209,7 @@ class StageCoster {
     if (recompute_.granularity == RecomputeConfig::Granularity::kSelective) {
       per_token += moe ? 0.0 : static_cast<double>(rank_.ffn_hidden_size);  // the SwiGLU product again
     }
-    const double forward_bytes = a_ * (10.0 * c * norm_rows + per_token * n);
-    cost.memory_bytes += passes * forward_bytes;
-    cost.memory_ms += passes * forward_bytes / (gpu_.elementwise_gbytes_per_s * 1e6);
-    cost.forward_ms += forward_bytes / (gpu_.elementwise_gbytes_per_s * 1e6);
+    add_memory_passes(passes, a_ * (10.0 * c * norm_rows + per_token * n), cost);
 
     // Tensor parallelism: two all-reduces of [N, C] in forward, two in backward (a recompute repeats the forward's);
     // sequence parallelism's reduce-scatter + all-gather pairs move the same bytes.

@@ -18,6 +18,9 @@
 //                [N, C] per layer for tp, 4 all-to-alls of the routed rows per MoE layer for ep, and cp's ring
 //                passes of K and V (forward) and of K, V, dK, dV (backward), which overlap attention: only the
 //                excess shows
+//   multi-token prediction (mtp_num_layers, last stage): per module eh_proj, a layer of the last layer's kind (never
+//                recomputed) with its attention and memory-bound passes, 8·C per token more for its norms and the
+//                concatenation, and the output layer with its loss once more
 // Per step: m = global_batch_size / (micro_batch_size × dp) micro-batches of the above; the pipeline bubble
 // (p − 1)/v micro-batches' time (1F1B, interleaved with v virtual stages); the p2p transfer of each micro-batch's
 // activations and gradients; the data-parallel gradient all-reduce (the distributed optimizer's reduce-scatter and

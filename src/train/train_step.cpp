@@ -57,6 +57,7 @@ StepResult train_step(Model& model, AdamW& optimizer, DataParallel& dp, const st
   mark();
   dp.zero_grads();
   model.clear_moe_routing();  // so that it holds this step's routing
+  model.clear_mtp_losses();   // likewise the multi-token prediction losses
   Tensor loss_sum = ops::zeros({1}, DType::kF32, model.device());  // summed on the device: no wait per micro-batch
   const bool pipelined = pipeline != nullptr && pipeline->active();
   if (pipelined) {
@@ -188,7 +189,30 @@ ParallelDims parallel_dims_for(const ModelArgs& model, const TrainingArgs& t, in
                          .num_experts = model.num_experts});
 }
 
+std::vector<double> reduce_mtp_losses(const Model& model, DataParallel& dp) {
+  const std::vector<LossSum> depths = model.mtp_losses();
+  if (depths.empty()) return {};
+  const int64_t d = static_cast<int64_t>(depths.size());
+  Tensor sums = Tensor::empty({2 * d}, DType::kF32);  // Σ token losses, then counted tokens, per depth
+  for (int64_t k = 0; k < d; ++k) {
+    sums.f32()[k] = static_cast<float>(depths[static_cast<size_t>(k)].loss_sum);
+    sums.f32()[d + k] = static_cast<float>(depths[static_cast<size_t>(k)].tokens);
+  }
+  Tensor reduced = ops::to_device(sums, model.device());
+  dp.sum_losses(reduced);
+  sums = ops::to_device(reduced, kCpuDevice);
+  std::vector<double> means;
+  for (int64_t k = 0; k < d; ++k) means.push_back(sums.f32()[k] / std::max(1.0f, sums.f32()[d + k]));
+  return means;
+}
+
 ProcessGroups make_process_groups(std::shared_ptr<Communicator> world, const ModelArgs& model, const TrainingArgs& t) {
+  // Refused before the memory plan and the model.
+  if (const std::string why = mtp_layout_refusal(model, t.tensor_model_parallel_size, t.pipeline_model_parallel_size,
+                                                 t.context_parallel_size, t.use_megatron_fsdp);
+      !why.empty()) {
+    throw UsageError("[config] " + why);
+  }
   const ParallelDims dims = parallel_dims_for(model, t, world->size());
   if (dims.dp() != t.data_parallel_size) {
     throw UsageError(fmt::format("[distributed] the config was resolved for a data-parallel size of {} but the job "
@@ -208,6 +232,7 @@ std::unique_ptr<Model> make_parallel_model(const ModelArgs& args, const Training
     throw UsageError("[config] moe_router_load_balancing_type seq_aux_loss runs on the CPU engine only");
   }
   if (args.multi_latent_attention && !device.is_cpu()) throw UsageError(fmt::format("[config] {}", kMlaCpuOnly));
+  if (args.mtp_num_layers > 0 && !device.is_cpu()) throw UsageError(fmt::format("[config] {}", kMtpCpuOnly));
   // The ring runs beside data parallelism's collectives (on another thread or stream), and at dp 1 the cp group may
   // be the very communicator data parallelism reduces on: it gets a communicator of its own.
   ContextParallelGroup cp;

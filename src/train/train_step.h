@@ -35,6 +35,10 @@ struct StepTimes {
   double optimizer_ms = 0.0;
 };
 
+// Each multi-token prediction depth's mean token loss over the step's micro-batches on every data-parallel rank (a
+// collective over dp: every rank calls it on the same steps). Empty without the modules.
+std::vector<double> reduce_mtp_losses(const Model& model, DataParallel& dp);
+
 // Micro-batches per optimizer step on one data-parallel rank: global_batch_size / (micro_batch_size × dp size).
 int64_t micro_batches_per_step(const TrainingArgs& t);
 

@@ -37,14 +37,15 @@ void write_mla_json(const std::string& path, const ModelArgs& a) {
       "\"moe_router_num_groups\": {}, \"moe_router_group_topk\": {}, \"q_lora_rank\": {}, \"kv_lora_rank\": {}, "
       "\"qk_head_dim\": {}, \"qk_pos_emb_head_dim\": {}, \"v_head_dim\": {}, \"yarn\": {}, "
       "\"rotary_scaling_factor\": {}, \"original_max_position_embeddings\": {}, \"beta_fast\": {}, \"beta_slow\": {}, "
-      "\"mscale\": {}, \"mscale_all_dim\": {}}}\n",
+      "\"mscale\": {}, \"mscale_all_dim\": {}, \"mtp_num_layers\": {}, \"mtp_loss_scaling_factor\": {}}}\n",
       a.vocab_size, a.hidden_size, a.ffn_hidden_size, a.num_layers, a.num_attention_heads, a.num_query_groups,
       a.kv_channels, a.norm_epsilon, a.rotary_base, a.untie_embeddings_and_output_weights, a.qk_layernorm,
       a.num_experts, a.moe_router_topk, a.moe_ffn_hidden_size, a.moe_shared_expert_intermediate_size, layers,
       a.moe_router_score_function, a.moe_router_pre_softmax, a.moe_router_topk_scaling_factor, a.moe_aux_loss_coeff,
       a.moe_z_loss_coeff, a.moe_router_num_groups, a.moe_router_group_topk, a.q_lora_rank, a.kv_lora_rank,
       a.qk_head_dim, a.qk_pos_emb_head_dim, a.v_head_dim, a.yarn, a.rotary_scaling_factor,
-      a.original_max_position_embeddings, a.beta_fast, a.beta_slow, a.mscale, a.mscale_all_dim);
+      a.original_max_position_embeddings, a.beta_fast, a.beta_slow, a.mscale, a.mscale_all_dim, a.mtp_num_layers,
+      a.mtp_loss_scaling_factor);
 }
 
 void check_parity(ModelArgs args, uint64_t seed) {
@@ -91,7 +92,21 @@ void check_parity(ModelArgs args, uint64_t seed) {
     EXPECT_LE(testing::relative_error(model->params().grad(i), ref_grad), 1e-5) << name;
     latent_checked += name.find("kv_a_proj_with_mqa") != std::string::npos;
   }
-  EXPECT_EQ(latent_checked, args.num_layers);
+  EXPECT_EQ(latent_checked, args.num_layers + args.mtp_num_layers);
+  if (args.mtp_num_layers == 0) return;
+  // The weighted multi-token prediction losses are in the reference's objective; the engine reports each depth's
+  // Σ token losses over its counted tokens (the last k positions of each row and the ignored label have none).
+  EXPECT_GT(reference.read_f32("extra_objective").f32()[0], 0.0f);
+  const std::vector<LossSum> depths = model->mtp_losses();
+  ASSERT_EQ(depths.size(), static_cast<size_t>(args.mtp_num_layers));
+  double weighted = 0.0;
+  for (int64_t k = 1; k <= args.mtp_num_layers; ++k) {
+    const LossSum& d = depths[static_cast<size_t>(k - 1)];
+    EXPECT_EQ(d.tokens, B * (T - k) - (5 % T >= k ? 1 : 0)) << "depth " << k;  // label 5 is ignored
+    weighted += args.mtp_loss_scaling_factor / static_cast<double>(args.mtp_num_layers) * d.loss_sum / d.tokens;
+  }
+  const double ref_weighted = reference.read_f32("extra_objective").f32()[0];
+  EXPECT_NEAR(weighted, ref_weighted, 1e-5 * std::fabs(ref_weighted));
 }
 
 TEST(TorchMlaParity, FullRankQueryPlainRope) { check_parity(testing::tiny_deepseek_args(false, false, false), 51); }
@@ -99,6 +114,25 @@ TEST(TorchMlaParity, LowRankQueryWithYarn) { check_parity(testing::tiny_deepseek
 // DeepSeek-V2-Lite's layout: a full-rank query, YaRN, a dense first layer, then MoE with a shared expert and aux loss.
 TEST(TorchMlaParity, DeepSeekV2LiteShapedMoe) { check_parity(testing::tiny_deepseek_args(false, true, true), 53); }
 TEST(TorchMlaParity, LowRankQueryYarnMoe) { check_parity(testing::tiny_deepseek_args(true, true, true), 54); }
+// DeepSeek-V3's layout: low-rank query, YaRN, MoE, and multi-token prediction modules (an MLA + MoE layer each), at
+// one and two depths.
+TEST(TorchMlaParity, MultiTokenPredictionOneDepth) {
+  ModelArgs args = testing::tiny_deepseek_args(true, true, true);
+  args.mtp_num_layers = 1;
+  args.mtp_loss_scaling_factor = 0.3;
+  check_parity(args, 55);
+}
+TEST(TorchMlaParity, MultiTokenPredictionTwoDepths) {
+  ModelArgs args = testing::tiny_deepseek_args(true, true, true);
+  args.mtp_num_layers = 2;
+  args.mtp_loss_scaling_factor = 0.5;
+  check_parity(args, 56);
+}
+TEST(TorchMlaParity, MultiTokenPredictionDenseTwoDepths) {
+  ModelArgs args = testing::tiny_deepseek_args(false, false, false);
+  args.mtp_num_layers = 2;
+  check_parity(args, 57);
+}
 
 // A Hugging Face folder (DeepSeek-V2's config.json and names) written from one model loads into a model built from
 // that config.json alone, with the same loss; the config states every MLA, YaRN and MoE setting.
@@ -106,6 +140,7 @@ TEST(MlaModel, HuggingFaceExportImportKeepsTheLoss) {
   for (const bool q_lora : {false, true}) {
     ModelArgs args = testing::tiny_deepseek_args(q_lora, true, true);
     args.moe_router_topk_scaling_factor = 1.5;
+    args.mtp_num_layers = q_lora ? 1 : 0;  // DeepSeek-V3's num_nextn_predict_layers and its module's tensors
     const std::unique_ptr<Model> source = make_model(args, 12);
     source->params().initialize(81);
     const std::string dir = testing::temp_dir("mla_hf");
@@ -128,6 +163,9 @@ TEST(MlaModel, HuggingFaceExportImportKeepsTheLoss) {
     const Tensor tokens = testing::random_ids({2, 12}, args.vocab_size, rng);
     const Tensor labels = testing::random_ids({2, 12}, args.vocab_size, rng);
     EXPECT_EQ(source->evaluate(tokens, labels).loss_sum, target->evaluate(tokens, labels).loss_sum);
+    EXPECT_EQ(read.mtp_num_layers, args.mtp_num_layers);
+    EXPECT_EQ(config.contains("num_nextn_predict_layers"), args.mtp_num_layers > 0);
+    EXPECT_EQ(testing::relative_error(target->params().flat_params(), source->params().flat_params()), 0.0);
     // A different compression is another model: named.
     ModelArgs other = args;
     other.kv_lora_rank += 1;
@@ -167,8 +205,10 @@ TEST(MlaModel, PackedDocumentsEqualSeparateSequences) {
 
 // A short run on one batch: 30 AdamW steps lower the loss well below where it started.
 TEST(MlaModel, TrainingLowersTheLoss) {
+  ModelArgs with_mtp = testing::tiny_deepseek_args(true, true, true);
+  with_mtp.mtp_num_layers = 2;
   for (const ModelArgs& args :
-       {testing::tiny_deepseek_args(false, true, true), testing::tiny_deepseek_args(true, true, false)}) {
+       {testing::tiny_deepseek_args(false, true, true), testing::tiny_deepseek_args(true, true, false), with_mtp}) {
     const std::unique_ptr<Model> model = make_model(args, 16);
     model->params().initialize(71);
     Rng rng(72);

@@ -54,6 +54,23 @@ TEST(MoeParallel, LatentAttentionDataAndPipelineParallelEqualOneRank) {
   testing::expect_same_run(one, pp, "mla pp2");
 }
 
+// DeepSeek-V3's multi-token prediction (two modules, each an MLA + MoE layer, docs/mla.md) under data parallelism,
+// with and without the distributed optimizer.
+TEST(MoeParallel, MultiTokenPredictionDataParallelEqualsOneRank) {
+  const std::vector<std::string> mtp =
+      with(kMoe, {"group_query_attention=false", "num_query_groups=4", "multi_latent_attention=true", "q_lora_rank=24",
+                  "kv_lora_rank=32", "qk_head_dim=16", "qk_pos_emb_head_dim=8", "v_head_dim=12",
+                  "mtp_num_layers=2", "mtp_loss_scaling_factor=0.3"});
+  const RunResult one = testing::train("mtp_single", 1, mtp);
+  ASSERT_FALSE(one.losses.empty());
+  ASSERT_TRUE(one.weights.count("model.layers.5.eh_proj.weight"));
+  const RunResult dp = testing::train("mtp_dp2", 2, mtp);
+  testing::expect_same_run(one, dp, "mtp dp2");
+  const RunResult dist = testing::train(
+      "mtp_dp2_distopt", 2, with(mtp, {"use_distributed_optimizer=true", "ddp_bucket_size=7001"}));
+  testing::expect_same_run(one, dist, "mtp dp2 distributed optimizer");
+}
+
 // The expert bias moves by the global batch's loads: every layout moves it as one rank does.
 TEST(MoeParallel, ExpertBiasUpdatesEqualOneRank) {
   const std::vector<std::string> biased =

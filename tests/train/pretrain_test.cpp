@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "checkpoint/checkpoint.h"
+#include "config/config.h"
 #include "core/file_io.h"
 #include "support/test_support.h"
 #include "train/pretrain.h"
@@ -105,6 +106,39 @@ TEST(Pretrain, LossFallsFarBelowStartOnShakespeare) {
   EXPECT_TRUE(std::filesystem::exists(c.run_dir() + "/config.yaml"));
   EXPECT_TRUE(std::filesystem::exists(c.run_dir() + "/logs/train.log"));
   EXPECT_TRUE(std::filesystem::exists(c.run_dir() + "/checkpoints/iter_0000150/model.safetensors"));
+}
+
+// DeepSeek-V3's preset (MLA with YaRN, sigmoid grouped routing with the expert bias and the sequence-level aux loss,
+// a shared expert, dense first layers, a multi-token prediction module), shrunk by overrides, trains on the CPU engine:
+// the loss and the module's loss ("mtp_losses" in metrics.jsonl, TensorBoard's "mtp_1 loss") fall.
+TEST(Pretrain, ShrunkDeepSeekV3TrainsWithItsMultiTokenPrediction) {
+  setenv("PRIMUS_CONFIGS_DIR", PRIMUS_SOURCE_DIR "/configs", 1);
+  const std::string dir = testing::temp_dir("deepseek_v3");
+  std::ofstream(dir + "/exp.yaml")
+      << "exp_name: v3\nmodules:\n  pre_trainer:\n    framework: megatron\n    model: deepseek_v3\n"
+         "    overrides: {train_iters: 1, seq_length: 64, lr: 1.0e-4, mock_data: true, num_layers: 2, hidden_size: 64, "
+         "ffn_hidden_size: 128, num_attention_heads: 4, q_lora_rank: 32, kv_lora_rank: 32, qk_head_dim: 16, "
+         "qk_pos_emb_head_dim: 8, v_head_dim: 16, num_experts: 8, moe_router_topk: 2, moe_router_num_groups: 4, "
+         "moe_router_group_topk: 2, moe_ffn_hidden_size: 32, moe_shared_expert_intermediate_size: 32, "
+         "moe_first_k_dense_replace: 1, original_max_position_embeddings: 16, init_method_std: 0.02}\n";
+  ExperimentConfig c = load_experiment_config(dir + "/exp.yaml", {}).config;
+  ASSERT_EQ(c.model.mtp_num_layers, 1);
+  const ExperimentConfig text = shakespeare_config(dir, 60);
+  c.workspace = text.workspace;
+  c.train = text.train;
+  c.train.tensorboard_dir = c.run_dir() + "/tensorboard";
+  c.model.vocab_size = 0;  // the byte tokenizer's
+  c.model.max_position_embeddings = 256;
+  ASSERT_EQ(run_pretrain(c, {}), 0);
+  const auto records = read_metrics(c.run_dir());
+  ASSERT_EQ(records.size(), 60u);
+  ASSERT_TRUE(records.front().contains("mtp_losses")) << records.front().dump();
+  ASSERT_EQ(records.front()["mtp_losses"].size(), 1u);
+  const double first = records.front()["loss"], last = records.back()["loss"];
+  EXPECT_LT(last, 0.8 * first) << "loss went from " << first << " to " << last;
+  const double mtp_first = records.front()["mtp_losses"][0], mtp_last = records.back()["mtp_losses"][0];
+  EXPECT_LT(mtp_last, 0.8 * mtp_first) << "the module's loss went from " << mtp_first << " to " << mtp_last;
+  EXPECT_NE(event_bytes(c.train.tensorboard_dir).find("mtp_1 loss"), std::string::npos);
 }
 
 TEST(Pretrain, ResumedRunRepeatsTheUninterruptedLossesBitForBit) {

@@ -2,6 +2,7 @@
 // published model sizes (a check on every shape number at once).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -36,9 +37,6 @@ int64_t parameter_count(const ModelArgs& args) {
 // of a missing feature (never a silent approximation of the model).
 const std::vector<std::pair<std::string, std::string>>& refused_presets() {
   static const std::vector<std::pair<std::string, std::string>> refused = {
-      // Multi-head latent attention, YaRN (docs/mla.md) and the sequence-level aux loss load; multi-token prediction
-      // does not yet.
-      {"deepseek_v3", "mtp_num_layers: 1 is out of range"},
       {"gpt_oss_20B", "add_bias_linear: 'true' is not allowed"},
   };
   return refused;
@@ -80,6 +78,68 @@ TEST(Presets, ParameterCountsMatchThePublishedModels) {
   EXPECT_NEAR(static_cast<double>(parameter_count(load_preset("deepseek_v2_lite"))), 15.7e9, 0.05e9);
 }
 
+// DeepSeek-V3's card: 671B parameters in the main model and 14B in its multi-token prediction module. The module's
+// checkpoint tensors include copies of the embedding and the output layer, which the module shares here (they are
+// counted once, in the main model).
+TEST(Presets, DeepSeekV3CountsItsMultiTokenPredictionModule) {
+  setenv("PRIMUS_CONFIGS_DIR", PRIMUS_SOURCE_DIR "/configs", 1);
+  ModelArgs v3 = load_preset("deepseek_v3");
+  ASSERT_EQ(v3.mtp_num_layers, 1);
+  EXPECT_DOUBLE_EQ(v3.mtp_loss_scaling_factor, 0.1);
+  const int64_t with_mtp = parameter_count(v3);
+  v3.mtp_num_layers = 0;
+  const int64_t main_model = parameter_count(v3);
+  EXPECT_NEAR(static_cast<double>(main_model), 671e9, 0.5e9);
+  const int64_t shared_copies = 2 * v3.vocab_size * v3.hidden_size;
+  // 13.46B with the copies: the card's 14B (and its 685B in all) are rounded up.
+  EXPECT_NEAR(static_cast<double>(with_mtp - main_model + shared_copies), 14e9, 0.6e9);
+  EXPECT_NEAR(static_cast<double>(with_mtp + shared_copies), 685e9, 0.6e9);
+  // The module: enorm, hnorm, eh_proj [C, 2C], one MLA + MoE layer (the last layer's kind) and its final norm.
+  const int64_t C = v3.hidden_size;
+  v3.mtp_num_layers = 1;
+  const std::vector<ParamSpec> specs = model_family(v3).param_specs(v3);
+  int64_t layer61 = 0, layer60 = 0;
+  for (const ParamSpec& spec : specs) {
+    if (spec.name.starts_with("model.layers.61.")) layer61 += shape_numel(spec.shape);
+    if (spec.name.starts_with("model.layers.60.")) layer60 += shape_numel(spec.shape);
+  }
+  EXPECT_EQ(layer61, layer60 + 3 * C + 2 * C * C);
+  for (const char* name : {"model.layers.61.enorm.weight", "model.layers.61.hnorm.weight",
+                           "model.layers.61.eh_proj.weight", "model.layers.61.shared_head.norm.weight",
+                           "model.layers.61.self_attn.kv_b_proj.weight", "model.layers.61.mlp.experts.255.down_proj.weight",
+                           "model.layers.61.mlp.gate.e_score_correction_bias"}) {
+    EXPECT_TRUE(std::any_of(specs.begin(), specs.end(), [&](const ParamSpec& s) { return s.name == name; })) << name;
+  }
+}
+
+// Multi-token prediction runs on the CPU engine in fp32, on one pipeline stage, without tensor or context parallelism
+// or FSDP: the rest is refused naming mtp_num_layers and why.
+TEST(Presets, MultiTokenPredictionRefusesWhatItCannotRun) {
+  setenv("PRIMUS_CONFIGS_DIR", PRIMUS_SOURCE_DIR "/configs", 1);
+  ModelArgs tiny = load_preset("tiny_llama");
+  tiny.mtp_num_layers = 1;
+  EXPECT_NO_THROW(make_model(tiny, 64));
+  try {
+    make_model(tiny, 64, kCpuDevice, DType::kBF16);
+    ADD_FAILURE() << "bf16 multi-token prediction was built";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("mtp_num_layers"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(mtp_layout_refusal(tiny, 1, 1, 1, false), "");
+  const std::vector<std::pair<std::string, std::string>> refusals = {
+      {mtp_layout_refusal(tiny, 1, 2, 1, false), "embedding on the last pipeline stage"},
+      {mtp_layout_refusal(tiny, 2, 1, 1, false), "tensor- or context-parallel"},
+      {mtp_layout_refusal(tiny, 1, 1, 2, false), "tensor- or context-parallel"},
+      {mtp_layout_refusal(tiny, 1, 1, 1, true), "use_megatron_fsdp"},
+  };
+  for (const auto& [why, what] : refusals) {
+    EXPECT_EQ(why.rfind("mtp_num_layers: ", 0), 0u) << why;
+    EXPECT_NE(why.find(what), std::string::npos) << why;
+  }
+  tiny.mtp_num_layers = 0;
+  EXPECT_EQ(mtp_layout_refusal(tiny, 2, 2, 2, true), "");
+}
+
 TEST(Presets, PresetsOfMissingFeaturesExitTwoNamingTheKey) {
   setenv("PRIMUS_CONFIGS_DIR", PRIMUS_SOURCE_DIR "/configs", 1);
   for (const auto& [name, message] : refused_presets()) {
@@ -97,7 +157,6 @@ TEST(Presets, PresetsOfMissingFeaturesExitTwoNamingTheKey) {
 TEST(Presets, EachMissingFeatureKeyIsRefusedByName) {
   setenv("PRIMUS_CONFIGS_DIR", PRIMUS_SOURCE_DIR "/configs", 1);
   const std::vector<std::pair<std::string, std::string>> keys = {
-      {"mtp_num_layers: 1", "multi-token prediction"},
       {"softmax_type: learnable", "attention sinks"},
       {"window_size: \"(128, 0)\"", "sliding-window attention"},
       {"activation_func_clamp_value: 7.0", "clamped SwiGLU"},
