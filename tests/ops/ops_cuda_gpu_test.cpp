@@ -331,6 +331,11 @@ TEST_F(CudaOps, CachingAllocatorReusesFreedBlocks) {
   EXPECT_EQ(CachingAllocator::size_class(513), 640u);
   EXPECT_EQ(CachingAllocator::size_class(1024), 1024u);
   EXPECT_EQ(CachingAllocator::size_class(1025), 1280u);
+  // Above 1 GiB, 64 classes per power of two: the 1B config's 4.60 GiB fp32 state buffers take 4.625 GiB, not 5.
+  constexpr size_t kMiB = size_t{1} << 20;
+  EXPECT_EQ(CachingAllocator::size_class(1024 * kMiB), 1024 * kMiB);
+  EXPECT_EQ(CachingAllocator::size_class(1024 * kMiB + 1), 1040 * kMiB);
+  EXPECT_EQ(CachingAllocator::size_class(size_t{1235814400} * 4), 4736 * kMiB);
   CachingAllocator& allocator = start_cuda_backend(0).allocator();
   const CudaMemoryStats before = allocator.stats();
   void* first = allocator.allocate(3000);

@@ -24,9 +24,13 @@ double gib(size_t bytes) { return static_cast<double>(bytes) / static_cast<doubl
 size_t CachingAllocator::size_class(size_t bytes) {
   if (bytes == 0) return 0;
   if (bytes <= kMinBlockBytes) return kMinBlockBytes;
-  // bytes lies in (2^e, 2^(e+1)]; round up to a multiple of 2^(e-2): four classes per power of two.
+  // bytes lies in (2^e, 2^(e+1)]; round up to a multiple of 2^(e-2): four classes per power of two, or of 2^(e-6)
+  // above 1 GiB. Such large blocks are mostly the training state's flat buffers (fp32 master weights, gradients,
+  // AdamW moments, the bf16 copy), allocated once at sizes the model dictates, where a quarter of a power of two
+  // wasted up to 25% (1.8 GiB on the llama3.2 1B config, 6.3 GiB on the Mixtral layer shape); 64 classes waste at
+  // most 1.6% and still let a block serve requests whose size varies a little from step to step.
   const size_t top = std::bit_floor(bytes - 1);  // 2^e
-  const size_t step = top / 4;
+  const size_t step = top > kGiB / 2 ? top / 64 : top / 4;
   return (bytes + step - 1) / step * step;
 }
 
