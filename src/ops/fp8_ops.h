@@ -3,7 +3,7 @@
 // recipe runs, per tensor a GEMM reads:
 //   fp8_amax → fp8_scale → fp8_quantize (codes, and codes_t for the backward GEMMs) ... fp8_dequantize (checks)
 // The amax, scale and counts stay on the device: no host sync in a step. The CPU backend is the reference; the CUDA
-// backend has no fp8 kernels yet and throws naming the op.
+// kernels (backend/cuda/kernels/fp8.cu) must equal it byte for byte.
 #pragma once
 
 #include "backend/backend.h"
