@@ -44,6 +44,10 @@ void Backend::cross_entropy_shard_stats(const CrossEntropyArgs&) { unimplemented
 void Backend::cross_entropy_finish(const CrossEntropyArgs&) { unimplemented("cross_entropy_finish"); }
 void Backend::row_max(const Tensor&, Tensor&) { unimplemented("row_max"); }
 void Backend::adamw_step(const AdamWArgs&) { unimplemented("adamw_step"); }
+void Backend::fp8_amax(const Fp8AmaxArgs&) { unimplemented("fp8_amax"); }
+void Backend::fp8_scale(const Fp8ScaleArgs&) { unimplemented("fp8_scale"); }
+void Backend::fp8_quantize(const Fp8QuantizeArgs&) { unimplemented("fp8_quantize"); }
+void Backend::fp8_dequantize(const Fp8DequantizeArgs&) { unimplemented("fp8_dequantize"); }
 void Backend::add_inplace(Tensor&, const Tensor&) { unimplemented("add_inplace"); }
 void Backend::scale_inplace(Tensor&, float) { unimplemented("scale_inplace"); }
 double Backend::sum_squares(const Tensor&) { unimplemented("sum_squares"); }

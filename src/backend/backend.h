@@ -14,6 +14,7 @@
 #include <memory>
 #include <string>
 
+#include "core/fp8.h"
 #include "core/rng.h"
 #include "core/tensor.h"
 
@@ -277,6 +278,60 @@ struct MoeAuxLossArgs {
   Tensor* dlogits = nullptr;        // [N, E] (z)
 };
 
+// fp8 quantisation (core/fp8.h: the formats, the rounding and the scale rule; docs/fp8.md: the recipes). A tiling
+// cuts a matrix [R, C] into tiles of rows × cols elements (0: the whole dimension), each with one scale; edge tiles
+// are partial. Tensorwise scaling is {0, 0}; the blockwise recipe (DeepSeek-V3) uses {1, 128} for activations and
+// gradients and {128, 128} for weights. A tile grid is [ceil(R / rows), ceil(C / cols)] (fp8_tile_grid in
+// ops/fp8_ops.h). "transposed" tiles lie over xᵀ [C, R] instead: the copy the backward GEMMs read.
+struct Fp8Tiling {
+  int64_t rows = 0;  // 0: all rows
+  int64_t cols = 0;  // 0: all columns
+};
+
+// amax[t] = max |x| over tile t (overwritten); NaN when the tile holds a NaN (never skipped), +inf for an infinity.
+struct Fp8AmaxArgs {
+  const Tensor* x = nullptr;  // [R, C] f32
+  Fp8Tiling tiling;
+  bool transposed = false;    // tiles of xᵀ: amax is xᵀ's grid
+  Tensor* amax = nullptr;     // tile grid, f32
+};
+
+// Per tile: scale = fp8_scale_from_amax(amax, format's max_finite, margin) (core/fp8.h); scale_inv = 1 / scale. A
+// zero or non-finite amax keeps the previous scale (keep_previous: the delayed recipe, as Transformer Engine) or
+// gives 1 (current scaling); each non-finite amax is counted into non_finite for the caller to report.
+struct Fp8ScaleOptions {
+  int margin = 0;              // fp8_margin: scales divided by 2^margin
+  bool power_of_two = false;   // scales rounded down to powers of two (exact scale_inv)
+  bool keep_previous = false;  // fallback: scale's current value (true) or 1 (false)
+};
+struct Fp8ScaleArgs {
+  const Tensor* amax = nullptr;  // [...] f32
+  Fp8Format format = Fp8Format::kE4M3;
+  Fp8ScaleOptions options;
+  Tensor* scale = nullptr;       // [...] f32 like amax: read (keep_previous) and written
+  Tensor* scale_inv = nullptr;   // [...] f32 (overwritten)
+  Tensor* non_finite = nullptr;  // [1] i32 (accumulated): tiles whose amax was NaN or ±inf
+};
+
+// codes = fp8_encode(x · scale of its tile, format, saturating), the product rounded to f32 first; codes_t (optional)
+// the same of xᵀ with scale_t over xᵀ's tiles. Dequantise: y = fp8_decode(code) · scale_inv of its tile.
+struct Fp8QuantizeArgs {
+  const Tensor* x = nullptr;        // [R, C] f32
+  Fp8Format format = Fp8Format::kE4M3;
+  Fp8Tiling tiling;
+  const Tensor* scale = nullptr;    // x's tile grid, f32
+  Tensor* codes = nullptr;          // [R, C] u8 (overwritten)
+  const Tensor* scale_t = nullptr;  // xᵀ's tile grid, f32 (with codes_t)
+  Tensor* codes_t = nullptr;        // [C, R] u8 (overwritten), optional
+};
+struct Fp8DequantizeArgs {
+  const Tensor* codes = nullptr;      // [R, C] u8
+  Fp8Format format = Fp8Format::kE4M3;
+  Fp8Tiling tiling;
+  const Tensor* scale_inv = nullptr;  // codes' tile grid, f32
+  Tensor* y = nullptr;                // [R, C] f32 (overwritten)
+};
+
 // Decoupled-weight-decay Adam (Loshchilov & Hutter), one step, in place, with bias correction. Folding the clip
 // factor and the bf16 copy in saves two passes over the parameters per step.
 struct AdamWArgs {
@@ -348,6 +403,10 @@ class Backend {
   // max[r] = max over the row x[r, :] (x [N, C] act, C ≥ 1; max [N] f32).
   virtual void row_max(const Tensor& x, Tensor& max);
   virtual void adamw_step(const AdamWArgs& args);
+  virtual void fp8_amax(const Fp8AmaxArgs& args);
+  virtual void fp8_scale(const Fp8ScaleArgs& args);
+  virtual void fp8_quantize(const Fp8QuantizeArgs& args);
+  virtual void fp8_dequantize(const Fp8DequantizeArgs& args);
   // Mixture of experts (MoeRouterArgs ... MoeAuxLossArgs above).
   virtual void moe_router_forward(const MoeRouterArgs& args);
   virtual void moe_router_backward(const MoeRouterArgs& args);

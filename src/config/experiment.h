@@ -118,6 +118,14 @@ inline std::string mtp_layout_refusal(const ModelArgs& m, int64_t tp, int64_t pp
   return "";
 }
 
+// fp8 is validated and its quantisation has a CPU reference (ops/fp8_ops.h), but no fp8 GEMM runs yet: the config on
+// the CPU engine and the trainer on any device refuse fp8_format with these messages.
+inline constexpr const char* kFp8NeedsGpu =
+    "fp8 needs a GPU with fp8 tensor cores (Hopper sm_90 or newer, MI300X/MI355X)";
+inline constexpr const char* kFp8NotBuilt =
+    "fp8_format: the fp8 GEMM path is not built yet (issue 15: the formats, quantisation and recipe keys are); "
+    "train with bf16: true and leave fp8_format unset for now";
+
 // Training keys (Megatron-LM argument names).
 struct TrainingArgs {
   int64_t train_iters = 0;
@@ -187,6 +195,15 @@ struct TrainingArgs {
   std::string mlflow_tracking_dir;     // MLflow file store (mlruns/) to log the run into; empty: none
   std::string mlflow_experiment_name;  // resolved: exp_name when not given
   bool bf16 = false;                   // mixed precision (CUDA only)
+  // fp8 (docs/fp8.md; Megatron's keys, checked by the config loader). fp8_format empty: off.
+  std::string fp8_format;                            // "" | e4m3 | hybrid (e4m3 forward, e5m2 gradients)
+  std::string fp8_recipe = "delayed";                // tensorwise | delayed | blockwise
+  int64_t fp8_margin = 0;                            // delayed: scales / 2^margin
+  int64_t fp8_amax_history_len = 1;                  // delayed
+  std::string fp8_amax_compute_algo = "most_recent";  // delayed: most_recent | max
+  bool first_last_layers_bf16 = false;
+  int64_t num_layers_at_start_in_bf16 = 1;
+  int64_t num_layers_at_end_in_bf16 = 1;
   std::string device = "auto";         // auto | cpu | cuda
   bool profile = false;                // Chrome/Perfetto trace of [profile_step_start, profile_step_end)
   int64_t profile_step_start = 10;

@@ -440,6 +440,65 @@ void check_mtp_keys(const ModuleKeys& keys, const Origin& module_origin) {
   }
 }
 
+// fp8's keys: the recipe keys only with fp8_format (and the delayed ones only with the delayed recipe), the bf16 layers
+// within the model, and no fp8 on the CPU engine. A key counts as given when it differs from its default (an effective
+// config, which writes every key, loads back).
+void check_fp8_keys(const ModuleKeys& keys, const Origin& module_origin) {
+  const ModuleKey& format = get(keys, "fp8_format");
+  auto changed = [&](const char* name) {
+    const ModuleKey& key = get(keys, name);
+    return format_value(*key.spec, key.value) != format_value(*key.spec, default_value(*key.spec));
+  };
+  if (!format.value.is_set) {
+    for (const char* name : {"fp8_recipe", "fp8_margin", "fp8_amax_history_len", "fp8_amax_compute_algo",
+                             "first_last_layers_bf16", "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"}) {
+      if (changed(name)) {
+        config_error(place(get(keys, name), module_origin),
+                     fmt::format("{} is an fp8 key but fp8_format is unset (fp8 is off); set fp8_format: e4m3 or "
+                                 "hybrid, or remove {}",
+                                 name, name));
+      }
+    }
+    return;
+  }
+  const ModuleKey& recipe = get(keys, "fp8_recipe");
+  if (recipe.value.s != "delayed") {
+    for (const char* name : {"fp8_margin", "fp8_amax_history_len", "fp8_amax_compute_algo"}) {
+      if (changed(name)) {
+        config_error(place(get(keys, name), module_origin),
+                     fmt::format("{} applies to the delayed recipe only ({}); set fp8_recipe: delayed or remove {}",
+                                 name, describe(recipe), name));
+      }
+    }
+  }
+  const ModuleKey& first_last = get(keys, "first_last_layers_bf16");
+  const ModuleKey& start = get(keys, "num_layers_at_start_in_bf16");
+  const ModuleKey& end = get(keys, "num_layers_at_end_in_bf16");
+  if (!first_last.value.b) {
+    for (const ModuleKey* key : {&start, &end}) {
+      if (changed(key->spec->name)) {
+        config_error(place(*key, module_origin),
+                     fmt::format("{} applies only with first_last_layers_bf16: true ({})", key->spec->name,
+                                 describe(first_last)));
+      }
+    }
+  } else {
+    const ModuleKey& layers = get(keys, "num_layers");
+    if (start.value.i + end.value.i > layers.value.i) {
+      config_error(place(start.origin.kind == OriginKind::kDefault ? end : start, module_origin),
+                   fmt::format("num_layers_at_start_in_bf16 ({}) + num_layers_at_end_in_bf16 ({}) exceed num_layers "
+                               "({})",
+                               start.value.i, end.value.i, describe(layers)));
+    }
+  }
+  const ModuleKey& device = get(keys, "device");
+  if (device.value.s == "cpu") {
+    config_error(place(format, module_origin),
+                 fmt::format("fp8_format {}: {}; the CPU engine computes in fp32 ({})", format.value.s, kFp8NeedsGpu,
+                             describe(device)));
+  }
+}
+
 }  // namespace
 
 void check_module_keys(const ModuleKeys& keys, const Origin& module_origin) {
@@ -448,6 +507,7 @@ void check_module_keys(const ModuleKeys& keys, const Origin& module_origin) {
   check_parallel_keys(keys, module_origin);
   check_moe_keys(keys, module_origin);
   check_mla_keys(keys, module_origin);
+  check_fp8_keys(keys, module_origin);
   const ModuleKey& heads = get(keys, "num_attention_heads");
   const ModuleKey& hidden = get(keys, "hidden_size");
   const ModuleKey& gqa = get(keys, "group_query_attention");

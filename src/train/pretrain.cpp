@@ -205,6 +205,8 @@ int run_training(const ExperimentConfig& config, const RunOptions& options, std:
   } else {
     spdlog::info("device: {}", device.str());
   }
+  // The dtype refusals (bf16 on the CPU; fp8 on every device for now) before any tokenizer or data is read.
+  (void)compute_dtype(t, device);
   if (t.deterministic_mode) {
     ops::set_deterministic(device, true);
     spdlog::info("deterministic_mode: ops that sum with atomics are replaced; the run repeats bit for bit");

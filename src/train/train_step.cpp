@@ -14,6 +14,7 @@
 #include "train/pipeline_step.h"
 #if PRIMUS_WITH_CUDA
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/device_info.h"
 #endif
 
 namespace primus {
@@ -368,7 +369,31 @@ Device select_device(const std::string& device_key, int local_rank) {
   return kCpuDevice;
 }
 
+namespace {
+
+// fp8 is refused on every device for now: on the CPU engine and on a GPU without fp8 tensor cores for good, on the
+// others until the fp8 GEMM path exists (experiment.h). The refusal names fp8_format and the device.
+void refuse_fp8(const TrainingArgs& t, Device device) {
+  if (t.fp8_format.empty()) return;
+  if (device.is_cpu()) {
+    throw UsageError(fmt::format("[config] fp8_format {}: {}; the CPU engine computes in fp32 (device {})",
+                                 t.fp8_format, kFp8NeedsGpu, device.str()));
+  }
+#if PRIMUS_WITH_CUDA
+  CudaDeviceInfo info;
+  std::string why;
+  if (cuda_device_info(device.index, &info, &why) && info.compute_major < 9) {
+    throw UsageError(fmt::format("[config] fp8_format {}: {}; device {} is {} (sm_{}{})", t.fp8_format, kFp8NeedsGpu,
+                                 device.str(), info.name, info.compute_major, info.compute_minor));
+  }
+#endif
+  throw UsageError(fmt::format("[config] {} (device {})", kFp8NotBuilt, device.str()));
+}
+
+}  // namespace
+
 DType compute_dtype(const TrainingArgs& t, Device device) {
+  refuse_fp8(t, device);
   if (!t.bf16) return DType::kF32;
   if (device.is_cpu()) {
     throw UsageError("[config] bf16: true needs a CUDA device; the CPU engine computes in fp32 (set bf16: false)");

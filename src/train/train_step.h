@@ -126,7 +126,8 @@ PackedSequence packed_on(const Batch& batch, Device device);
 // device backend. local_rank picks the GPU among the visible ones (torchrun's LOCAL_RANK); an error names it
 // when there are fewer GPUs than local ranks.
 Device select_device(const std::string& device_key, int local_rank = 0);
-// The model's compute dtype for `bf16`; throws UsageError for bf16 on the CPU.
+// The model's compute dtype for `bf16`; throws UsageError for bf16 on the CPU, and for fp8_format on any device (on
+// the CPU and GPUs without fp8 tensor cores naming the device; elsewhere until the fp8 GEMM path exists).
 DType compute_dtype(const TrainingArgs& t, Device device);
 // Peak bytes allocated on the device since start, in GiB: the CUDA allocator's, or the host tensors' on the CPU
 // (core/host_memory.h).

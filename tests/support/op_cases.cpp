@@ -1135,6 +1135,7 @@ std::vector<OpCase> build_cases() {
   cases.push_back(finish_case());
   cases.push_back(sharded_backward_case());
   for (OpCase& moe : moe_op_cases()) cases.push_back(std::move(moe));
+  for (OpCase& fp8 : fp8_op_cases()) cases.push_back(std::move(fp8));
   return cases;
 }
 

@@ -14,4 +14,7 @@ const std::vector<OpCase>& all_op_cases();
 // The mixture-of-experts ops' cases (moe_op_cases.cpp), part of all_op_cases().
 std::vector<OpCase> moe_op_cases();
 
+// The fp8 quantisation ops' cases (fp8_op_cases.cpp), part of all_op_cases().
+std::vector<OpCase> fp8_op_cases();
+
 }  // namespace primus::testing

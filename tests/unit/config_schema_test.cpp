@@ -61,8 +61,8 @@ TEST(ConfigSchemaTest, EveryKeyIsWellFormed) {
     EXPECT_TRUE(spec.choices.empty() || spec.type == KeyType::kString || spec.type == KeyType::kBool);
     for (const std::string& alias : spec.aliases) EXPECT_EQ(config::find_key_spec(alias), nullptr) << alias;
   }
-  EXPECT_EQ(names.size(), 133u);  // 61 model keys (18 of them MoE, 12 of MLA and YaRN, 2 of multi-token
-                                  // prediction, 3 naming missing features), 72 training keys
+  EXPECT_EQ(names.size(), 141u);  // 61 model keys (18 of them MoE, 12 of MLA and YaRN, 2 of multi-token
+                                  // prediction, 3 naming missing features), 80 training keys (8 of them fp8)
   EXPECT_EQ(config::find_key_spec("no_such_key"), nullptr);
 }
 

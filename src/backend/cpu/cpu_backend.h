@@ -1,6 +1,6 @@
 // The CPU reference backend: plain fp32 kernels that define the numerics of every op. A device kernel is
 // accepted only by comparison with these. One .cpp per op family (gemm, embedding, rmsnorm, rope, attention,
-// swiglu, cross_entropy, adamw, elementwise, memory, moe_router, moe_permute).
+// swiglu, cross_entropy, adamw, elementwise, memory, moe_router, moe_permute, fp8).
 //
 // Contract: arguments arrive validated by src/ops (dtypes, shapes, one device); the kernels only check values
 // that need reading the data (token ids, targets).
@@ -47,6 +47,10 @@ class CpuBackend : public Backend {
   void cross_entropy_finish(const CrossEntropyArgs& args) override;
   void row_max(const Tensor& x, Tensor& max) override;
   void adamw_step(const AdamWArgs& args) override;
+  void fp8_amax(const Fp8AmaxArgs& args) override;
+  void fp8_scale(const Fp8ScaleArgs& args) override;
+  void fp8_quantize(const Fp8QuantizeArgs& args) override;
+  void fp8_dequantize(const Fp8DequantizeArgs& args) override;
   void moe_router_forward(const MoeRouterArgs& args) override;
   void moe_router_backward(const MoeRouterArgs& args) override;
   void moe_sort(const MoeSortArgs& args) override;

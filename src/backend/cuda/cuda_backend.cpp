@@ -12,6 +12,7 @@
 #include "backend/cuda/cublaslt_gemm.h"
 #include "backend/cuda/cudnn_attention.h"
 #include "backend/cuda/gpu_runtime.h"
+#include "backend/cuda/kernels/fp8_kernels.h"
 #include "backend/cuda/kernels/kernels.h"
 
 namespace primus {
@@ -737,6 +738,43 @@ void CudaBackend::adamw_step(const AdamWArgs& args) {
   s.grad_scale = args.grad_scale;
   cuda::adamw_step(state_->ctx, ptr<float>(*args.param), ptr<float>(*args.grad), ptr<float>(*args.exp_avg),
                    ptr<float>(*args.exp_avg_sq), ptr_or_null<cuda::bf16>(args.compute_copy), args.param->numel(), s);
+}
+
+namespace {
+
+// The tiles of a matrix [rows, cols] under `tiling`, a 0 extent resolved to the whole dimension.
+cuda::Fp8Tiles fp8_tiles(Fp8Tiling tiling, int64_t rows, int64_t cols) {
+  return {rows, cols, tiling.rows == 0 ? rows : tiling.rows, tiling.cols == 0 ? cols : tiling.cols};
+}
+
+}  // namespace
+
+void CudaBackend::fp8_amax(const Fp8AmaxArgs& args) {
+  const int64_t rows = args.x->dim(0), cols = args.x->dim(1);
+  const cuda::Fp8Tiles tiles = args.transposed ? fp8_tiles(args.tiling, cols, rows) : fp8_tiles(args.tiling, rows, cols);
+  cuda::fp8_amax(state_->ctx, ptr<float>(*args.x), tiles, args.transposed, ptr<float>(*args.amax), args.amax->numel());
+}
+
+void CudaBackend::fp8_scale(const Fp8ScaleArgs& args) {
+  const Fp8ScaleOptions& o = args.options;
+  cuda::fp8_scale(state_->ctx, ptr<float>(*args.amax), args.amax->numel(), args.format, o.margin, o.power_of_two,
+                  o.keep_previous, ptr<float>(*args.scale), ptr<float>(*args.scale_inv),
+                  ptr<int32_t>(*args.non_finite));
+}
+
+void CudaBackend::fp8_quantize(const Fp8QuantizeArgs& args) {
+  const int64_t rows = args.x->dim(0), cols = args.x->dim(1);
+  cuda::fp8_quantize(state_->ctx, ptr<float>(*args.x), fp8_tiles(args.tiling, rows, cols), false, args.format,
+                     ptr<float>(*args.scale), ptr<uint8_t>(*args.codes));
+  if (args.codes_t == nullptr) return;
+  cuda::fp8_quantize(state_->ctx, ptr<float>(*args.x), fp8_tiles(args.tiling, cols, rows), true, args.format,
+                     ptr<float>(*args.scale_t), ptr<uint8_t>(*args.codes_t));
+}
+
+void CudaBackend::fp8_dequantize(const Fp8DequantizeArgs& args) {
+  cuda::fp8_dequantize(state_->ctx, ptr<uint8_t>(*args.codes),
+                       fp8_tiles(args.tiling, args.codes->dim(0), args.codes->dim(1)), args.format,
+                       ptr<float>(*args.scale_inv), ptr<float>(*args.y));
 }
 
 void CudaBackend::add_inplace(Tensor& y, const Tensor& x) {

@@ -66,6 +66,10 @@ class CudaBackend : public Backend {
   void moe_aux_loss(const MoeAuxLossArgs& args) override;
   void moe_z_loss(const MoeAuxLossArgs& args) override;
   void adamw_step(const AdamWArgs& args) override;
+  void fp8_amax(const Fp8AmaxArgs& args) override;
+  void fp8_scale(const Fp8ScaleArgs& args) override;
+  void fp8_quantize(const Fp8QuantizeArgs& args) override;
+  void fp8_dequantize(const Fp8DequantizeArgs& args) override;
   void add_inplace(Tensor& y, const Tensor& x) override;
   void scale_inplace(Tensor& x, float s) override;
   double sum_squares(const Tensor& x) override;

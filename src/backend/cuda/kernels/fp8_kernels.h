@@ -1,0 +1,27 @@
+// Launchers of the fp8 quantisation kernels (fp8.cu; backend.h's Fp8*Args, core/fp8.h's rules): all f32 with u8
+// codes, bit-exact with the CPU reference. Kept out of kernels.h so the other kernel files do not see core/fp8.h.
+#pragma once
+
+#include "backend/cuda/kernels/kernels.h"
+#include "core/fp8.h"
+
+namespace primus::cuda {
+
+// A matrix [rows, cols] cut into tiles of tile_rows × tile_cols (both resolved: no 0 for "all").
+struct Fp8Tiles {
+  int64_t rows, cols, tile_rows, tile_cols;
+};
+
+// amax [tiles] = max |x| per tile of x [rows, cols], or of xᵀ when transposed (tiles then describes xᵀ).
+void fp8_amax(const KernelContext& ctx, const float* x, Fp8Tiles tiles, bool transposed, float* amax, int64_t count);
+// scale, scale_inv [n] from amax [n] (fp8_scale_from_amax); *non_finite (device) += the non-finite amaxes.
+void fp8_scale(const KernelContext& ctx, const float* amax, int64_t n, Fp8Format format, int margin, bool power_of_two,
+               bool keep_previous, float* scale, float* scale_inv, int32_t* non_finite);
+// codes [rows, cols] of x under `tiles`; with transposed, codes [cols, rows] of xᵀ (tiles then describes xᵀ).
+void fp8_quantize(const KernelContext& ctx, const float* x, Fp8Tiles tiles, bool transposed, Fp8Format format,
+                  const float* scale, uint8_t* codes);
+// y [rows, cols] = decoded codes times scale_inv of their tile.
+void fp8_dequantize(const KernelContext& ctx, const uint8_t* codes, Fp8Tiles tiles, Fp8Format format,
+                    const float* scale_inv, float* y);
+
+}  // namespace primus::cuda
