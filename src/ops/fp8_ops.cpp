@@ -4,6 +4,7 @@
 
 #include <initializer_list>
 
+#include "ops/checked_args.h"
 #include "ops/ops.h"
 #include "ops/profile.h"
 
@@ -12,27 +13,6 @@ namespace primus::ops {
 namespace {
 
 #define FP8_CHECK(cond, ...) PRIMUS_CHECK(cond, "[op {}] {}", op, fmt::format(__VA_ARGS__))
-
-struct Arg {
-  const char* name;
-  const Tensor* tensor;
-  DType dtype;
-  Shape shape;
-};
-
-// Every tensor defined, of its dtype and shape, on one device; returns that device's started backend.
-Backend& checked_backend(const char* op, std::initializer_list<Arg> args) {
-  const Arg& first = *args.begin();
-  for (const Arg& arg : args) {
-    FP8_CHECK(arg.tensor->defined(), "{} is undefined", arg.name);
-    FP8_CHECK(arg.tensor->dtype() == arg.dtype && arg.tensor->shape() == arg.shape, "{} is {} but must be {} {}",
-              arg.name, arg.tensor->describe(), dtype_name(arg.dtype), shape_str(arg.shape));
-    FP8_CHECK(arg.tensor->device() == first.tensor->device(), "{} is {} but {} is {}", arg.name,
-              arg.tensor->describe(), first.name, first.tensor->describe());
-  }
-  start_device(first.tensor->device());
-  return backend_for(first.tensor->device());
-}
 
 // A non-empty matrix.
 void check_matrix(const char* op, const char* name, const Tensor& t) {

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <initializer_list>
 
+#include "ops/checked_args.h"
 #include "ops/ops.h"
 #include "ops/profile.h"
 
@@ -14,27 +15,6 @@ namespace primus::ops {
 namespace {
 
 #define MOE_CHECK(cond, ...) PRIMUS_CHECK(cond, "[op {}] {}", op, fmt::format(__VA_ARGS__))
-
-struct Arg {
-  const char* name;
-  const Tensor* tensor;
-  DType dtype;
-  Shape shape;
-};
-
-// Every tensor defined, of its dtype and shape, on one device; returns that device's started backend.
-Backend& checked_backend(const char* op, std::initializer_list<Arg> args) {
-  const Arg& first = *args.begin();
-  for (const Arg& arg : args) {
-    MOE_CHECK(arg.tensor->defined(), "{} is undefined", arg.name);
-    MOE_CHECK(arg.tensor->dtype() == arg.dtype && arg.tensor->shape() == arg.shape, "{} is {} but must be {} {}",
-              arg.name, arg.tensor->describe(), dtype_name(arg.dtype), shape_str(arg.shape));
-    MOE_CHECK(arg.tensor->device() == first.tensor->device(), "{} is {} but {} is {}", arg.name,
-              arg.tensor->describe(), first.name, first.tensor->describe());
-  }
-  start_device(first.tensor->device());
-  return backend_for(first.tensor->device());
-}
 
 // The grouped GEMM's activation dtype: x's, f32 or bf16 (x, w, y, dy and dx share it; dw is always f32).
 DType grouped_linear_dtype(const char* op, const Tensor& x) {

@@ -2,11 +2,45 @@
 // embeddings and a head_dim that differs from hidden/heads, and a DeepSeek-V2-Lite-shaped model (MLA).
 #pragma once
 
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
 #include "config/experiment.h"
+#include "core/error.h"
+#include "config/config.h"
 #include "models/model.h"
 #include "ops/ops.h"
+#include "support/test_support.h"
 
 namespace primus::testing {
+
+// An experiment on the tiny_llama preset (2 layers) with `overrides` (a YAML flow mapping's entries), its presets read
+// from `configs_dir` (PRIMUS_SOURCE_DIR "/configs" in the tests), written under a temporary folder named `label`.
+inline ExperimentConfig load_tiny_llama_experiment(const std::string& label, const std::string& overrides,
+                                                   const std::string& configs_dir) {
+  const std::string path = temp_dir(label) + "/exp.yaml";
+  std::ofstream(path) << "exp_name: " << label
+                      << "\nmodules:\n  pre_trainer:\n    framework: megatron\n    model: tiny_llama\n"
+                         "    overrides: {train_iters: 1, seq_length: 32, lr: 1.0e-4, mock_data: true, "
+                      << overrides << "}\n";
+  setenv("PRIMUS_CONFIGS_DIR", configs_dir.c_str(), 1);
+  return load_experiment_config(path, {}).config;
+}
+
+// Loading the tiny_llama experiment with `overrides` fails with exit 2, naming `key` and saying `words`.
+inline void expect_tiny_llama_refused(const std::string& label, const std::string& overrides, const std::string& key,
+                                      const std::string& words, const std::string& configs_dir) {
+  try {
+    load_tiny_llama_experiment(label, overrides, configs_dir);
+    ADD_FAILURE() << overrides << " was accepted";
+  } catch (const UsageError& e) {
+    EXPECT_EQ(e.exit_code(), kExitUsage);
+    const std::string what = e.what();
+    EXPECT_NE(what.find(key), std::string::npos) << what;
+    EXPECT_NE(what.find(words), std::string::npos) << what;
+  }
+}
 
 inline ModelArgs tiny_llama_args(bool rope_scaling = false) {
   ModelArgs a;

@@ -8,36 +8,18 @@
 #include "config/config.h"
 #include "core/error.h"
 #include "support/test_support.h"
+#include "support/tiny_models.h"
 #include "train/train_step.h"
 
 namespace primus {
 namespace {
 
-// An experiment on the tiny_llama preset (2 layers) with `overrides` (a YAML flow mapping's entries).
 ExperimentConfig load_with(const std::string& overrides) {
-  const std::string dir = testing::temp_dir("fp8_config");
-  const std::string path = dir + "/exp.yaml";
-  std::ofstream(path) << "exp_name: fp8_check\n"
-                         "modules:\n"
-                         "  pre_trainer:\n"
-                         "    framework: megatron\n"
-                         "    model: tiny_llama\n"
-                         "    overrides: {train_iters: 1, seq_length: 32, lr: 1.0e-4, mock_data: true, "
-                      << overrides << "}\n";
-  setenv("PRIMUS_CONFIGS_DIR", PRIMUS_SOURCE_DIR "/configs", 1);
-  return load_experiment_config(path, {}).config;
+  return testing::load_tiny_llama_experiment("fp8_config", overrides, PRIMUS_SOURCE_DIR "/configs");
 }
 
 void expect_refused(const std::string& overrides, const std::string& key, const std::string& words) {
-  try {
-    load_with(overrides);
-    ADD_FAILURE() << overrides << " was accepted";
-  } catch (const UsageError& e) {
-    EXPECT_EQ(e.exit_code(), kExitUsage);
-    const std::string what = e.what();
-    EXPECT_NE(what.find(key), std::string::npos) << what;
-    EXPECT_NE(what.find(words), std::string::npos) << what;
-  }
+  testing::expect_tiny_llama_refused("fp8_config", overrides, key, words, PRIMUS_SOURCE_DIR "/configs");
 }
 
 TEST(Fp8Config, OffByDefault) {
