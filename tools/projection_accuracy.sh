@@ -40,7 +40,7 @@ for c in "${cases[@]}"; do
   [[ -n $measured ]] || { measured='{"failure": "benchmark train failed"}'; tail -5 "$work/train$n.err" >&2; }
   memory=$("$primus" projection memory --config "$cfg" --gpu H200 --json "${ov[@]}" 2>/dev/null)
   table=$("$primus" projection performance --config "$cfg" --gpu H200 --json "${ov[@]}" 2>/dev/null)
-  with_rates=$("$primus" projection performance --config "$cfg" --gpu H200 --json --rates "$rates" "${ov[@]}" 2>/dev/null)
+  with_rates=$("$primus" projection performance --config "$cfg" --gpu H200 --rates "$rates" --json "${ov[@]}" 2>/dev/null)
   python3 -c 'import json,sys; a=sys.argv; print(json.dumps(dict(config=a[1], overrides=a[2], measured=json.loads(a[3]),
     memory=json.loads(a[4] or "null"), projected=json.loads(a[5] or "null"), projected_measured_rates=json.loads(a[6] or "null"))))' \
     "$cfg" "${ov[*]}" "$measured" "$memory" "$table" "$with_rates" >> "$raw"
