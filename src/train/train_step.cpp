@@ -416,9 +416,11 @@ struct PeakSite {
   size_t allocated = 0, request = 0;
   std::string scopes;
 };
-std::vector<PeakSite> g_peak_sites;  // the last few, the highest last
-size_t g_peak_logged = 0;
+std::vector<PeakSite> g_peak_sites;    // the last few, the highest last
 std::vector<PeakSite> g_memory_notes;  // note_device_memory's, in order
+
+#if PRIMUS_WITH_CUDA
+size_t g_peak_logged = 0;
 bool g_tracing = false;
 
 // Runs under the allocator's lock on every new peak: cheap unless the peak grew by 64 MiB since the last record.
@@ -429,6 +431,7 @@ void record_peak_site(size_t allocated, size_t request) {
   if (g_peak_sites.size() == 8) g_peak_sites.erase(g_peak_sites.begin());
   g_peak_sites.push_back({allocated, request, ops::open_scopes()});
 }
+#endif
 
 }  // namespace
 
