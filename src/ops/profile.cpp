@@ -1,4 +1,5 @@
 #include "ops/profile.h"
+#include "ops/scope_tracking.h"
 
 #include <algorithm>
 #include <atomic>
@@ -55,10 +56,13 @@ double micros(Clock::time_point from, Clock::time_point to) {
   return std::chrono::duration<double, std::micro>(to - from).count();
 }
 
-// Every scope open on this thread, outermost first.
+// Every scope open on this thread, outermost first, while tracked.
+std::atomic<bool> tracking_scopes = false;
 thread_local std::vector<std::string> open_scope_names;
 
 }  // namespace
+
+void track_open_scopes() { tracking_scopes = true; }
 
 std::string open_scopes() {
   std::string path;
@@ -68,7 +72,7 @@ std::string open_scopes() {
 
 ProfileScope::ProfileScope(std::string name) {
   if (Backend* b = range_backend()) b->range_push(name.c_str());
-  open_scope_names.push_back(name);
+  if (tracking_scopes) open_scope_names.push_back(name);
   TraceState& t = trace();
   if (!t.active) return;
   ScopeRecord r;
@@ -82,7 +86,7 @@ ProfileScope::ProfileScope(std::string name) {
 
 ProfileScope::~ProfileScope() {
   if (Backend* b = range_backend()) b->range_pop();
-  open_scope_names.pop_back();
+  if (tracking_scopes && !open_scope_names.empty()) open_scope_names.pop_back();
   TraceState& t = trace();
   if (record_ < 0 || !t.active || record_ >= static_cast<int64_t>(t.records.size())) return;
   ScopeRecord& r = t.records[static_cast<size_t>(record_)];

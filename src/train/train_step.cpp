@@ -11,6 +11,7 @@
 #include "data/tokenizer.h"
 #include "ops/ops.h"
 #include "ops/profile.h"
+#include "ops/scope_tracking.h"
 #include "train/pipeline_step.h"
 #if PRIMUS_WITH_CUDA
 #include "backend/cuda/cuda_backend.h"
@@ -439,6 +440,7 @@ void trace_device_memory_peaks(Device device) {
   const char* flag = std::getenv("PRIMUS_MEMORY_TRACE");
   if (flag == nullptr || std::string(flag) != "1" || device.is_cpu()) return;
 #if PRIMUS_WITH_CUDA
+  ops::track_open_scopes();
   start_cuda_backend(device.index).allocator().set_peak_observer(&record_peak_site);
   g_tracing = true;
 #endif
