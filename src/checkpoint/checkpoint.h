@@ -4,7 +4,7 @@
 //   <save>/iter_0000100/model.safetensors      fp32 weights, Hugging Face names (loadable by transformers
 //                       config.json            together with this HF config)
 //                       optimizer.safetensors  AdamW moments: exp_avg.<name>, exp_avg_sq.<name>
-//                       trainer_state.json     iteration, consumed samples, optimizer steps, seeds
+//                       trainer_state.json     iteration, consumed samples, optimizer steps, seeds, fp8 scaling
 //                       config.yaml            the effective experiment config
 //                       manifest.json          size and CRC32C of every file above (written last)
 //   <save>/latest_checkpointed_iteration.txt   Megatron's tracker file, replaced atomically after the directory
@@ -20,7 +20,9 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
+#include "layers/fp8_scaling.h"
 #include "models/model.h"
 #include "optim/adamw.h"
 
@@ -31,6 +33,9 @@ struct TrainerState {
   int64_t consumed_train_samples = 0;  // data position: samples drawn from the training source
   int64_t optimizer_steps = 0;         // AdamW bias-correction step count
   int64_t seed = 0;                    // the run's seed (initialisation, data order and mock data derive from it)
+  // fp8's delayed-scaling state (layers/fp8_scaling.h), so a resumed run scales as the uninterrupted one; empty
+  // without it. NaN amaxes are stored as JSON null.
+  std::vector<Fp8ScalingRecord> fp8_scaling;
 };
 
 std::string checkpoint_dir_name(int64_t iteration);  // "iter_0000100"

@@ -187,7 +187,7 @@ CheckpointBenchmarkResult run_checkpoint_benchmark(const CheckpointBenchmarkOpti
   const CheckpointIo io{r.threads};
 
   const std::string save_dir = fmt::format("{}/checkpoint-benchmark-{}", o.dir, ::getpid());
-  const TrainerState state{.iteration = 1, .consumed_train_samples = 0, .optimizer_steps = 1, .seed = 1};
+  const TrainerState state{.iteration = 1, .consumed_train_samples = 0, .optimizer_steps = 1, .seed = 1, .fp8_scaling = {}};
   try {
     const Clock::time_point start = Clock::now();
     r.bytes = save_checkpoint(save_dir, *model, optimizer, state, "# benchmark checkpoint\n", {}, io);

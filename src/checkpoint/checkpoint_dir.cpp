@@ -2,6 +2,7 @@
 #include "checkpoint/checkpoint_dir.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <functional>
 
@@ -74,11 +75,20 @@ void ManifestFiles::write_manifest(const std::string& dir, int64_t iteration, in
 }
 
 std::string trainer_state_text(const TrainerState& state, int format_version) {
-  const json trainer = {{"format_version", format_version},
-                        {"iteration", state.iteration},
-                        {"consumed_train_samples", state.consumed_train_samples},
-                        {"optimizer_steps", state.optimizer_steps},
-                        {"seed", state.seed}};
+  json trainer = {{"format_version", format_version},
+                  {"iteration", state.iteration},
+                  {"consumed_train_samples", state.consumed_train_samples},
+                  {"optimizer_steps", state.optimizer_steps},
+                  {"seed", state.seed}};
+  if (!state.fp8_scaling.empty()) {
+    json records = json::array();
+    for (const Fp8ScalingRecord& r : state.fp8_scaling) {
+      json history = json::array();
+      for (const float v : r.amax_history) history.push_back(std::isnan(v) ? json(nullptr) : json(v));
+      records.push_back({{"name", r.name}, {"amax_history", history}, {"scale", r.scale}});
+    }
+    trainer["fp8_scaling"] = records;
+  }
   return trainer.dump(2) + "\n";
 }
 

@@ -11,8 +11,10 @@
 //     with the directory's name `iter_N`.
 // Errors are RuntimeError naming the file and the key (exit 3: a checkpoint is a file the program wrote).
 #include <charconv>
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <vector>
 
@@ -203,6 +205,42 @@ void verify_checkpoint(const std::string& checkpoint_dir, const CheckpointProgre
   }
 }
 
+namespace {
+
+// trainer_state.json's fp8_scaling: [{name, amax_history: [amax or null for NaN, ...], scale}, ...].
+std::vector<Fp8ScalingRecord> read_fp8_scaling(const json& records, const std::string& file) {
+  if (!records.is_array()) throw RuntimeError(fmt::format("{}: fp8_scaling must be a JSON array", file));
+  std::vector<Fp8ScalingRecord> out;
+  for (size_t i = 0; i < records.size(); ++i) {
+    const JsonFields fields(records[i], file, fmt::format("fp8_scaling[{}].", i));
+    Fp8ScalingRecord r;
+    r.name = fields.string("name");
+    const json& history = fields.required("amax_history");
+    const json& scale = fields.required("scale");
+    if (!history.is_array() || history.empty() || !scale.is_number()) {
+      throw RuntimeError(fmt::format("{}: fp8_scaling[{}] ({}) needs a non-empty amax_history array and a numeric "
+                                     "scale",
+                                     file, i, r.name));
+    }
+    for (const json& v : history) {
+      if (!v.is_null() && !v.is_number()) {
+        throw RuntimeError(fmt::format("{}: fp8_scaling[{}] ({}): amax_history holds {}, not a number or null", file,
+                                       i, r.name, v.dump()));
+      }
+      r.amax_history.push_back(v.is_null() ? std::numeric_limits<float>::quiet_NaN() : v.get<float>());
+    }
+    r.scale = scale.get<float>();
+    if (!(r.scale > 0.0f) || !std::isfinite(r.scale)) {
+      throw RuntimeError(fmt::format("{}: fp8_scaling[{}] ({}): scale {} is not a positive finite number", file, i,
+                                     r.name, scale.dump()));
+    }
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+}  // namespace
+
 TrainerState read_trainer_state(const std::string& checkpoint_dir) {
   const std::string state_file = checkpoint_dir + "/trainer_state.json";
   const json j = read_json_object(state_file);
@@ -214,6 +252,7 @@ TrainerState read_trainer_state(const std::string& checkpoint_dir) {
   state.optimizer_steps =
       fields.integer("optimizer_steps", 0, state.iteration, "at most one optimizer step per iteration");
   state.seed = fields.integer("seed", INT64_MIN, INT64_MAX);
+  if (j.contains("fp8_scaling")) state.fp8_scaling = read_fp8_scaling(j.at("fp8_scaling"), state_file);
   return state;
 }
 

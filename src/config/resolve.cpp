@@ -492,7 +492,7 @@ void check_fp8_keys(const ModuleKeys& keys, const Origin& module_origin) {
     }
   }
   const ModuleKey& device = get(keys, "device");
-  if (device.value.s == "cpu") {
+  if (device.value.s == "cpu" && !fp8_cpu_reference_requested()) {
     config_error(place(format, module_origin),
                  fmt::format("fp8_format {}: {}; the CPU engine computes in fp32 ({})", format.value.s, kFp8NeedsGpu,
                              describe(device)));

@@ -140,6 +140,8 @@ void DataParallel::sum_losses(Tensor& loss_sum) {
   control_->all_reduce(loss_sum, ReduceOp::kSum);
 }
 
+void DataParallel::max_in_place(Tensor& values) { control_->all_reduce(values, ReduceOp::kMax); }
+
 void DataParallel::wait_for_communication() {
   if (reducer_) reducer_->wait_all_gathered();
   comm()->wait_all();

@@ -84,6 +84,8 @@ class DataParallel final : public ParamUnitHooks {
   double sum(double local);
   // loss_sum [1] f32 on the group's device: summed over the group in place.
   void sum_losses(Tensor& loss_sum);
+  // A small f32 tensor on the group's device: the element-wise max over the group in place (fp8's amaxes).
+  void max_in_place(Tensor& values);
   // True on every rank (of the job) when `flag` is true on any (a stop signal seen by one rank stops all at one
   // step).
   bool any(bool flag);

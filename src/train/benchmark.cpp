@@ -12,6 +12,7 @@
 #include "data/loader.h"
 #include "data/tokenizer.h"
 #include "ops/ops.h"
+#include "train/fp8_training.h"
 #include "train/memory_report.h"
 #include "train/pipeline_step.h"
 #include "train/train_step.h"
@@ -41,7 +42,7 @@ double seconds_since_process_start() {
 // Warm-up and timed steps of a built model; each phase has its own progress bar.
 BenchmarkResult time_steps(Model& model, AdamW& optimizer, DataParallel& dp, const BatchSplit& split,
                            const TrainingArgs& t, Device device, const BenchmarkOptions& options,
-                           const Pipeline& pipeline) {
+                           const Pipeline& pipeline, Fp8Scaling* fp8) {
   MockTokens tokens(model.args().vocab_size, t.seq_length, static_cast<uint64_t>(t.seed));
   BatchLoader loader(tokens, t.micro_batch_size, t.seq_length, 0, {}, split.shard);
   BenchmarkResult result;
@@ -54,7 +55,7 @@ BenchmarkResult time_steps(Model& model, AdamW& optimizer, DataParallel& dp, con
       const Clock::time_point t0 = Clock::now();
       std::vector<Batch> batches;
       for (int64_t i = 0; i < micro_batches_per_step(t); ++i) batches.push_back(split.local(loader.next()));
-      const StepResult r = train_step(model, optimizer, dp, batches, t, t.lr, nullptr, &pipeline);
+      const StepResult r = train_step(model, optimizer, dp, batches, t, t.lr, nullptr, &pipeline, fp8);
       ops::synchronize(device);
       const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
       if (step == 1) {
@@ -128,7 +129,8 @@ BenchmarkResult run_benchmark_train(const ExperimentConfig& config, const Benchm
     note_device_memory(device, "optimizer");
     weights_ready(*model, *dp);
     note_device_memory(device, "weights ready");
-    result = time_steps(*model, optimizer, *dp, batch_split(groups), t, device, options, pipeline);
+    const std::shared_ptr<Fp8Scaling> fp8 = enable_fp8(*model, t, device);
+    result = time_steps(*model, optimizer, *dp, batch_split(groups), t, device, options, pipeline, fp8.get());
     result.world_size = world->size();
     result.parameters = model->params().numel();
   } catch (const OutOfMemoryError& error) {

@@ -32,6 +32,7 @@
 #include "train/sampling.h"
 #include "train/checkpoint_progress.h"
 #include "train/checkpoint_saver.h"
+#include "train/fp8_training.h"
 #include "train/memory_report.h"
 #include "train/moe_routing.h"
 #include "train/pipeline_step.h"
@@ -278,6 +279,8 @@ int run_training(const ExperimentConfig& config, const RunOptions& options, std:
   }
   broadcast_tied_embedding(model, pipeline);  // the last stage's copy starts as the first stage's embedding
   weights_ready(model, *dp);
+  const std::shared_ptr<Fp8Scaling> fp8 = enable_fp8(model, t, device);
+  restore_fp8_scaling(fp8.get(), state.fp8_scaling, latest.has_value());
   spdlog::info("model: {} layers, hidden {}, heads {}/{} (q/kv), head dim {}, ffn {}, vocab {}, {} parameters",
                model_args.num_layers, model_args.hidden_size, model_args.num_attention_heads,
                model_args.num_query_groups, model_args.kv_channels, model_args.ffn_hidden_size, model_args.vocab_size,
@@ -340,6 +343,7 @@ int run_training(const ExperimentConfig& config, const RunOptions& options, std:
     }
     state.consumed_train_samples = loader.consumed_samples();
     state.optimizer_steps = optimizer.steps_taken();
+    state.fp8_scaling = fp8 ? fp8->records() : std::vector<Fp8ScalingRecord>();
     // Every rank writes its pieces in parallel (its data-parallel shard of its tensor-parallel part); rank 0
     // commits once all are on disk (a world of one writes the single-file format Hugging Face reads).
     saver.save(state);
@@ -378,7 +382,7 @@ int run_training(const ExperimentConfig& config, const RunOptions& options, std:
     }
     const double data_ms = 1000.0 * seconds_since(step_start);
     StepTimes times;
-    const StepResult r = train_step(model, optimizer, *dp, batches, t, lr, log_step ? &times : nullptr, &pipeline);
+    const StepResult r = train_step(model, optimizer, *dp, batches, t, lr, log_step ? &times : nullptr, &pipeline, fp8.get());
     const double step_s = seconds_since(step_start);
     if (ops::Trace::active() && when.profile_ends_after(step)) {
       const std::string trace_path = fmt::format("{}/profile/trace_rank{}.json", run_dir, rank);
@@ -423,6 +427,11 @@ int run_training(const ExperimentConfig& config, const RunOptions& options, std:
         m.moe->per_layer_tensorboard = t.moe_per_layer_logging;
       }
       if (model.args().mtp_num_layers > 0) m.mtp_losses = reduce_mtp_losses(model, *dp);
+      if (const int64_t non_finite = fp8 ? fp8->take_non_finite() : 0; non_finite > 0) {
+        spdlog::warn("fp8: {} amax{} since the last log line were NaN or infinite; their scales kept their previous "
+                     "values (delayed) or became 1 (current scaling)",
+                     non_finite, non_finite == 1 ? "" : "es");
+      }
       sinks.write(m);
       window_loss = window_s = 0.0;
       window_steps = window_tokens = 0;

@@ -12,6 +12,7 @@
 #include "ops/ops.h"
 #include "ops/profile.h"
 #include "ops/scope_tracking.h"
+#include "train/fp8_training.h"
 #include "train/pipeline_step.h"
 #if PRIMUS_WITH_CUDA
 #include "backend/cuda/cuda_backend.h"
@@ -41,7 +42,8 @@ BatchSplit batch_split(const ProcessGroups& groups) {
 }
 
 StepResult train_step(Model& model, AdamW& optimizer, DataParallel& dp, const std::vector<Batch>& batches,
-                      const TrainingArgs& t, double lr, StepTimes* times, const Pipeline* pipeline) {
+                      const TrainingArgs& t, double lr, StepTimes* times, const Pipeline* pipeline,
+                      Fp8Scaling* fp8) {
   PRIMUS_CHECK(!batches.empty(), "a training step without micro-batches");
   // The global batch's token count scales every micro-batch's gradient, so the reduced sum is the gradient of
   // the global mean whatever the split of tokens over ranks.
@@ -120,6 +122,7 @@ StepResult train_step(Model& model, AdamW& optimizer, DataParallel& dp, const st
       result.moe = reduce_moe_routing(model, dp, pipelined ? pipeline : nullptr);
       update_expert_bias(model, *result.moe, t.moe_router_bias_update_rate);
     }
+    fp8_end_step(fp8, dp);
   }
   mark();
   if (times != nullptr) {
@@ -372,11 +375,14 @@ Device select_device(const std::string& device_key, int local_rank) {
 
 namespace {
 
-// fp8 is refused on every device for now: on the CPU engine and on a GPU without fp8 tensor cores for good, on the
-// others until the fp8 GEMM path exists (experiment.h). The refusal names fp8_format and the device.
+// fp8 needs fp8 tensor cores: the CPU engine refuses it (unless PRIMUS_FP8_CPU_REFERENCE=1 asks for the reference
+// path the tests check recipes with), and so does a GPU older than sm_90. On the GPU it waits for its first run on
+// one (experiment.h). The refusals name fp8_format and the device.
 void refuse_fp8(const TrainingArgs& t, Device device) {
   if (t.fp8_format.empty()) return;
+  if (const std::string why = fp8_layout_refusal(t); !why.empty()) throw UsageError("[config] " + why);
   if (device.is_cpu()) {
+    if (fp8_cpu_reference_requested()) return;
     throw UsageError(fmt::format("[config] fp8_format {}: {}; the CPU engine computes in fp32 (device {})",
                                  t.fp8_format, kFp8NeedsGpu, device.str()));
   }
@@ -388,7 +394,7 @@ void refuse_fp8(const TrainingArgs& t, Device device) {
                                  device.str(), info.name, info.compute_major, info.compute_minor));
   }
 #endif
-  throw UsageError(fmt::format("[config] {} (device {})", kFp8NotBuilt, device.str()));
+  throw UsageError(fmt::format("[config] {} (device {})", kFp8GpuNotVerified, device.str()));
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 namespace primus {
 
 class Tokenizer;
+class Fp8Scaling;  // layers/fp8_scaling.h
 struct Pipeline;  // train/pipeline_step.h
 
 // Datasheet dense bf16 peak of an H100/H200 SXM, the denominator of MFU (as in the PyTorch reference).
@@ -67,10 +68,10 @@ BatchSplit batch_split(const ProcessGroups& groups);
 // embedding's gradients are summed over first and last stage and the gradients reduced over dp after the flush, the
 // loss comes from the last stage and the norm sums over the stages; forward_ms then holds the whole schedule.
 // With moe_router_enable_expert_bias, the step's routing over the global batch then moves each MoE layer's bias
-// (update_expert_bias) and is returned.
+// (update_expert_bias) and is returned. With `fp8` (enable_fp8), its scaling state ends the step (fp8_end_step).
 StepResult train_step(Model& model, AdamW& optimizer, DataParallel& dp, const std::vector<Batch>& micro_batches,
                       const TrainingArgs& t, double lr, StepTimes* times = nullptr,
-                      const Pipeline* pipeline = nullptr);
+                      const Pipeline* pipeline = nullptr, Fp8Scaling* fp8 = nullptr);
 
 // Mean token loss over eval_iters global batches read from the start of `source` (the same samples each time),
 // with the same packed-document masks as training; each rank evaluates its share (`split`) and the sums are

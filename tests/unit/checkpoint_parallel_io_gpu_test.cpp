@@ -55,7 +55,7 @@ TEST(CheckpointParallelIoGpu, ACudaLoadEqualsTheCpuLoad) {
   uint64_t seed = std::random_device{}();
   for (Tensor t : saved.tensors()) ops::fill_normal(t, seed++, 1.0);
   const std::string root = testing::temp_dir("ckpt-parallel-gpu");
-  const TrainerState state{.iteration = 3, .consumed_train_samples = 6, .optimizer_steps = 3, .seed = 1};
+  const TrainerState state{.iteration = 3, .consumed_train_samples = 6, .optimizer_steps = 3, .seed = 1, .fp8_scaling = {}};
   save_checkpoint(root, *saved.model, saved.optimizer, state, "x: 1\n");
 
   State cpu(kCpuDevice);
@@ -79,7 +79,7 @@ TEST(CheckpointParallelIoGpu, ACudaSaveWritesTheCpuSavesFiles) {
   for (size_t i = 0; i < to.size(); ++i) ops::copy(to[i], from[i]);
   ops::synchronize(kGpu);
   const std::string root = testing::temp_dir("ckpt-parallel-gpu-save");
-  const TrainerState state{.iteration = 1, .consumed_train_samples = 2, .optimizer_steps = 1, .seed = 1};
+  const TrainerState state{.iteration = 1, .consumed_train_samples = 2, .optimizer_steps = 1, .seed = 1, .fp8_scaling = {}};
   save_checkpoint(root + "/cpu", *cpu.model, cpu.optimizer, state, "x: 1\n", {}, CheckpointIo{4});
   save_checkpoint(root + "/gpu", *gpu.model, gpu.optimizer, state, "x: 1\n", {}, CheckpointIo{4});
   for (const char* file : {"model.safetensors", "optimizer.safetensors", "manifest.json"}) {

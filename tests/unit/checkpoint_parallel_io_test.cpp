@@ -42,7 +42,7 @@ struct State {
 };
 
 TrainerState state_at(int64_t iteration) {
-  return TrainerState{.iteration = iteration, .consumed_train_samples = 4, .optimizer_steps = 1, .seed = 1};
+  return TrainerState{.iteration = iteration, .consumed_train_samples = 4, .optimizer_steps = 1, .seed = 1, .fp8_scaling = {}};
 }
 
 std::string random_bytes(size_t n) {

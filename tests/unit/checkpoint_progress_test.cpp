@@ -62,7 +62,7 @@ TEST(CheckpointProgress, SaveVerifyAndLoadReportBytesUpToTheirTotals) {
   const std::string dir = testing::temp_dir("ckpt-progress");
   std::vector<Report> reports;
   auto record = [&](const CheckpointProgress& p) { reports.push_back({p.phase, p.done_bytes, p.total_bytes}); };
-  TrainerState state{.iteration = 3, .consumed_train_samples = 6, .optimizer_steps = 1, .seed = 9};
+  TrainerState state{.iteration = 3, .consumed_train_samples = 6, .optimizer_steps = 1, .seed = 9, .fp8_scaling = {}};
   const int64_t written = save_checkpoint(dir, *run.model, run.optimizer, state, "exp_name: tiny\n", record);
 
   const std::string ckpt = dir + "/iter_0000003";
@@ -109,7 +109,7 @@ TEST(CheckpointProgress, BarsOnATerminalAndLinesInALog) {
   TinyRun run;
   for (bool tty : {false, true}) {
     const std::string dir = testing::temp_dir(tty ? "ckpt-bars-tty" : "ckpt-bars-log");
-    TrainerState state{.iteration = 1, .seed = 1};
+    TrainerState state{.iteration = 1, .seed = 1, .fp8_scaling = {}};
     std::ostringstream out;
     double now = 0.0;
     // Each look at the clock advances it by a second, so the half-second delay passes and lines are due.

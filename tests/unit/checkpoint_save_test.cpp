@@ -45,7 +45,7 @@ struct TinyRun {
 
 TrainerState state_at(int64_t iteration) {
   return TrainerState{.iteration = iteration, .consumed_train_samples = 2 * iteration, .optimizer_steps = 1,
-                      .seed = 1};
+                      .seed = 1, .fp8_scaling = {}};
 }
 
 std::vector<std::string> entries(const std::string& dir) {

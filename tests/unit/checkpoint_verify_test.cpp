@@ -48,7 +48,7 @@ struct Tiny {
 std::string save_tiny(const std::string& label) {
   Tiny tiny;
   const std::string dir = testing::temp_dir(label);
-  const TrainerState state{.iteration = 3, .consumed_train_samples = 6, .optimizer_steps = 3, .seed = 9};
+  const TrainerState state{.iteration = 3, .consumed_train_samples = 6, .optimizer_steps = 3, .seed = 9, .fp8_scaling = {}};
   save_checkpoint(dir, *tiny.model, tiny.optimizer, state, "exp_name: tiny\n");
   return dir + "/iter_0000003";
 }

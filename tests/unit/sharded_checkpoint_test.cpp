@@ -141,7 +141,7 @@ std::string check_state(const Rank& r, int tag, bool zero_moments = false) {
 // The trainer state saved with the state tagged `tag` (tag <= iteration: no more optimizer steps than iterations).
 TrainerState state_of(int64_t iteration, int tag) {
   return TrainerState{
-      .iteration = iteration, .consumed_train_samples = 8 * iteration, .optimizer_steps = tag, .seed = kSeed};
+      .iteration = iteration, .consumed_train_samples = 8 * iteration, .optimizer_steps = tag, .seed = kSeed, .fp8_scaling = {}};
 }
 
 // `size` ranks save the state tagged `tag` as `iteration`, each with its distributed-optimizer shards (bucket

@@ -159,7 +159,7 @@ struct TpRank {
 
 TrainerState state_of(int64_t iteration, int tag) {
   return TrainerState{
-      .iteration = iteration, .consumed_train_samples = iteration, .optimizer_steps = tag, .seed = kSeed};
+      .iteration = iteration, .consumed_train_samples = iteration, .optimizer_steps = tag, .seed = kSeed, .fp8_scaling = {}};
 }
 
 std::vector<RankResult> ranks(int size, const std::function<std::string(int rank, int port)>& body) {

@@ -1,0 +1,121 @@
+#include "layers/fp8_linear.h"
+
+#include "core/error.h"
+#include "ops/fp8_ops.h"
+#include "ops/ops.h"
+
+namespace primus {
+
+namespace {
+
+using Scaling = Fp8Recipe::Scaling;
+
+// A matrix's fp8 codes with what its GEMM needs to read them.
+struct Fp8Operand {
+  Tensor codes;      // [R, C] u8
+  Tensor scale_inv;  // the codes' tile grid, f32
+  Fp8Format format = Fp8Format::kE4M3;
+  Fp8Tiling tiling;
+};
+
+// The blockwise recipe's tiles (DeepSeek-V3): 1×128 for inputs and gradients, 128×128 for weights, over the matrix
+// and, the same way, over its transposed copy. One tile, the whole tensor, otherwise.
+Fp8Tiling tiling_for(Scaling scaling, Fp8Role role) {
+  if (scaling != Scaling::kBlockwise) return Fp8Tiling{};
+  return role == Fp8Role::kWeight ? Fp8Tiling{.rows = 128, .cols = 128} : Fp8Tiling{.rows = 1, .cols = 128};
+}
+
+struct Quantised {
+  Fp8Operand plain;       // x [R, C]
+  Fp8Operand transposed;  // xᵀ [C, R], when asked for
+};
+
+// Current scaling (tensorwise and blockwise): scales from x's own amaxes, now.
+void current_scales(const Fp8Scaling& scaling, const Tensor& x, Fp8Format format, Fp8Tiling tiling, bool transposed,
+                    Tensor& scale, Tensor& scale_inv, Tensor& non_finite) {
+  const Shape grid = transposed ? ops::fp8_tile_grid(x.dim(1), x.dim(0), tiling)
+                                : ops::fp8_tile_grid(x.dim(0), x.dim(1), tiling);
+  Tensor amax = Tensor::empty(grid, DType::kF32, x.device());
+  ops::fp8_amax(x, tiling, amax, transposed);
+  scale = Tensor::empty(grid, DType::kF32, x.device());
+  scale_inv = Tensor::empty(grid, DType::kF32, x.device());
+  // Power-of-two block scales keep every dequantised product exact, as Transformer Engine's block recipe does.
+  const Fp8ScaleOptions options{.power_of_two = scaling.recipe().scaling == Scaling::kBlockwise};
+  ops::fp8_scale(amax, format, options, scale, scale_inv, non_finite);
+}
+
+// x [R, C] in `role`'s format and tiles, with its transposed copy when `transposed` (the quantise op then writes both;
+// the backward GEMMs that read only the copy pay for the plain codes too). `record` adds x's amax to the delayed
+// recipe's step (once per forward).
+Quantised quantise(Fp8Scaling& scaling, int handle, Fp8Role role, const Tensor& x, bool transposed, bool record) {
+  const Fp8Format format = scaling.format(role);
+  const Fp8Tiling tiling = tiling_for(scaling.recipe().scaling, role);
+  const int64_t rows = x.dim(0), cols = x.dim(1);
+  Quantised q;
+  q.plain = Fp8Operand{Tensor::empty({rows, cols}, DType::kU8, x.device()), Tensor(), format, tiling};
+  Tensor scale, scale_t;
+  if (scaling.recipe().scaling == Scaling::kDelayed) {
+    if (record) scaling.record_amax(handle, x);
+    scale = scale_t = scaling.scale(handle);
+    q.plain.scale_inv = q.transposed.scale_inv = scaling.scale_inv(handle);
+  } else {
+    current_scales(scaling, x, format, tiling, false, scale, q.plain.scale_inv, scaling.non_finite());
+    if (transposed && tiling.rows == 0 && tiling.cols == 0) {
+      scale_t = scale;  // one tile: the same scale either way
+      q.transposed.scale_inv = q.plain.scale_inv;
+    } else if (transposed) {
+      current_scales(scaling, x, format, tiling, true, scale_t, q.transposed.scale_inv, scaling.non_finite());
+    }
+  }
+  if (!transposed) {
+    ops::fp8_quantize(x, scale, format, tiling, q.plain.codes);
+    return q;
+  }
+  q.transposed.codes = Tensor::empty({cols, rows}, DType::kU8, x.device());
+  q.transposed.format = format;
+  q.transposed.tiling = tiling;
+  ops::fp8_quantize(x, scale, format, tiling, q.plain.codes, scale_t, q.transposed.codes);
+  return q;
+}
+
+// c [M, N] = a [M, K] · b [N, K]ᵀ (+ c when accumulating), each operand dequantised by its tiles' scales.
+void fp8_matmul(const Fp8Operand& a, const Fp8Operand& b, Tensor& c, bool accumulate) {
+  Tensor ad = Tensor::empty(a.codes.shape(), DType::kF32, a.codes.device());
+  Tensor bd = Tensor::empty(b.codes.shape(), DType::kF32, b.codes.device());
+  ops::fp8_dequantize(a.codes, a.scale_inv, a.format, a.tiling, ad);
+  ops::fp8_dequantize(b.codes, b.scale_inv, b.format, b.tiling, bd);
+  ops::gemm(GemmArgs{.a = &ad, .b = &bd, .c = &c, .trans_b = true, .beta = accumulate ? 1.0f : 0.0f});
+}
+
+}  // namespace
+
+Fp8Linear::Fp8Linear(const Linear& plain, std::shared_ptr<Fp8Scaling> scaling, const std::string& name)
+    : Linear(plain.weight(), plain.dweight()), scaling_(std::move(scaling)), name_(name) {
+  if (scaling_->recipe().scaling == Scaling::kDelayed) {
+    input_handle_ = scaling_->add_tensor(name + ".input", Fp8Role::kInput);
+    weight_handle_ = scaling_->add_tensor(name + ".weight", Fp8Role::kWeight);
+    grad_handle_ = scaling_->add_tensor(name + ".grad_output", Fp8Role::kGradOutput);
+  }
+}
+
+Tensor Fp8Linear::forward(const Tensor& x) {
+  PRIMUS_CHECK(x.ndim() == 2 && x.dim(1) == in_features(), "[fp8] {}: input {} for a weight {}", name_, x.describe(),
+               weight_.describe());
+  const Quantised qx = quantise(*scaling_, input_handle_, Fp8Role::kInput, x, false, true);
+  const Quantised qw = quantise(*scaling_, weight_handle_, Fp8Role::kWeight, weight_, false, true);
+  Tensor y = Tensor::empty({x.dim(0), out_features()}, x.dtype(), x.device());
+  fp8_matmul(qx.plain, qw.plain, y, false);
+  return y;
+}
+
+void Fp8Linear::backward(const Tensor& x, const Tensor& dy, Tensor& dx) {
+  const Quantised qdy = quantise(*scaling_, grad_handle_, Fp8Role::kGradOutput, dy, true, true);
+  const Quantised qw = quantise(*scaling_, weight_handle_, Fp8Role::kWeight, weight_, true, false);
+  const bool accumulate = dx.defined();
+  if (!accumulate) dx = Tensor::empty(x.shape(), x.dtype(), x.device());
+  fp8_matmul(qdy.plain, qw.transposed, dx, accumulate);
+  const Quantised qx = quantise(*scaling_, input_handle_, Fp8Role::kInput, x, true, false);
+  fp8_matmul(qdy.transposed, qx.transposed, dweight_, true);
+}
+
+}  // namespace primus

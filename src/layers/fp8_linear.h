@@ -1,0 +1,35 @@
+// A Linear whose three GEMMs run on fp8 operands (docs/fp8.md), put in place of a model's Linear module from outside
+// (Model::for_each_linear), on the same weight and gradient views:
+//   forward  y  = x · Wᵀ     x and W quantised in the forward format
+//   dgrad    dx = dy · W     dy in the backward format (e5m2 under hybrid), W through its transposed copy
+//   wgrad    dW += dyᵀ · x   the transposed copies of dy and x; the fp32 gradient accumulates as before
+// Like Linear it keeps nothing per micro-batch: backward quantises x and W again, with the same scales as forward
+// (the delayed recipe's scales change only between steps; current scaling recomputes the same amax from the same
+// values), so recomputation and any number of micro-batches in flight work unchanged. The master weights, the
+// gradients and the optimizer stay fp32; the GEMM outputs have the activations' dtype.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "layers/fp8_scaling.h"
+#include "layers/linear.h"
+
+namespace primus {
+
+class Fp8Linear : public Linear {
+ public:
+  // Takes over `plain`'s weight and gradient views; `name` is the module's (Hugging Face) name, for the scaling
+  // state and errors.
+  Fp8Linear(const Linear& plain, std::shared_ptr<Fp8Scaling> scaling, const std::string& name);
+
+  Tensor forward(const Tensor& x) override;
+  void backward(const Tensor& x, const Tensor& dy, Tensor& dx) override;
+
+ private:
+  std::shared_ptr<Fp8Scaling> scaling_;
+  std::string name_;
+  int input_handle_ = -1, weight_handle_ = -1, grad_handle_ = -1;  // delayed recipe: the tensors' handles in scaling_
+};
+
+}  // namespace primus

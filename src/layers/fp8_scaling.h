@@ -1,0 +1,107 @@
+// How the fp8 GEMMs of a model's Linear modules are scaled (docs/fp8.md): the recipe, and the delayed recipe's state
+// of every tensor it quantises (input, weight and output gradient of each module), kept on the device so that no
+// step waits for the host to read an amax.
+//
+// Delayed scaling keeps, per format, one history buffer [len, n] for its n tensors: row `head` is the step in
+// progress, each tensor's column its window (core/fp8_amax_history.h is the host model of one column, and the test
+// of this one). A quantisation records its tensor's amax into the step's slot, the max over micro-batches (and over
+// a recomputed forward, which sees the same input). end_step() combines the slots over the data-parallel ranks
+// (each saw other micro-batches), takes each window's amax (max or most_recent), derives the next step's scales from
+// it and moves the window on.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/fp8.h"
+#include "core/fp8_amax_history.h"
+#include "core/tensor.h"
+
+namespace primus {
+
+struct Fp8Recipe {
+  enum class Scaling : uint8_t { kTensorwise, kDelayed, kBlockwise };
+  Scaling scaling = Scaling::kDelayed;
+  Fp8Format forward_format = Fp8Format::kE4M3;   // inputs and weights
+  Fp8Format backward_format = Fp8Format::kE4M3;  // output gradients: e5m2 with fp8_format hybrid
+  int margin = 0;                                // delayed: scales / 2^margin
+  int64_t amax_history_len = 1;                  // delayed
+  Fp8AmaxAlgo amax_algo = Fp8AmaxAlgo::kMostRecent;
+};
+
+// What a quantised tensor is to its GEMMs: its format and, in the blockwise recipe, its tiles.
+enum class Fp8Role : uint8_t { kInput, kWeight, kGradOutput };
+
+// One tensor's delayed-scaling state as a checkpoint stores it: the window with the step in progress first, then the
+// finished steps from the newest to the oldest (Fp8AmaxHistory::values' order), and the current scale.
+struct Fp8ScalingRecord {
+  std::string name;  // "model.layers.0.self_attn.q_proj.input" (.weight, .grad_output)
+  std::vector<float> amax_history;
+  float scale = 1.0f;
+};
+
+class Fp8Scaling {
+ public:
+  Fp8Scaling(const Fp8Recipe& recipe, Device device);
+
+  const Fp8Recipe& recipe() const { return recipe_; }
+  Device device() const { return device_; }
+  Fp8Format format(Fp8Role role) const {
+    return role == Fp8Role::kGradOutput ? recipe_.backward_format : recipe_.forward_format;
+  }
+
+  // Delayed recipe: a new tensor's slot, before the first step (its scale starts at 1 and its window at 0, as
+  // Transformer Engine's). Returns its handle.
+  int add_tensor(const std::string& name, Fp8Role role);
+  // The step's scale and 1/scale of tensor `handle` ([1, 1] views, valid until end_step writes the next ones).
+  Tensor scale(int handle) const;
+  Tensor scale_inv(int handle) const;
+  // The step's slot of `handle` ← max(slot, amax of x [R, C]).
+  void record_amax(int handle, const Tensor& x);
+
+  // The end of an optimizer step: every slot combined by `reduce_max` (an in-place max over the data-parallel
+  // ranks; null at one rank), then the next step's scales and the window moved on. Collective when reduce_max is.
+  void end_step(const std::function<void(Tensor&)>& reduce_max);
+
+  // Tiles whose amax was NaN or ±inf since the last call (a scale kept its previous value, or became 1 under current
+  // scaling), then zeroed. Reads the device: call where the step is waited for anyway.
+  int64_t take_non_finite();
+  // The [1] i32 counter fp8_scale adds to.
+  Tensor& non_finite() { return non_finite_; }
+
+  // Checkpoints: every delayed tensor's window and scale, and their restoration (names and window lengths must
+  // match: RuntimeError naming the first that does not).
+  std::vector<Fp8ScalingRecord> records() const;
+  void restore(const std::vector<Fp8ScalingRecord>& records);
+  int64_t tensor_count() const { return static_cast<int64_t>(entries_.size()); }
+
+ private:
+  // The tensors of one format: history [len, n], step amaxes [n, 2] (column 0 the step's max so far, column 1 the
+  // micro-batch being recorded), scale and scale_inv [1, n]. Allocated at the first end_step or record.
+  struct Group {
+    Fp8Format format = Fp8Format::kE4M3;
+    int64_t count = 0;
+    Tensor history, step_amax, scale, scale_inv;
+  };
+  struct Entry {
+    std::string name;
+    int group = 0;
+    int64_t column = 0;
+  };
+  Group& group_of(int handle);
+  const Group& group_of(int handle) const;
+  void allocate();
+
+  Fp8Recipe recipe_;
+  Device device_;
+  std::vector<Group> groups_;  // [0] forward format, [1] backward format
+  std::vector<Entry> entries_;
+  int64_t head_ = 0;           // the history row of the step in progress
+  bool allocated_ = false;
+  Tensor non_finite_;          // [1] i32
+  Tensor fold_;                // [1, 1] f32 scratch of record_amax
+};
+
+}  // namespace primus

@@ -1,0 +1,103 @@
+#include "train/fp8_training.h"
+
+#include <spdlog/spdlog.h>
+
+#include "core/error.h"
+#include "layers/fp8_linear.h"
+
+namespace primus {
+
+namespace {
+
+// The transformer layer index in a module name "model.layers.{i}.…", or -1.
+int64_t layer_index(const std::string& name) {
+  const std::string prefix = "model.layers.";
+  if (name.rfind(prefix, 0) != 0) return -1;
+  return std::stoll(name.substr(prefix.size()));
+}
+
+}  // namespace
+
+Fp8Recipe fp8_recipe(const TrainingArgs& t) {
+  Fp8Recipe r;
+  r.scaling = t.fp8_recipe == "tensorwise" ? Fp8Recipe::Scaling::kTensorwise
+              : t.fp8_recipe == "blockwise" ? Fp8Recipe::Scaling::kBlockwise
+                                            : Fp8Recipe::Scaling::kDelayed;
+  r.forward_format = Fp8Format::kE4M3;
+  r.backward_format = t.fp8_format == "hybrid" ? Fp8Format::kE5M2 : Fp8Format::kE4M3;
+  r.margin = static_cast<int>(t.fp8_margin);
+  r.amax_history_len = t.fp8_amax_history_len;
+  r.amax_algo = t.fp8_amax_compute_algo == "max" ? Fp8AmaxAlgo::kMax : Fp8AmaxAlgo::kMostRecent;
+  return r;
+}
+
+std::string fp8_layout_refusal(const TrainingArgs& t) {
+  if (t.fp8_format.empty()) return "";
+  // Under these the amaxes of one tensor are split over ranks (tp, cp, ep) or the layers' scaling state over stages
+  // (pp, whose checkpoint the first stage writes) or the modules rebound per unit (FSDP); not combined yet.
+  for (const auto& [size, key] : {std::pair{t.tensor_model_parallel_size, "tensor_model_parallel_size"},
+                                  std::pair{t.pipeline_model_parallel_size, "pipeline_model_parallel_size"},
+                                  std::pair{t.context_parallel_size, "context_parallel_size"},
+                                  std::pair{t.expert_model_parallel_size, "expert_model_parallel_size"}}) {
+    if (size > 1) {
+      return fmt::format("fp8_format {} with {} {}: fp8 runs with data parallelism (and the distributed optimizer) "
+                         "only so far; set {}: 1 or leave fp8_format unset",
+                         t.fp8_format, key, size, key);
+    }
+  }
+  if (t.use_megatron_fsdp) {
+    return fmt::format("fp8_format {} with use_megatron_fsdp: fp8 does not run under FSDP yet; use "
+                       "use_distributed_optimizer instead or leave fp8_format unset",
+                       t.fp8_format);
+  }
+  return "";
+}
+
+std::shared_ptr<Fp8Scaling> enable_fp8(Model& model, const TrainingArgs& t, Device device) {
+  if (t.fp8_format.empty()) return nullptr;
+  if (const std::string why = fp8_layout_refusal(t); !why.empty()) throw UsageError("[config] " + why);
+  auto scaling = std::make_shared<Fp8Scaling>(fp8_recipe(t), device);
+  const int64_t layers = model.args().num_layers;
+  const int64_t bf16_start = t.first_last_layers_bf16 ? t.num_layers_at_start_in_bf16 : 0;
+  const int64_t bf16_end = t.first_last_layers_bf16 ? t.num_layers_at_end_in_bf16 : 0;
+  int64_t fp8_modules = 0, kept = 0;
+  model.for_each_linear([&](const std::string& name, std::unique_ptr<Linear>& slot) {
+    const int64_t layer = layer_index(name);
+    if (layer < bf16_start || layer >= layers - bf16_end) {
+      ++kept;
+      return;
+    }
+    slot = std::make_unique<Fp8Linear>(*slot, scaling, name);
+    ++fp8_modules;
+  });
+  spdlog::info("fp8: {} recipe, {} forward / {} gradients; {} Linear modules on fp8 GEMMs, {} kept in {}{}",
+               t.fp8_recipe, fp8_format_name(scaling->recipe().forward_format),
+               fp8_format_name(scaling->recipe().backward_format), fp8_modules, kept, t.bf16 ? "bf16" : "fp32",
+               t.first_last_layers_bf16 ? fmt::format(" (first {}, last {} layers)", bf16_start, bf16_end) : "");
+  return scaling;
+}
+
+void restore_fp8_scaling(Fp8Scaling* scaling, const std::vector<Fp8ScalingRecord>& records, bool resumed) {
+  const bool keeps_state = scaling != nullptr && scaling->tensor_count() > 0;
+  if (!records.empty() && !keeps_state) {
+    spdlog::info("fp8: the checkpoint's delayed-scaling state ({} tensors) is not used: this run {}", records.size(),
+                 scaling == nullptr ? "has fp8 off" : "scales currently (no state)");
+    return;
+  }
+  if (!keeps_state) return;
+  if (records.empty()) {
+    if (resumed) spdlog::info("fp8: the checkpoint has no delayed-scaling state; the scales start at 1");
+    return;
+  }
+  scaling->restore(records);
+  spdlog::info("fp8: delayed-scaling state of {} tensors restored from the checkpoint", records.size());
+}
+
+void fp8_end_step(Fp8Scaling* scaling, DataParallel& dp) {
+  if (scaling == nullptr) return;
+  std::function<void(Tensor&)> reduce_max;
+  if (dp.size() > 1) reduce_max = [&dp](Tensor& amaxes) { dp.max_in_place(amaxes); };
+  scaling->end_step(reduce_max);
+}
+
+}  // namespace primus

@@ -1,0 +1,37 @@
+// fp8 training (docs/fp8.md, issue 15): a config's recipe, the model's Linear modules put on fp8 GEMMs, and the
+// scaling state's step end. The output layer, the router, the experts' grouped GEMMs, attention, norms, the loss and
+// the optimizer stay in the compute dtype; the layers of first_last_layers_bf16 keep their plain Linear modules.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "config/experiment.h"
+#include "layers/fp8_scaling.h"
+#include "models/model.h"
+#include "parallel/data_parallel.h"
+
+namespace primus {
+
+// The recipe the keys describe (validated by the config loader).
+Fp8Recipe fp8_recipe(const TrainingArgs& t);
+
+// Why fp8 cannot run under this layout yet (UsageError text naming the key), or "" when it can.
+std::string fp8_layout_refusal(const TrainingArgs& t);
+
+// With fp8_format set: every Linear module of the transformer layers outside the bf16 ones becomes an Fp8Linear
+// sharing the returned state; null when fp8 is off. Call after weights_ready (FSDP rebinds the modules) and before
+// the first step. Throws UsageError for a layout fp8_layout_refusal names.
+std::shared_ptr<Fp8Scaling> enable_fp8(Model& model, const TrainingArgs& t, Device device);
+
+// After enable_fp8, on a resumed run: the checkpoint's delayed-scaling state (empty when it has none: a bf16
+// checkpoint, or a current-scaling recipe) set into `scaling`, or why it is not, logged. RuntimeError when the
+// checkpoint's tensors or window lengths differ from this run's.
+void restore_fp8_scaling(Fp8Scaling* scaling, const std::vector<Fp8ScalingRecord>& records, bool resumed);
+
+// The end of an optimizer step: the delayed recipe's amaxes combined over the data-parallel group and its next
+// scales set (nothing for the current-scaling recipes). Collective over dp.
+void fp8_end_step(Fp8Scaling* scaling, DataParallel& dp);
+
+}  // namespace primus
