@@ -160,20 +160,31 @@ int64_t rank_tokens(const TrainingArgs& t) {
 
 }  // namespace
 
-std::optional<double> dense_peak_tflops(Device device, DType dtype) {
+namespace {
+
+// Whether `device` is an H100 or H200, the GPUs whose datasheet peaks the table below holds.
+bool is_h100_or_h200(Device device) {
 #if PRIMUS_WITH_CUDA
-  if (device.type == DeviceType::kCuda && dtype == DType::kBF16) {
-    CudaDeviceInfo info;
-    std::string why;
-    if (cuda_device_info(device.index, &info, &why) &&
-        (info.name.find("H100") != std::string::npos || info.name.find("H200") != std::string::npos)) {
-      return 989.0;
-    }
-  }
+  if (device.type != DeviceType::kCuda) return false;
+  CudaDeviceInfo info;
+  std::string why;
+  return cuda_device_info(device.index, &info, &why) &&
+         (info.name.find("H100") != std::string::npos || info.name.find("H200") != std::string::npos);
 #else
   (void)device;
-  (void)dtype;
+  return false;
 #endif
+}
+
+}  // namespace
+
+std::optional<double> dense_peak_tflops(Device device, DType dtype) {
+  if (dtype == DType::kBF16 && is_h100_or_h200(device)) return 989.0;
+  return std::nullopt;
+}
+
+std::optional<double> fp8_dense_peak_tflops(Device device) {
+  if (is_h100_or_h200(device)) return 1979.0;
   return std::nullopt;
 }
 
@@ -260,13 +271,6 @@ std::vector<KernelTiming> benchmark_attention(const ModelArgs& a, const Training
   timings.push_back({"attention", "backward", 0, 0, 0, shape, dtype_name(dtype), 2.5 * forward_flops,
                      median_ms(device, o, [&] { ops::attention_backward(q, k, v, out, lse, dout, dq, dk, dvalues); })});
   return timings;
-}
-
-std::optional<double> fp8_dense_peak_tflops(Device device) {
-  // The dense bf16 peak's device table; fp8 tensor cores run at twice its rate on Hopper.
-  const std::optional<double> bf16 = dense_peak_tflops(device, DType::kBF16);
-  if (!bf16) return std::nullopt;
-  return 2.0 * *bf16;
 }
 
 std::string format_kernel_timings(const std::vector<KernelTiming>& timings, std::optional<double> peak) {

@@ -158,9 +158,10 @@ TEST_F(Fp8GemmGpu, FastAccumulationStaysNearTheReference) {
   const Operand qa = quantise(a, Fp8Format::kE4M3, {0, 0}), qb = quantise(b, Fp8Format::kE4M3, {0, 0});
   const Tensor want = gemm_on(kCpuDevice, qa, qb);
   const Tensor got = gemm_on(kGpu, qa, qb, {.fast_accumulation = true});
-  // No promotion of the partial sums to f32 along K: looser than the 1e-5 of the promoted path, still far below
-  // the quantisation error itself (≥ 2^-5 relative per element in e4m3).
-  testing::expect_close("tensorwise with fast accumulation", got, want, 1e-3);
+  // No promotion of the partial sums to f32 along K: Hopper's fp8 MMA keeps about 14 significant bits in its
+  // accumulator (DeepSeek-V3 measured up to 2% error on single elements at K = 4096), so the bound is loose: 1e-2
+  // relative L2, still below e4m3's own quantisation error (2^-4 relative per element).
+  testing::expect_close("tensorwise with fast accumulation", got, want, 1e-2);
 }
 
 void expect_error(const std::function<void()>& run, const std::string& needle) {

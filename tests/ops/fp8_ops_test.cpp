@@ -345,10 +345,11 @@ std::vector<double> product(const Tensor& a, const Tensor& b) {
 TEST(Fp8Gemm, WithinTheBoundItsFormatsImply) {
   Rng rng(17);
   const Tensor a = testing::random_tensor({45, 300}, rng), b = testing::random_tensor({37, 300}, rng);
-  for (const auto& [fa, fb] : {std::pair{Fp8Format::kE4M3, Fp8Format::kE4M3}, std::pair{Fp8Format::kE5M2, Fp8Format::kE4M3},
-                               std::pair{Fp8Format::kE4M3Fnuz, Fp8Format::kE5M2Fnuz}}) {
-    for (const auto& [ta, tb] : {std::pair{Fp8Tiling{0, 0}, Fp8Tiling{0, 0}}, std::pair{Fp8Tiling{1, 128}, Fp8Tiling{128, 128}},
-                                 std::pair{Fp8Tiling{1, 128}, Fp8Tiling{1, 128}}}) {
+  using Formats = std::pair<Fp8Format, Fp8Format>;
+  using Tilings = std::pair<Fp8Tiling, Fp8Tiling>;
+  for (const auto& [fa, fb] : {Formats{Fp8Format::kE4M3, Fp8Format::kE4M3}, Formats{Fp8Format::kE5M2, Fp8Format::kE4M3},
+                               Formats{Fp8Format::kE4M3Fnuz, Fp8Format::kE5M2Fnuz}}) {
+    for (const auto& [ta, tb] : {Tilings{{0, 0}, {0, 0}}, Tilings{{1, 128}, {128, 128}}, Tilings{{1, 128}, {1, 128}}}) {
       const GemmOperand qa = gemm_operand(a, fa, ta), qb = gemm_operand(b, fb, tb);
       Tensor c = Tensor::empty({45, 37}, DType::kF32);
       ops::fp8_gemm(qa.operand(), qb.operand(), c);
@@ -452,8 +453,10 @@ TEST(Fp8Gemm, ChecksNameTheOpAndArgument) {
   expect_op_error([&] { ops::fp8_gemm({&a, e4m3, {1, 128}, &a_tiles}, {&b, e4m3, {128, 128}, &one}, c); },
                   "[op fp8_gemm] b_scale_inv is [1, 1] f32 cpu but must be f32 [1, 2]");
   Tensor c_i32 = Tensor::empty({32, 48}, DType::kI32), c_wrong = Tensor::empty({48, 32}, DType::kF32);
-  expect_op_error([&] { ops::fp8_gemm(a_tw, b_tw, c_i32); }, "[op fp8_gemm] c is [32, 48] i32 cpu but must be f32 or bf16");
-  expect_op_error([&] { ops::fp8_gemm(a_tw, b_tw, c_wrong); }, "[op fp8_gemm] c is [48, 32] f32 cpu but must be f32 [32, 48]");
+  expect_op_error([&] { ops::fp8_gemm(a_tw, b_tw, c_i32); },
+                  "[op fp8_gemm] c is [32, 48] i32 cpu but must be f32 or bf16");
+  expect_op_error([&] { ops::fp8_gemm(a_tw, b_tw, c_wrong); },
+                  "[op fp8_gemm] c is [48, 32] f32 cpu but must be f32 [32, 48]");
   const Tensor a_f32 = Tensor::zeros({32, 256}, DType::kF32);
   expect_op_error([&] { ops::fp8_gemm({&a_f32, e4m3, {0, 0}, &one}, b_tw, c); },
                   "[op fp8_gemm] a is [32, 256] f32 cpu but must be u8 [32, 256]");
@@ -465,7 +468,8 @@ TEST(Fp8Gemm, ChecksNameTheOpAndArgument) {
       "[op fp8_gemm] fast_accumulation is for tensorwise scaling only");
   const Tensor x_i32 = Tensor::zeros({4, 4}, DType::kI32);
   Tensor amax = Tensor::empty({1, 1}, DType::kF32);
-  expect_op_error([&] { ops::fp8_amax(x_i32, {0, 0}, amax); }, "[op fp8_amax] x is [4, 4] i32 cpu but must be f32 or bf16");
+  expect_op_error([&] { ops::fp8_amax(x_i32, {0, 0}, amax); },
+                  "[op fp8_amax] x is [4, 4] i32 cpu but must be f32 or bf16");
 }
 
 }  // namespace

@@ -806,9 +806,9 @@ void check_fp8_gemm_operand(const char* name, const Tensor& codes, Fp8Format for
 // The fp8 GEMM through cuBLASLt. Tensorwise factors are passed as they are (one f32 on the device). Block factors are
 // rewritten into cuBLASLt's layout (Fp8ScaleLayout) in a scratch buffer by one small kernel: the 1x128 grid [R, K/128]
 // transposed (skipped when K ≤ 128, where the two layouts coincide), the 128x128 grid padded to a multiple of 4
-// columns (skipped when it is one). The scratch holds R·K/128 floats, 1/128 of the codes it scales, freed back to the
-// stream-ordered allocator when this returns. fp8_scale keeps writing plain row-major grids, which the CPU reference
-// and the dequantise op share.
+// columns (skipped when it is one), either copied anyway when not 16-byte aligned. The scratch holds R·K/128 floats,
+// 1/128 of the codes it scales, freed back to the stream-ordered allocator when this returns. fp8_scale keeps writing
+// plain row-major grids, which the CPU reference and the dequantise op share.
 void CudaBackend::fp8_gemm(const Fp8GemmArgs& args) {
   const int64_t m = args.a->dim(0), k = args.a->dim(1), n = args.b->dim(0);
   for (const auto& [dim, value] : {std::pair<const char*, int64_t>{"M (a's rows)", m}, {"N (b's rows)", n},
@@ -826,7 +826,9 @@ void CudaBackend::fp8_gemm(const Fp8GemmArgs& args) {
     const int64_t rows = scale_inv.dim(0), cols = scale_inv.dim(1);
     const bool transpose = layout == Fp8ScaleLayout::kVec128 && cols > 1 && rows > 1;
     const int64_t padded_cols = layout == Fp8ScaleLayout::kBlock128x128 ? (cols + 3) / 4 * 4 : cols;
-    if (!transpose && padded_cols == cols) return ptr<float>(scale_inv);
+    // cuBLASLt reads block factors in 16-byte pieces: a grid at an odd offset (a view) is copied too.
+    const bool aligned = layout == Fp8ScaleLayout::kTensor || cublaslt::alignment_of(scale_inv.data()) >= 16;
+    if (!transpose && padded_cols == cols && aligned) return ptr<float>(scale_inv);
     scratch[which] = Tensor::empty({transpose ? rows * cols : rows * padded_cols}, DType::kF32, device());
     cuda::fp8_scale_layout(state_->ctx, ptr<float>(scale_inv), rows, cols, transpose, padded_cols,
                            ptr<float>(scratch[which]));

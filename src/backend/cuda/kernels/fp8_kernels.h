@@ -1,5 +1,6 @@
 // Launchers of the fp8 quantisation kernels (fp8.cu; backend.h's Fp8*Args, core/fp8.h's rules): x in f32 or bf16,
-// scales f32, u8 codes, bit-exact with the CPU reference. Kept out of kernels.h so the other kernel files do not see core/fp8.h.
+// scales f32, u8 codes, bit-exact with the CPU reference; and the scale-layout kernel of the fp8 GEMM. Kept out of
+// kernels.h so the other kernel files do not see core/fp8.h.
 #pragma once
 
 #include "backend/cuda/kernels/kernels.h"
