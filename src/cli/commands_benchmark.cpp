@@ -162,13 +162,15 @@ struct KernelCommandOptions {
 int run_kernel_benchmark(const std::string& kind, const KernelCommandOptions& o, const std::vector<std::string>& overrides) {
   LoadedConfig loaded = load_experiment_config(o.config_path, overrides);
   const TrainingArgs& t = loaded.config.train;
+  const Device device = select_device(t.device);
+  // Before the tokenizer is read for the vocabulary: the refusal names the option, not a missing file.
+  if (!o.fp8.empty() && device.is_cpu()) throw UsageError(fp8_gemm_device_error(device));
   const ModelArgs args = with_vocab_size(loaded.config.model, t);
   std::ofstream jsonl;
   if (!o.jsonl.empty()) {
     jsonl.open(o.jsonl, std::ios::trunc);
     if (!jsonl) throw UsageError(fmt::format("--jsonl {}: cannot write this file", o.jsonl));
   }
-  const Device device = select_device(t.device);
   const DType dtype = compute_dtype(t, device);
   std::vector<KernelTiming> timings;
   std::optional<double> peak;

@@ -222,11 +222,14 @@ std::vector<KernelTiming> benchmark_gemms(const ModelArgs& a, const TrainingArgs
   return timings;
 }
 
+std::string fp8_gemm_device_error(Device device) {
+  return fmt::format("--fp8: fp8 GEMMs need a GPU with fp8 tensor cores (Hopper sm_90 or newer); the device is {}",
+                     device.str());
+}
+
 std::vector<KernelTiming> benchmark_fp8_gemms(const ModelArgs& a, const TrainingArgs& t, Device device,
                                               Fp8GemmRecipe recipe, const KernelBenchmarkOptions& o) {
-  if (device.is_cpu()) {
-    throw UsageError("--fp8: fp8 GEMMs need a GPU with fp8 tensor cores (Hopper sm_90 or newer); the device is cpu");
-  }
+  if (device.is_cpu()) throw UsageError(fp8_gemm_device_error(device));
   const ModelArgs rank = tensor_parallel_shapes(a, static_cast<int>(std::max<int64_t>(1, t.tensor_model_parallel_size)));
   const int64_t n = rank_tokens(t), ep = std::max<int64_t>(1, t.expert_model_parallel_size);
   std::vector<KernelTiming> timings;

@@ -59,6 +59,8 @@ std::vector<KernelTiming> benchmark_gemms(const ModelArgs& args, const TrainingA
 // run them: forward y = x·Wᵀ (bf16 out), data gradient dx = dy·W from Wᵀ's codes (bf16 out), weight gradient
 // dW += dyᵀ·x from the transposed codes (f32, accumulating). Only the GEMM is timed (the operands are quantised once
 // before); the experts' grouped GEMMs and the output layer, which stay bf16, are left out. Needs a GPU.
+// The refusal of --fp8 on `device` (the CPU): exit 2 with this message.
+std::string fp8_gemm_device_error(Device device);
 std::vector<KernelTiming> benchmark_fp8_gemms(const ModelArgs& args, const TrainingArgs& t, Device device,
                                               Fp8GemmRecipe recipe, const KernelBenchmarkOptions& options);
 // The attention kernel's forward and backward at the config's shapes.
