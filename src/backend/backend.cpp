@@ -48,6 +48,7 @@ void Backend::fp8_amax(const Fp8AmaxArgs&) { unimplemented("fp8_amax"); }
 void Backend::fp8_scale(const Fp8ScaleArgs&) { unimplemented("fp8_scale"); }
 void Backend::fp8_quantize(const Fp8QuantizeArgs&) { unimplemented("fp8_quantize"); }
 void Backend::fp8_dequantize(const Fp8DequantizeArgs&) { unimplemented("fp8_dequantize"); }
+void Backend::fp8_gemm(const Fp8GemmArgs&) { unimplemented("fp8_gemm"); }
 void Backend::add_inplace(Tensor&, const Tensor&) { unimplemented("add_inplace"); }
 void Backend::scale_inplace(Tensor&, float) { unimplemented("scale_inplace"); }
 double Backend::sum_squares(const Tensor&) { unimplemented("sum_squares"); }

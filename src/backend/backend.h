@@ -288,11 +288,14 @@ struct Fp8Tiling {
   int64_t cols = 0;  // 0: all columns
 };
 
-// amax[t] = max |x| over tile t (overwritten); NaN when the tile holds a NaN (never skipped), +inf for an infinity.
+// amax[t] = max |x| over tile t (overwritten, or with accumulate max(amax[t], that)); NaN when the tile holds a NaN
+// (never skipped), +inf for an infinity. x may be bf16 (the CUDA engine's activations): each element widened to f32
+// exactly, so the result equals that of the same values in f32.
 struct Fp8AmaxArgs {
-  const Tensor* x = nullptr;  // [R, C] f32
+  const Tensor* x = nullptr;  // [R, C] f32 or bf16
   Fp8Tiling tiling;
   bool transposed = false;    // tiles of xᵀ: amax is xᵀ's grid
+  bool accumulate = false;    // max with amax's current values, a NaN in either kept (the delayed recipe's step max)
   Tensor* amax = nullptr;     // tile grid, f32
 };
 
@@ -316,7 +319,7 @@ struct Fp8ScaleArgs {
 // codes = fp8_encode(x · scale of its tile, format, saturating), the product rounded to f32 first; codes_t (optional)
 // the same of xᵀ with scale_t over xᵀ's tiles. Dequantise: y = fp8_decode(code) · scale_inv of its tile.
 struct Fp8QuantizeArgs {
-  const Tensor* x = nullptr;        // [R, C] f32
+  const Tensor* x = nullptr;        // [R, C] f32 or bf16 (widened exactly: the codes of the same values in f32)
   Fp8Format format = Fp8Format::kE4M3;
   Fp8Tiling tiling;
   const Tensor* scale = nullptr;    // x's tile grid, f32
@@ -330,6 +333,29 @@ struct Fp8DequantizeArgs {
   Fp8Tiling tiling;
   const Tensor* scale_inv = nullptr;  // codes' tile grid, f32
   Tensor* y = nullptr;                // [R, C] f32 (overwritten)
+};
+
+// The fp8 GEMM: C [M, N] = A · Bᵀ, or C += A · Bᵀ with accumulate, where A = decode(a codes) · a_scale_inv of each
+// element's tile and likewise B. A [M, K] and B [N, K] are both row-major with K contiguous: the one layout Hopper's
+// fp8 tensor cores read (cuBLASLt's "TN"). The training GEMMs: forward y = x·Wᵀ (A = x, B = W); data gradient
+// dx = dy·W (A = dy, B = the transposed copy Wᵀ [in, out]); weight gradient dW += dyᵀ·x (A = dyᵀ, B = xᵀ, both the
+// transposed copies, f32 C, accumulate). Tilings (ops/fp8_ops.h checks them): tensorwise {0, 0} with tensorwise, or
+// blockwise: A {1, 128}, B {128, 128} or {1, 128}. Products and sums in f32 or wider; C rounded once to its dtype.
+struct Fp8GemmArgs {
+  const Tensor* a = nullptr;            // [M, K] u8 codes
+  Fp8Format a_format = Fp8Format::kE4M3;
+  Fp8Tiling a_tiling;
+  const Tensor* a_scale_inv = nullptr;  // a's tile grid, f32
+  const Tensor* b = nullptr;            // [N, K] u8 codes
+  Fp8Format b_format = Fp8Format::kE4M3;
+  Fp8Tiling b_tiling;
+  const Tensor* b_scale_inv = nullptr;  // b's tile grid, f32
+  Tensor* c = nullptr;                  // [M, N] f32 or bf16
+  bool accumulate = false;              // C += A·Bᵀ (C read, the sum rounded once)
+  // Tensorwise only, a device speed option: Hopper's fp8 MMA then keeps its partial sums in its own narrower
+  // accumulator instead of promoting them to f32 every few K steps (Transformer Engine uses it for the forward GEMM).
+  // The CPU reference is exact either way; block scaling refuses it (cuBLASLt has no such kernel).
+  bool fast_accumulation = false;
 };
 
 // Decoupled-weight-decay Adam (Loshchilov & Hutter), one step, in place, with bias correction. Folding the clip
@@ -407,6 +433,7 @@ class Backend {
   virtual void fp8_scale(const Fp8ScaleArgs& args);
   virtual void fp8_quantize(const Fp8QuantizeArgs& args);
   virtual void fp8_dequantize(const Fp8DequantizeArgs& args);
+  virtual void fp8_gemm(const Fp8GemmArgs& args);
   // Mixture of experts (MoeRouterArgs ... MoeAuxLossArgs above).
   virtual void moe_router_forward(const MoeRouterArgs& args);
   virtual void moe_router_backward(const MoeRouterArgs& args);

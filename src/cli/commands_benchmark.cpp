@@ -155,23 +155,35 @@ struct KernelCommandOptions {
   std::string config_path;
   KernelBenchmarkOptions timing;
   std::string jsonl;
+  std::string fp8;  // gemm only: "", tensorwise or blockwise
 };
 
 // `benchmark gemm` or `benchmark attention` of a config on its device (`device`, `bf16`), rank 0's shapes.
 int run_kernel_benchmark(const std::string& kind, const KernelCommandOptions& o, const std::vector<std::string>& overrides) {
   LoadedConfig loaded = load_experiment_config(o.config_path, overrides);
   const TrainingArgs& t = loaded.config.train;
+  const Device device = select_device(t.device);
+  // Before the tokenizer is read for the vocabulary: the refusal names the option, not a missing file.
+  if (!o.fp8.empty() && device.is_cpu()) throw UsageError(fp8_gemm_device_error(device));
   const ModelArgs args = with_vocab_size(loaded.config.model, t);
   std::ofstream jsonl;
   if (!o.jsonl.empty()) {
     jsonl.open(o.jsonl, std::ios::trunc);
     if (!jsonl) throw UsageError(fmt::format("--jsonl {}: cannot write this file", o.jsonl));
   }
-  const Device device = select_device(t.device);
   const DType dtype = compute_dtype(t, device);
-  const std::vector<KernelTiming> timings = kind == "gemm" ? benchmark_gemms(args, t, device, dtype, o.timing)
-                                                           : benchmark_attention(args, t, device, dtype, o.timing);
-  const std::optional<double> peak = dense_peak_tflops(device, dtype);
+  std::vector<KernelTiming> timings;
+  std::optional<double> peak;
+  if (!o.fp8.empty()) {
+    timings = benchmark_fp8_gemms(args, t, device,
+                                  o.fp8 == "blockwise" ? Fp8GemmRecipe::kBlockwise : Fp8GemmRecipe::kTensorwise,
+                                  o.timing);
+    peak = fp8_dense_peak_tflops(device);
+  } else {
+    timings = kind == "gemm" ? benchmark_gemms(args, t, device, dtype, o.timing)
+                             : benchmark_attention(args, t, device, dtype, o.timing);
+    peak = dense_peak_tflops(device, dtype);
+  }
   fmt::print("{} of {} on {} (median of {} runs after {} warm-up){}\n{}", kind, o.config_path, device.str(),
              o.timing.iters, o.timing.warmup, peak ? fmt::format("; peak {} TFLOP/s dense", *peak) : "",
              format_kernel_timings(timings, peak));
@@ -190,6 +202,14 @@ void add_kernel_benchmark_command(CLI::App& benchmark, const LaunchOptions& laun
   command->add_option("--iters", o->timing.iters, "Timed runs; the median is reported (default 10)")
       ->check(CLI::PositiveNumber);
   command->add_option("--jsonl", o->jsonl, "Also write one JSON object per timing to FILE")->type_name("FILE");
+  if (kind == "gemm") {
+    command
+        ->add_option("--fp8", o->fp8,
+                     "Time the fp8 GEMMs of the linear modules instead, with RECIPE's scaling: tensorwise or blockwise "
+                     "(GPU only)")
+        ->type_name("RECIPE")
+        ->check(CLI::IsMember({"tensorwise", "blockwise"}));
+  }
   command->allow_extras();
   command->footer(footer);
   command->final_callback([&launch, &action, command, o, kind] {
@@ -253,8 +273,15 @@ void add_benchmark_commands(CLI::App& root, const LaunchOptions& launch, Action&
       "parallel outputs and the row-parallel inputs), in its three GEMMs: forward y = x w^T, data gradient\n"
       "dx = dy w, weight gradient dw += dy^T x; the output layer as one logits chunk of the loss; a MoE layer's\n"
       "experts as grouped GEMMs at an even routing. On the config's device in its dtype (bf16 with bf16: true);\n"
-      "TFLOP/s from 2 M N K, % of the dense peak on an H100/H200. fp8 GEMMs: not in the engine yet.\n\n"
-      "Examples:\n  primus-cli -- benchmark gemm --config configs/H200/llama3.2_1B-bf16-pretrain.yaml --jsonl gemm.jsonl");
+      "TFLOP/s from 2 M N K, % of the dense peak on an H100/H200.\n"
+      "--fp8 tensorwise|blockwise: the fp8 GEMMs (cuBLASLt, device-side scales) of the same linear modules instead:\n"
+      "forward from the x and W codes (bf16 out), data gradient from dy and W^T's codes (bf16 out), weight gradient\n"
+      "from dy^T's and x^T's codes (f32, accumulating); tensorwise: e4m3 operands and e5m2 gradients (hybrid), one\n"
+      "scale each; blockwise: e4m3, 1x128 tiles of x and dy, 128x128 blocks of W. Only the GEMM is timed. % of the\n"
+      "dense fp8 peak (1979 TFLOP/s on an H100/H200). The experts and the output layer (bf16 in fp8 training) are\n"
+      "left out. On the CPU it exits 2.\n\n"
+      "Examples:\n  primus-cli -- benchmark gemm --config configs/H200/llama3.2_1B-bf16-pretrain.yaml --jsonl gemm.jsonl\n"
+      "  primus-cli -- benchmark gemm --config configs/H200/llama3.2_3B-bf16-pretrain.yaml --fp8 blockwise");
   add_kernel_benchmark_command(
       *benchmark, launch, action, "attention",
       "Forward and backward of the attention kernel at a config's shapes (causal, GQA)",

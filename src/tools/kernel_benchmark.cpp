@@ -5,9 +5,11 @@
 #include <algorithm>
 #include <functional>
 
+#include "core/error.h"
 #include "layers/basic_layers.h"
 #include "models/gemm_shapes.h"
 #include "models/model.h"
+#include "ops/fp8_ops.h"
 #include "ops/moe_ops.h"
 #include "ops/ops.h"
 #if PRIMUS_WITH_CUDA
@@ -94,6 +96,59 @@ void time_grouped(const std::string& op, int64_t rows, int64_t experts, int64_t 
       median_ms(device, o, [&] { ops::grouped_linear_backward(x, w, offsets, dy, none, dw); }));
 }
 
+// An fp8 operand and, from the same pass, its transposed copy: codes and scale_inv of each (scales from the amaxes).
+struct Fp8Copies {
+  Tensor codes, scale_inv, codes_t, scale_inv_t;
+  Fp8Format format;
+  Fp8Tiling tiling;
+  ops::Fp8Operand direct() const { return {&codes, format, tiling, &scale_inv}; }
+  ops::Fp8Operand transposed() const { return {&codes_t, format, tiling, &scale_inv_t}; }
+};
+
+Fp8Copies quantise_both(const Tensor& x, Fp8Format format, Fp8Tiling tiling) {
+  const Device d = x.device();
+  const int64_t rows = x.dim(0), cols = x.dim(1);
+  const Shape grid = ops::fp8_tile_grid(rows, cols, tiling), grid_t = ops::fp8_tile_grid(cols, rows, tiling);
+  Fp8Copies q{Tensor::empty({rows, cols}, DType::kU8, d), Tensor::empty(grid, DType::kF32, d),
+              Tensor::empty({cols, rows}, DType::kU8, d), Tensor::empty(grid_t, DType::kF32, d), format, tiling};
+  Tensor amax = Tensor::empty(grid, DType::kF32, d), amax_t = Tensor::empty(grid_t, DType::kF32, d);
+  Tensor scale = Tensor::empty(grid, DType::kF32, d), scale_t = Tensor::empty(grid_t, DType::kF32, d);
+  Tensor non_finite = ops::zeros({1}, DType::kI32, d);
+  ops::fp8_amax(x, tiling, amax);
+  ops::fp8_amax(x, tiling, amax_t, true);
+  ops::fp8_scale(amax, format, {}, scale, q.scale_inv, non_finite);
+  ops::fp8_scale(amax_t, format, {}, scale_t, q.scale_inv_t, non_finite);
+  ops::fp8_quantize(x, scale, format, tiling, q.codes, scale_t, q.codes_t);
+  return q;
+}
+
+// One linear module's three fp8 GEMMs (benchmark_fp8_gemms).
+void time_fp8_linear(const std::string& op, int64_t rows, int64_t in, int64_t out, Device device, Fp8GemmRecipe recipe,
+                     const KernelBenchmarkOptions& o, std::vector<KernelTiming>& timings) {
+  const uint64_t seed = timings.size() + 1;
+  const bool blockwise = recipe == Fp8GemmRecipe::kBlockwise;
+  const Fp8Tiling act = blockwise ? Fp8Tiling{1, 128} : Fp8Tiling{0, 0};
+  const Fp8Tiling weight = blockwise ? Fp8Tiling{128, 128} : Fp8Tiling{0, 0};
+  const Fp8Format grad = blockwise ? Fp8Format::kE4M3 : Fp8Format::kE5M2;
+  const Fp8Copies x = quantise_both(random_tensor({rows, in}, DType::kBF16, device, seed), Fp8Format::kE4M3, act);
+  const Fp8Copies w =
+      quantise_both(random_tensor({out, in}, DType::kBF16, device, seed + 1000), Fp8Format::kE4M3, weight);
+  const Fp8Copies dy = quantise_both(random_tensor({rows, out}, DType::kBF16, device, seed + 2000), grad, act);
+  Tensor y = Tensor::empty({rows, out}, DType::kBF16, device);
+  Tensor dx = Tensor::empty({rows, in}, DType::kBF16, device);
+  Tensor dw = ops::zeros({out, in}, DType::kF32, device);
+  const std::string recipe_name = blockwise ? "blockwise: " : "tensorwise: ";
+  auto add = [&](const char* pass, int64_t m, int64_t n, int64_t k, const std::string& shape, double ms) {
+    timings.push_back({op, pass, m, n, k, recipe_name + shape, "fp8", 2.0 * static_cast<double>(m) * n * k, ms});
+  };
+  add("forward", rows, out, in, fmt::format("[{}, {}] x [{}, {}]^T", rows, in, out, in),
+      median_ms(device, o, [&] { ops::fp8_gemm(x.direct(), w.direct(), y); }));
+  add("data_grad", rows, in, out, fmt::format("[{}, {}] x ([{}, {}]^T)^T", rows, out, in, out),
+      median_ms(device, o, [&] { ops::fp8_gemm(dy.direct(), w.transposed(), dx); }));
+  add("weight_grad", out, in, rows, fmt::format("[{}, {}] x [{}, {}]^T", out, rows, in, rows),
+      median_ms(device, o, [&] { ops::fp8_gemm(dy.transposed(), x.transposed(), dw, {.accumulate = true}); }));
+}
+
 // Rows of one logits chunk of `vocab` columns: the loss never holds more than LmLoss::max_logits_bytes of logits.
 int64_t lm_head_chunk_rows(int64_t vocab, int64_t tokens, DType dtype) {
   return std::clamp<int64_t>(LmLoss().max_logits_bytes / (vocab * static_cast<int64_t>(dtype_size(dtype))), 1, tokens);
@@ -105,20 +160,31 @@ int64_t rank_tokens(const TrainingArgs& t) {
 
 }  // namespace
 
-std::optional<double> dense_peak_tflops(Device device, DType dtype) {
+namespace {
+
+// Whether `device` is an H100 or H200, the GPUs whose datasheet peaks the table below holds.
+bool is_h100_or_h200(Device device) {
 #if PRIMUS_WITH_CUDA
-  if (device.type == DeviceType::kCuda && dtype == DType::kBF16) {
-    CudaDeviceInfo info;
-    std::string why;
-    if (cuda_device_info(device.index, &info, &why) &&
-        (info.name.find("H100") != std::string::npos || info.name.find("H200") != std::string::npos)) {
-      return 989.0;
-    }
-  }
+  if (device.type != DeviceType::kCuda) return false;
+  CudaDeviceInfo info;
+  std::string why;
+  return cuda_device_info(device.index, &info, &why) &&
+         (info.name.find("H100") != std::string::npos || info.name.find("H200") != std::string::npos);
 #else
   (void)device;
-  (void)dtype;
+  return false;
 #endif
+}
+
+}  // namespace
+
+std::optional<double> dense_peak_tflops(Device device, DType dtype) {
+  if (dtype == DType::kBF16 && is_h100_or_h200(device)) return 989.0;
+  return std::nullopt;
+}
+
+std::optional<double> fp8_dense_peak_tflops(Device device) {
+  if (is_h100_or_h200(device)) return 1979.0;
   return std::nullopt;
 }
 
@@ -153,6 +219,31 @@ std::vector<KernelTiming> benchmark_gemms(const ModelArgs& a, const TrainingArgs
   // The loss computes the logits a chunk of rows at a time (LmLoss::max_logits_bytes): one chunk's GEMMs.
   const GemmShape head = output_gemm(rank);
   time_linear(head.op, lm_head_chunk_rows(head.out, n, dtype), head.in, head.out, device, dtype, o, timings);
+  return timings;
+}
+
+std::string fp8_gemm_device_error(Device device) {
+  return fmt::format("--fp8: fp8 GEMMs need a GPU with fp8 tensor cores (Hopper sm_90 or newer); the device is {}",
+                     device.str());
+}
+
+std::vector<KernelTiming> benchmark_fp8_gemms(const ModelArgs& a, const TrainingArgs& t, Device device,
+                                              Fp8GemmRecipe recipe, const KernelBenchmarkOptions& o) {
+  if (device.is_cpu()) throw UsageError(fp8_gemm_device_error(device));
+  const ModelArgs rank = tensor_parallel_shapes(a, static_cast<int>(std::max<int64_t>(1, t.tensor_model_parallel_size)));
+  const int64_t n = rank_tokens(t), ep = std::max<int64_t>(1, t.expert_model_parallel_size);
+  std::vector<KernelTiming> timings;
+  std::vector<std::string> seen;
+  for (const bool moe : {true, false}) {
+    bool present = false;
+    for (int64_t i = 0; i < a.num_layers; ++i) present = present || a.is_moe_layer(i) == moe;
+    if (!present) continue;
+    for (const GemmShape& g : layer_gemms(rank, ep, moe)) {
+      if (g.experts > 0 || std::find(seen.begin(), seen.end(), g.op) != seen.end()) continue;
+      seen.push_back(g.op);
+      time_fp8_linear(g.op, n, g.in, g.out, device, recipe, o, timings);
+    }
+  }
   return timings;
 }
 

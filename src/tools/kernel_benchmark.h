@@ -43,10 +43,26 @@ struct KernelBenchmarkOptions {
 // figure, the MFU denominator everywhere in this project); none on the CPU or an unknown GPU.
 std::optional<double> dense_peak_tflops(Device device, DType dtype);
 
+// The dense fp8 peak (TFLOP/s) when known: H100 and H200 1979 (the datasheet's dense figure, twice bf16's).
+std::optional<double> fp8_dense_peak_tflops(Device device);
+
+// Which fp8 GEMMs `benchmark gemm --fp8` times (docs/fp8.md): tensorwise (current or delayed scaling: one scale per
+// tensor; e4m3 operands forward, e5m2 gradients as the hybrid format) or blockwise (1x128 activation and gradient
+// tiles with 128x128 weight blocks, e4m3).
+enum class Fp8GemmRecipe { kTensorwise, kBlockwise };
+
 // Every GEMM of one rank of `args` under `t` (see the top of this file), in dtype (bf16 or f32) on `device`, with
 // fresh random inputs. `args.vocab_size` must be resolved.
 std::vector<KernelTiming> benchmark_gemms(const ModelArgs& args, const TrainingArgs& t, Device device, DType dtype,
                                           const KernelBenchmarkOptions& options);
+// The fp8 GEMMs of the same linear modules (ops::fp8_gemm through cuBLASLt) in the three passes as the fp8 layers
+// run them: forward y = x·Wᵀ (bf16 out), data gradient dx = dy·W from Wᵀ's codes (bf16 out), weight gradient
+// dW += dyᵀ·x from the transposed codes (f32, accumulating). Only the GEMM is timed (the operands are quantised once
+// before); the experts' grouped GEMMs and the output layer, which stay bf16, are left out. Needs a GPU.
+// The refusal of --fp8 on `device` (the CPU): exit 2 with this message.
+std::string fp8_gemm_device_error(Device device);
+std::vector<KernelTiming> benchmark_fp8_gemms(const ModelArgs& args, const TrainingArgs& t, Device device,
+                                              Fp8GemmRecipe recipe, const KernelBenchmarkOptions& options);
 // The attention kernel's forward and backward at the config's shapes.
 std::vector<KernelTiming> benchmark_attention(const ModelArgs& args, const TrainingArgs& t, Device device,
                                               DType dtype, const KernelBenchmarkOptions& options);

@@ -17,6 +17,7 @@
 #include "core/fp8.h"
 #include "ops/fp8_ops.h"
 #include "ops/ops.h"
+#include "support/fp8_reference.h"
 #include "support/op_cases.h"
 #include "support/test_support.h"
 
@@ -24,13 +25,6 @@ namespace primus::testing {
 namespace {
 
 constexpr int64_t kCols = 300;
-
-struct Fp8CaseSpec {
-  Fp8Format format;
-  Fp8Tiling tiling;
-  const char* tiling_name;
-  Fp8ScaleOptions options;
-};
 
 Tensor spread_rows(int64_t rows, Rng& rng) {
   Tensor x = random_tensor({rows, kCols}, rng);
@@ -43,52 +37,32 @@ Tensor spread_rows(int64_t rows, Rng& rng) {
   return x;
 }
 
-// The whole recipe in loops over core/fp8.h, on the host: per tile amax, scale, then codes decoded times scale_inv.
-struct Quantized {
-  std::vector<double> y, scale_inv;
-};
-
-Quantized reference_quantize(const Fp8CaseSpec& s, const float* x, int64_t rows, int64_t cols, bool transposed) {
-  // The matrix quantised: x, or xᵀ read from x.
-  const int64_t m = transposed ? cols : rows, n = transposed ? rows : cols;
-  auto at = [&](int64_t i, int64_t j) { return transposed ? x[j * cols + i] : x[i * cols + j]; };
-  const int64_t tr = s.tiling.rows == 0 ? m : s.tiling.rows, tc = s.tiling.cols == 0 ? n : s.tiling.cols;
-  const int64_t grid_rows = (m + tr - 1) / tr, grid_cols = (n + tc - 1) / tc;
-  std::vector<float> scale(static_cast<size_t>(grid_rows * grid_cols));
-  Quantized q;
-  for (int64_t g = 0; g < grid_rows * grid_cols; ++g) {
-    const int64_t i0 = (g / grid_cols) * tr, j0 = (g % grid_cols) * tc;
-    float amax = 0.0f;
-    for (int64_t i = i0; i < std::min(m, i0 + tr); ++i) {
-      for (int64_t j = j0; j < std::min(n, j0 + tc); ++j) amax = std::max(amax, std::fabs(at(i, j)));
-    }
-    scale[g] = fp8_scale_from_amax(amax, fp8_info(s.format).max_finite, s.options.margin, 1.0f,
-                                   s.options.power_of_two)
-                   .scale;
-    q.scale_inv.push_back(1.0f / scale[g]);
-  }
-  for (int64_t i = 0; i < m; ++i) {
-    for (int64_t j = 0; j < n; ++j) {
-      const float sc = scale[(i / tr) * grid_cols + j / tc];
-      const float inv = 1.0f / sc;
-      q.y.push_back(fp8_decode(fp8_encode(at(i, j) * sc, s.format, true), s.format) * inv);
-    }
-  }
-  return q;
+// x's values rounded to bf16 (as the CUDA engine's activations are), kept in an f32 tensor.
+Tensor rounded_to_bf16(const Tensor& x) {
+  Tensor r = Tensor::empty(x.shape(), DType::kF32);
+  for (int64_t i = 0; i < x.numel(); ++i) r.f32()[i] = bf16_to_f32(f32_to_bf16(x.f32()[i]));
+  return r;
 }
 
-OpCase quantize_case(const Fp8CaseSpec& s) {
+// bf16_input: the op reads x as bf16 (the values rounded first); the reference quantises those values as f32, so the
+// bf16 path must give the same bits as the f32 one (tolerance 0).
+OpCase quantize_case(const Fp8CaseSpec& s, bool bf16_input = false) {
   OpCase c;
-  c.name = fmt::format("fp8_quantize_{}_{}{}", fp8_format_name(s.format), s.tiling_name,
-                       s.options.margin > 0 ? fmt::format("_margin{}", s.options.margin) : "");
+  c.name = fmt::format("fp8_quantize_{}_{}{}{}", fp8_format_name(s.format), s.tiling_name,
+                       s.options.margin > 0 ? fmt::format("_margin{}", s.options.margin) : "",
+                       bf16_input ? "_bf16_input" : "");
   c.dtypes = {DType::kF32};
   c.reference_tol = 0.0;
   c.device_tol = {0.0, 0.0, 0.0};
   c.make_inputs = [](int64_t n, Rng& rng) { return std::vector<Input>{f32("x", spread_rows(n, rng))}; };
   c.forward = [=](const Tensors& in, OpEnv& env) {
-    const Tensor& x = in["x"];
-    const int64_t rows = x.dim(0), cols = x.dim(1);
+    const int64_t rows = in["x"].dim(0), cols = in["x"].dim(1);
     const Device d = env.device();
+    Tensor x = in["x"];
+    if (bf16_input) {
+      x = Tensor::empty({rows, cols}, DType::kBF16, d);
+      ops::cast(x, in["x"]);
+    }
     Tensor amax = Tensor::empty(ops::fp8_tile_grid(rows, cols, s.tiling), DType::kF32, d);
     Tensor amax_t = Tensor::empty(ops::fp8_tile_grid(cols, rows, s.tiling), DType::kF32, d);
     ops::fp8_amax(x, s.tiling, amax);
@@ -106,7 +80,7 @@ OpCase quantize_case(const Fp8CaseSpec& s) {
     return Tensors{{"y", y}, {"yt", yt}, {"scale_inv", scale_inv}, {"scale_inv_t", scale_inv_t}};
   };
   c.reference = [=](const Tensors& in, const Tensors&, float) {
-    const Tensor& x = in["x"];
+    const Tensor x = bf16_input ? rounded_to_bf16(in["x"]) : in["x"];
     const int64_t rows = x.dim(0), cols = x.dim(1);
     const Quantized q = reference_quantize(s, x.f32(), rows, cols, false);
     const Quantized qt = reference_quantize(s, x.f32(), rows, cols, true);
@@ -114,6 +88,51 @@ OpCase quantize_case(const Fp8CaseSpec& s) {
                    {"yt", from_doubles({cols, rows}, qt.y)},
                    {"scale_inv", from_doubles(ops::fp8_tile_grid(rows, cols, s.tiling), q.scale_inv)},
                    {"scale_inv_t", from_doubles(ops::fp8_tile_grid(cols, rows, s.tiling), qt.scale_inv)}};
+  };
+  return c;
+}
+
+// The delayed recipe's max over micro-batches: amax of x1, then accumulate=true with x2 (and over the transposes)
+// must give the per-tile max of the two; exact (tolerance 0).
+OpCase amax_accumulate_case(Fp8Tiling tiling, const char* tiling_name) {
+  OpCase c;
+  c.name = fmt::format("fp8_amax_accumulate_{}", tiling_name);
+  c.dtypes = {DType::kF32};
+  c.reference_tol = 0.0;
+  c.device_tol = {0.0, 0.0, 0.0};
+  c.make_inputs = [](int64_t n, Rng& rng) {
+    return std::vector<Input>{f32("x1", spread_rows(n, rng)), f32("x2", spread_rows(n, rng))};
+  };
+  c.forward = [=](const Tensors& in, OpEnv& env) {
+    const int64_t rows = in["x1"].dim(0), cols = in["x1"].dim(1);
+    Tensor amax = env.out_f32(ops::fp8_tile_grid(rows, cols, tiling));
+    Tensor amax_t = env.out_f32(ops::fp8_tile_grid(cols, rows, tiling));
+    ops::fp8_amax(in["x1"], tiling, amax);
+    ops::fp8_amax(in["x2"], tiling, amax, false, /*accumulate=*/true);
+    ops::fp8_amax(in["x1"], tiling, amax_t, true);
+    ops::fp8_amax(in["x2"], tiling, amax_t, true, /*accumulate=*/true);
+    return Tensors{{"amax", amax}, {"amax_t", amax_t}};
+  };
+  c.reference = [=](const Tensors& in, const Tensors&, float) {
+    const int64_t rows = in["x1"].dim(0), cols = in["x1"].dim(1);
+    auto tile_max = [&](bool transposed) {
+      const int64_t m = transposed ? cols : rows, n = transposed ? rows : cols;
+      const int64_t tr = tiling.rows == 0 ? m : tiling.rows, tc = tiling.cols == 0 ? n : tiling.cols;
+      const int64_t grid_cols = (n + tc - 1) / tc;
+      std::vector<double> amax(static_cast<size_t>((m + tr - 1) / tr * grid_cols), 0.0);
+      for (const char* name : {"x1", "x2"}) {
+        const float* x = in[name].f32();
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t j = 0; j < n; ++j) {
+            double& a = amax[static_cast<size_t>((i / tr) * grid_cols + j / tc)];
+            a = std::max(a, static_cast<double>(std::fabs(transposed ? x[j * cols + i] : x[i * cols + j])));
+          }
+        }
+      }
+      return amax;
+    };
+    return Tensors{{"amax", from_doubles(ops::fp8_tile_grid(rows, cols, tiling), tile_max(false))},
+                   {"amax_t", from_doubles(ops::fp8_tile_grid(cols, rows, tiling), tile_max(true))}};
   };
   return c;
 }
@@ -132,6 +151,15 @@ std::vector<OpCase> fp8_op_cases() {
   cases.push_back(quantize_case({Fp8Format::kE4M3, activations, "1x128_plain", {}}));
   cases.push_back(quantize_case({Fp8Format::kE5M2, activations, "1x128", {.power_of_two = true}}));
   cases.push_back(quantize_case({Fp8Format::kE4M3, tensorwise, "tensorwise", {.margin = 2}}));
+  // bf16 activations (the CUDA engine's): the same codes as quantising their values in f32.
+  cases.push_back(quantize_case({Fp8Format::kE4M3, tensorwise, "tensorwise", {}}, true));
+  cases.push_back(quantize_case({Fp8Format::kE5M2, activations, "1x128", {.power_of_two = true}}, true));
+  cases.push_back(quantize_case({Fp8Format::kE4M3, weights, "128x128", {.power_of_two = true}}, true));
+  cases.push_back(amax_accumulate_case(tensorwise, "tensorwise"));
+  cases.push_back(amax_accumulate_case(activations, "1x128"));
+  cases.push_back(amax_accumulate_case(weights, "128x128"));
+  cases.push_back(amax_accumulate_case({3, 7}, "3x7"));
+  for (OpCase& gemm : fp8_gemm_op_cases()) cases.push_back(std::move(gemm));
   return cases;
 }
 

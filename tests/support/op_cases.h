@@ -17,4 +17,7 @@ std::vector<OpCase> moe_op_cases();
 // The fp8 quantisation ops' cases (fp8_op_cases.cpp), part of all_op_cases().
 std::vector<OpCase> fp8_op_cases();
 
+// The fp8 GEMM's cases (fp8_gemm_op_cases.cpp), part of fp8_op_cases().
+std::vector<OpCase> fp8_gemm_op_cases();
+
 }  // namespace primus::testing

@@ -307,6 +307,9 @@ void check_finite_differences(const OpTestParam& p) {
 
 void check_against_cpu(const OpTestParam& p) {
   const OpCase& op = *p.op;
+  if (p.size % op.device_size_multiple != 0) {
+    GTEST_SKIP() << op.name << " at size " << p.size << ": " << op.device_size_reason;
+  }
   const std::vector<Input> inputs = make_inputs(p);
   const float scale = upstream_scale(p);
   const Tensors cpu_in = place(inputs, kCpuDevice, DType::kF32), dev_in = place(inputs, p.device, p.dtype);

@@ -97,6 +97,10 @@ struct OpCase {
   std::vector<int64_t> sizes = kAwkwardSizes;
   // Larger sizes swept on devices only (against the CPU forward and backward, no finite differences).
   std::vector<int64_t> device_sizes;
+  // Sizes a device backend cannot take (cuBLASLt's fp8 GEMM: dimensions multiples of 16): the device tests of a size
+  // that is not a multiple of this skip with device_size_reason; the CPU runs every size.
+  int64_t device_size_multiple = 1;
+  std::string device_size_reason;
   std::vector<DType> dtypes = {DType::kF32, DType::kBF16};  // on devices; the CPU runs f32
   std::function<std::vector<Input>(int64_t size, Rng& rng)> make_inputs;
   // Outputs, named; the first `loss_outputs` of them make the loss (the rest are statistics such as rstd or lse).

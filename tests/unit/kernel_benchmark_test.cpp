@@ -6,7 +6,10 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <string>
 #include <tuple>
+
+#include "core/error.h"
 
 namespace primus {
 namespace {
@@ -101,6 +104,21 @@ TEST(KernelBenchmark, AttentionCountsTheCausalHalf) {
   const std::string table = format_kernel_timings(a, std::nullopt);
   EXPECT_NE(table.find("attention        backward"), std::string::npos) << table;
   EXPECT_EQ(kernel_timing_json(a[1], 989.0)["percent_of_peak"].get<double>(), 100.0 * a[1].tflops() / 989.0);
+}
+
+// --fp8 on the CPU: refused as bad input (exit 2) naming the device, before anything is timed.
+TEST(KernelBenchmark, Fp8GemmsAreRefusedOnTheCpu) {
+  for (const Fp8GemmRecipe recipe : {Fp8GemmRecipe::kTensorwise, Fp8GemmRecipe::kBlockwise}) {
+    try {
+      benchmark_fp8_gemms(small_model(), batch(1, 1), kCpuDevice, recipe, kQuick);
+      ADD_FAILURE() << "no error";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("--fp8: fp8 GEMMs need a GPU with fp8 tensor cores"), std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find("the device is cpu"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_FALSE(fp8_dense_peak_tflops(kCpuDevice).has_value());
 }
 
 }  // namespace

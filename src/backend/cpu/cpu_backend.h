@@ -1,6 +1,6 @@
 // The CPU reference backend: plain fp32 kernels that define the numerics of every op. A device kernel is
 // accepted only by comparison with these. One .cpp per op family (gemm, embedding, rmsnorm, rope, attention,
-// swiglu, cross_entropy, adamw, elementwise, memory, moe_router, moe_permute, fp8).
+// swiglu, cross_entropy, adamw, elementwise, memory, moe_router, moe_permute, fp8, fp8_gemm).
 //
 // Contract: arguments arrive validated by src/ops (dtypes, shapes, one device); the kernels only check values
 // that need reading the data (token ids, targets).
@@ -9,6 +9,8 @@
 //  - Storage and element-wise arithmetic are fp32.
 //  - Contractions (GEMM via OpenBLAS; attention's q·k, p·v, dout·v and their gradients) accumulate in fp32,
 //    each output summed over the contracted index in one fixed order.
+//  - The fp8 GEMM (fp8_gemm.cpp) dequantises exactly and accumulates in double: the exact value the device's fp32
+//    accumulation approximates, rounded once to C's dtype.
 //  - Normalising reductions accumulate in double: RMSNorm's mean square and Σ dy·w·x̂, softmax denominators
 //    (attention, cross-entropy), attention's Σ dout·out, sum_squares.
 //  - Gradients summed over rows: RMSNorm's dweight in double per column; embedding's dtable in fp32, adding
@@ -51,6 +53,7 @@ class CpuBackend : public Backend {
   void fp8_scale(const Fp8ScaleArgs& args) override;
   void fp8_quantize(const Fp8QuantizeArgs& args) override;
   void fp8_dequantize(const Fp8DequantizeArgs& args) override;
+  void fp8_gemm(const Fp8GemmArgs& args) override;
   void moe_router_forward(const MoeRouterArgs& args) override;
   void moe_router_backward(const MoeRouterArgs& args) override;
   void moe_sort(const MoeSortArgs& args) override;

@@ -27,18 +27,31 @@ struct TileGrid {
 // max that keeps a NaN once it has seen one.
 float max_keeping_nan(float m, float v) { return (v > m || v != v) && m == m ? v : m; }
 
-}  // namespace
+// x's elements as f32: bf16 widens exactly, so quantising bf16 values gives the codes of the same values in f32.
+float widen(float v) { return v; }
+float widen(uint16_t bf16_bits) { return bf16_to_f32(bf16_bits); }
 
-void CpuBackend::fp8_amax(const Fp8AmaxArgs& args) {
+// Calls body(p) with x's data typed as its storage: const float* or const uint16_t* (bf16 bits).
+template <typename Body>
+void with_float_input(const Tensor& x, Body&& body) {
+  if (x.dtype() == DType::kBF16) {
+    body(static_cast<const uint16_t*>(x.data()));
+  } else {
+    body(static_cast<const float*>(x.data()));
+  }
+}
+
+template <typename T>
+void amax_tiles(const Fp8AmaxArgs& args, const T* px) {
   const Tensor& x = *args.x;
   const int64_t r_count = x.dim(0), c_count = x.dim(1);
   // Over xᵀ: element (i, j) of the [C, R] view is x[j, i].
   const int64_t rows = args.transposed ? c_count : r_count, cols = args.transposed ? r_count : c_count;
   const TileGrid grid(args.tiling, rows, cols);
   float* amax = args.amax->f32();
-  const float* px = x.f32();
   const int64_t tiles = args.amax->numel();
-  std::fill(amax, amax + tiles, 0.0f);
+  // Accumulating starts each tile's max from its current value: max(old, new), a NaN in old kept.
+  if (!args.accumulate) std::fill(amax, amax + tiles, 0.0f);
   const int64_t grid_rows = tiles / grid.grid_cols;
   // One thread per row of tiles: no amax is written by two threads.
 #pragma omp parallel for schedule(static)
@@ -46,7 +59,7 @@ void CpuBackend::fp8_amax(const Fp8AmaxArgs& args) {
     const int64_t end = std::min(rows, (g + 1) * grid.tile_rows);
     for (int64_t i = g * grid.tile_rows; i < end; ++i) {
       for (int64_t j = 0; j < cols; ++j) {
-        const float v = args.transposed ? px[j * c_count + i] : px[i * c_count + j];
+        const float v = widen(args.transposed ? px[j * c_count + i] : px[i * c_count + j]);
         float& m = amax[grid.tile_of(i, j)];
         m = max_keeping_nan(m, v < 0.0f ? -v : v);
       }
@@ -55,6 +68,37 @@ void CpuBackend::fp8_amax(const Fp8AmaxArgs& args) {
   for (int64_t t = 0; t < tiles; ++t) {
     if (amax[t] != amax[t]) amax[t] = std::numeric_limits<float>::quiet_NaN();  // one NaN, whatever the input's
   }
+}
+
+template <typename T>
+void quantize_codes(const Fp8QuantizeArgs& args, const T* px) {
+  const Tensor& x = *args.x;
+  const int64_t rows = x.dim(0), cols = x.dim(1);
+  const TileGrid grid(args.tiling, rows, cols);
+  const float* scale = args.scale->f32();
+  auto* codes = static_cast<uint8_t*>(args.codes->data());
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t j = 0; j < cols; ++j) {
+      codes[i * cols + j] = fp8_encode(widen(px[i * cols + j]) * scale[grid.tile_of(i, j)], args.format, true);
+    }
+  }
+  if (args.codes_t == nullptr) return;
+  const TileGrid grid_t(args.tiling, cols, rows);
+  const float* scale_t = args.scale_t->f32();
+  auto* codes_t = static_cast<uint8_t*>(args.codes_t->data());
+#pragma omp parallel for schedule(static)
+  for (int64_t j = 0; j < cols; ++j) {
+    for (int64_t i = 0; i < rows; ++i) {
+      codes_t[j * rows + i] = fp8_encode(widen(px[i * cols + j]) * scale_t[grid_t.tile_of(j, i)], args.format, true);
+    }
+  }
+}
+
+}  // namespace
+
+void CpuBackend::fp8_amax(const Fp8AmaxArgs& args) {
+  with_float_input(*args.x, [&](const auto* px) { amax_tiles(args, px); });
 }
 
 void CpuBackend::fp8_scale(const Fp8ScaleArgs& args) {
@@ -75,28 +119,7 @@ void CpuBackend::fp8_scale(const Fp8ScaleArgs& args) {
 }
 
 void CpuBackend::fp8_quantize(const Fp8QuantizeArgs& args) {
-  const Tensor& x = *args.x;
-  const int64_t rows = x.dim(0), cols = x.dim(1);
-  const float* px = x.f32();
-  const TileGrid grid(args.tiling, rows, cols);
-  const float* scale = args.scale->f32();
-  auto* codes = static_cast<uint8_t*>(args.codes->data());
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < rows; ++i) {
-    for (int64_t j = 0; j < cols; ++j) {
-      codes[i * cols + j] = fp8_encode(px[i * cols + j] * scale[grid.tile_of(i, j)], args.format, true);
-    }
-  }
-  if (args.codes_t == nullptr) return;
-  const TileGrid grid_t(args.tiling, cols, rows);
-  const float* scale_t = args.scale_t->f32();
-  auto* codes_t = static_cast<uint8_t*>(args.codes_t->data());
-#pragma omp parallel for schedule(static)
-  for (int64_t j = 0; j < cols; ++j) {
-    for (int64_t i = 0; i < rows; ++i) {
-      codes_t[j * rows + i] = fp8_encode(px[i * cols + j] * scale_t[grid_t.tile_of(j, i)], args.format, true);
-    }
-  }
+  with_float_input(*args.x, [&](const auto* px) { quantize_codes(args, px); });
 }
 
 void CpuBackend::fp8_dequantize(const Fp8DequantizeArgs& args) {

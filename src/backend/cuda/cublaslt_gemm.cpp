@@ -3,20 +3,19 @@
 
 #include <algorithm>
 
+#include "backend/cuda/cublaslt_helpers.h"
 #include "core/error.h"
 
 namespace primus {
 
+using cublaslt::alignment_of;
+using cublaslt::row_major_layout;
+using cublaslt::set_attribute;
+using cublaslt::set_preference;
+
 namespace {
 
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;  // what cuBLAS recommends for Hopper
-
-int64_t alignment_of(const void* ptr) {
-  const auto address = reinterpret_cast<uintptr_t>(ptr);
-  int64_t alignment = 256;
-  while (alignment > 1 && address % static_cast<uintptr_t>(alignment) != 0) alignment /= 2;
-  return alignment;
-}
 
 cudaDataType_t data_type(DType dtype) {
   switch (dtype) {
@@ -29,24 +28,6 @@ cudaDataType_t data_type(DType dtype) {
   }
 }
 
-template <typename T>
-void set_attribute(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attribute, const T& value) {
-  PRIMUS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, attribute, &value, sizeof(value)));
-}
-
-template <typename T>
-void set_preference(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttributes_t attribute, const T& value) {
-  PRIMUS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attribute, &value, sizeof(value)));
-}
-
-// A row-major [rows, cols] matrix with row length ld, described column-major: [cols, rows] with ld.
-cublasLtMatrixLayout_t row_major_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld) {
-  cublasLtMatrixLayout_t layout = nullptr;
-  PRIMUS_CUBLAS_CHECK(
-      cublasLtMatrixLayoutCreate(&layout, type, static_cast<uint64_t>(cols), static_cast<uint64_t>(rows), ld));
-  return layout;
-}
-
 }  // namespace
 
 CublasLtGemm::CublasLtGemm() {
@@ -57,12 +38,14 @@ CublasLtGemm::CublasLtGemm() {
 
 CublasLtGemm::~CublasLtGemm() {
   // Teardown errors (e.g. the driver already unloading at exit) are ignored: nothing can be done about them.
-  for (auto& [key, plan] : plans_) {
+  auto destroy = [](Plan& plan) {
     cublasLtMatrixLayoutDestroy(plan.a);
     cublasLtMatrixLayoutDestroy(plan.b);
     cublasLtMatrixLayoutDestroy(plan.c);
     cublasLtMatmulDescDestroy(plan.desc);
-  }
+  };
+  for (auto& [key, plan] : plans_) destroy(plan);
+  for (auto& [key, plan] : fp8_plans_) destroy(plan);
   gpuFree(workspace_);
   cublasLtDestroy(handle_);
 }
@@ -94,13 +77,23 @@ const CublasLtGemm::Plan& CublasLtGemm::plan_for(const RowMajorGemm& g) {
   plan.b = g.trans_a ? row_major_layout(type, g.k, g.m, g.lda) : row_major_layout(type, g.m, g.k, g.lda);
   plan.c = row_major_layout(c_type, g.m, g.n, g.n);
 
+  choose_algorithm(plan, key[8], key[7], key[9],
+                   fmt::format("[op gemm] cuBLASLt has no algorithm for M={} N={} K={} trans_a={} trans_b={} lda={} "
+                               "ldb={} {} -> {}",
+                               g.m, g.n, g.k, g.trans_a, g.trans_b, g.lda, g.ldb, dtype_name(g.ab_dtype),
+                               dtype_name(g.c_dtype)));
+  return plans_.emplace(key, plan).first->second;
+}
+
+void CublasLtGemm::choose_algorithm(Plan& plan, int64_t align_a, int64_t align_b, int64_t align_c,
+                                    const std::string& what) {
   cublasLtMatmulPreference_t pref = nullptr;
   PRIMUS_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   set_preference(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, workspace_bytes_);
-  set_preference(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, static_cast<uint32_t>(key[8]));
-  set_preference(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, static_cast<uint32_t>(key[7]));
-  set_preference(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, static_cast<uint32_t>(key[9]));
-  set_preference(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, static_cast<uint32_t>(key[9]));
+  set_preference(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, static_cast<uint32_t>(align_a));
+  set_preference(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, static_cast<uint32_t>(align_b));
+  set_preference(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, static_cast<uint32_t>(align_c));
+  set_preference(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, static_cast<uint32_t>(align_c));
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   const cublasStatus_t status =
@@ -111,13 +104,9 @@ const CublasLtGemm::Plan& CublasLtGemm::plan_for(const RowMajorGemm& g) {
     cublasLtMatrixLayoutDestroy(plan.b);
     cublasLtMatrixLayoutDestroy(plan.c);
     cublasLtMatmulDescDestroy(plan.desc);
-    throw RuntimeError(fmt::format(
-        "[op gemm] cuBLASLt has no algorithm for M={} N={} K={} trans_a={} trans_b={} lda={} ldb={} {} -> {}: {}", g.m,
-        g.n, g.k, g.trans_a, g.trans_b, g.lda, g.ldb, dtype_name(g.ab_dtype), dtype_name(g.c_dtype),
-        cublasLtGetStatusString(status)));
+    throw RuntimeError(fmt::format("{}: {}", what, cublasLtGetStatusString(status)));
   }
   plan.algo = result.algo;
-  return plans_.emplace(key, plan).first->second;
 }
 
 void CublasLtGemm::run(const RowMajorGemm& g, gpuStream_t stream) {

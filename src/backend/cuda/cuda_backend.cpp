@@ -7,9 +7,11 @@
 #include <cmath>
 #include <limits>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/cublaslt_gemm.h"
+#include "backend/cuda/cublaslt_helpers.h"
 #include "backend/cuda/cudnn_attention.h"
 #include "backend/cuda/gpu_runtime.h"
 #include "backend/cuda/kernels/fp8_kernels.h"
@@ -752,7 +754,11 @@ cuda::Fp8Tiles fp8_tiles(Fp8Tiling tiling, int64_t rows, int64_t cols) {
 void CudaBackend::fp8_amax(const Fp8AmaxArgs& args) {
   const int64_t rows = args.x->dim(0), cols = args.x->dim(1);
   const cuda::Fp8Tiles tiles = args.transposed ? fp8_tiles(args.tiling, cols, rows) : fp8_tiles(args.tiling, rows, cols);
-  cuda::fp8_amax(state_->ctx, ptr<float>(*args.x), tiles, args.transposed, ptr<float>(*args.amax), args.amax->numel());
+  dispatch(args.x->dtype(), "fp8_amax", [&](auto tag) {
+    using T = decltype(tag);
+    cuda::fp8_amax<T>(state_->ctx, ptr<T>(*args.x), tiles, args.transposed, args.accumulate, ptr<float>(*args.amax),
+                      args.amax->numel());
+  });
 }
 
 void CudaBackend::fp8_scale(const Fp8ScaleArgs& args) {
@@ -764,17 +770,87 @@ void CudaBackend::fp8_scale(const Fp8ScaleArgs& args) {
 
 void CudaBackend::fp8_quantize(const Fp8QuantizeArgs& args) {
   const int64_t rows = args.x->dim(0), cols = args.x->dim(1);
-  cuda::fp8_quantize(state_->ctx, ptr<float>(*args.x), fp8_tiles(args.tiling, rows, cols), false, args.format,
-                     ptr<float>(*args.scale), ptr<uint8_t>(*args.codes));
-  if (args.codes_t == nullptr) return;
-  cuda::fp8_quantize(state_->ctx, ptr<float>(*args.x), fp8_tiles(args.tiling, cols, rows), true, args.format,
-                     ptr<float>(*args.scale_t), ptr<uint8_t>(*args.codes_t));
+  dispatch(args.x->dtype(), "fp8_quantize", [&](auto tag) {
+    using T = decltype(tag);
+    cuda::fp8_quantize<T>(state_->ctx, ptr<T>(*args.x), fp8_tiles(args.tiling, rows, cols), false, args.format,
+                          ptr<float>(*args.scale), ptr<uint8_t>(*args.codes));
+    if (args.codes_t == nullptr) return;
+    cuda::fp8_quantize<T>(state_->ctx, ptr<T>(*args.x), fp8_tiles(args.tiling, cols, rows), true, args.format,
+                          ptr<float>(*args.scale_t), ptr<uint8_t>(*args.codes_t));
+  });
 }
 
 void CudaBackend::fp8_dequantize(const Fp8DequantizeArgs& args) {
   cuda::fp8_dequantize(state_->ctx, ptr<uint8_t>(*args.codes),
                        fp8_tiles(args.tiling, args.codes->dim(0), args.codes->dim(1)), args.format,
                        ptr<float>(*args.scale_inv), ptr<float>(*args.y));
+}
+
+namespace {
+
+Fp8ScaleLayout fp8_scale_layout_of(Fp8Tiling tiling) {
+  if (tiling.rows == 0 && tiling.cols == 0) return Fp8ScaleLayout::kTensor;
+  return tiling.rows == 1 ? Fp8ScaleLayout::kVec128 : Fp8ScaleLayout::kBlock128x128;
+}
+
+void check_fp8_gemm_operand(const char* name, const Tensor& codes, Fp8Format format) {
+  const bool fnuz = format == Fp8Format::kE4M3Fnuz || format == Fp8Format::kE5M2Fnuz;
+  PRIMUS_CHECK(fnuz == kGpuFp8IsFnuz, "[op fp8_gemm] {} is {}: this GPU's fp8 GEMM takes {}", name,
+               fp8_format_name(format), kGpuFp8IsFnuz ? "e4m3fnuz / e5m2fnuz" : "e4m3 / e5m2 (OCP)");
+  PRIMUS_CHECK(cublaslt::alignment_of(codes.data()) >= 16,
+               "[op fp8_gemm] {}'s data is not 16-byte aligned, which cuBLASLt's fp8 GEMM needs", name);
+}
+
+}  // namespace
+
+// The fp8 GEMM through cuBLASLt. Tensorwise factors are passed as they are (one f32 on the device). Block factors are
+// rewritten into cuBLASLt's layout (Fp8ScaleLayout) in a scratch buffer by one small kernel: the 1x128 grid [R, K/128]
+// transposed (skipped when K ≤ 128, where the two layouts coincide), the 128x128 grid padded to a multiple of 4
+// columns (skipped when it is one), either copied anyway when not 16-byte aligned. The scratch holds R·K/128 floats,
+// 1/128 of the codes it scales, freed back to the stream-ordered allocator when this returns. fp8_scale keeps writing
+// plain row-major grids, which the CPU reference and the dequantise op share.
+void CudaBackend::fp8_gemm(const Fp8GemmArgs& args) {
+  const int64_t m = args.a->dim(0), k = args.a->dim(1), n = args.b->dim(0);
+  for (const auto& [dim, value] : {std::pair<const char*, int64_t>{"M (a's rows)", m}, {"N (b's rows)", n},
+                                   {"K (a's and b's columns)", k}}) {
+    PRIMUS_CHECK(value % 16 == 0,
+                 "[op fp8_gemm] {} = {} is not a multiple of 16: cuBLASLt's fp8 GEMM needs M, N and K multiples of 16",
+                 dim, value);
+  }
+  check_fp8_gemm_operand("a", *args.a, args.a_format);
+  check_fp8_gemm_operand("b", *args.b, args.b_format);
+  PRIMUS_CHECK(cublaslt::alignment_of(args.c->data()) >= 16,
+               "[op fp8_gemm] c's data is not 16-byte aligned, which cuBLASLt's fp8 GEMM needs");
+  Tensor scratch[2];
+  auto scales_for = [&](int which, const Tensor& scale_inv, Fp8ScaleLayout layout) -> const float* {
+    const int64_t rows = scale_inv.dim(0), cols = scale_inv.dim(1);
+    const bool transpose = layout == Fp8ScaleLayout::kVec128 && cols > 1 && rows > 1;
+    const int64_t padded_cols = layout == Fp8ScaleLayout::kBlock128x128 ? (cols + 3) / 4 * 4 : cols;
+    // cuBLASLt reads block factors in 16-byte pieces: a grid at an odd offset (a view) is copied too.
+    const bool aligned = layout == Fp8ScaleLayout::kTensor || cublaslt::alignment_of(scale_inv.data()) >= 16;
+    if (!transpose && padded_cols == cols && aligned) return ptr<float>(scale_inv);
+    scratch[which] = Tensor::empty({transpose ? rows * cols : rows * padded_cols}, DType::kF32, device());
+    cuda::fp8_scale_layout(state_->ctx, ptr<float>(scale_inv), rows, cols, transpose, padded_cols,
+                           ptr<float>(scratch[which]));
+    return ptr<float>(scratch[which]);
+  };
+  RowMajorFp8Gemm g;
+  g.a = args.a->data();
+  g.b = args.b->data();
+  g.c = args.c->data();
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.a_e5m2 = args.a_format == Fp8Format::kE5M2 || args.a_format == Fp8Format::kE5M2Fnuz;
+  g.b_e5m2 = args.b_format == Fp8Format::kE5M2 || args.b_format == Fp8Format::kE5M2Fnuz;
+  g.a_layout = fp8_scale_layout_of(args.a_tiling);
+  g.b_layout = fp8_scale_layout_of(args.b_tiling);
+  g.a_scale = scales_for(0, *args.a_scale_inv, g.a_layout);
+  g.b_scale = scales_for(1, *args.b_scale_inv, g.b_layout);
+  g.c_dtype = args.c->dtype();
+  g.accumulate = args.accumulate;
+  g.fast_accumulation = args.fast_accumulation;
+  state_->gemm->run_fp8(g, state_->stream);
 }
 
 void CudaBackend::add_inplace(Tensor& y, const Tensor& x) {

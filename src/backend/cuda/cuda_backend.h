@@ -70,6 +70,7 @@ class CudaBackend : public Backend {
   void fp8_scale(const Fp8ScaleArgs& args) override;
   void fp8_quantize(const Fp8QuantizeArgs& args) override;
   void fp8_dequantize(const Fp8DequantizeArgs& args) override;
+  void fp8_gemm(const Fp8GemmArgs& args) override;
   void add_inplace(Tensor& y, const Tensor& x) override;
   void scale_inplace(Tensor& x, float s) override;
   double sum_squares(const Tensor& x) override;

@@ -58,6 +58,14 @@ inline constexpr gpuError_t gpuSuccess = cudaSuccess;
 #define gpuFuncAttributeMaxDynamicSharedMemorySize cudaFuncAttributeMaxDynamicSharedMemorySize
 #define gpuErrorMemoryAllocation cudaErrorMemoryAllocation
 #define gpuErrorNotReady cudaErrorNotReady
+// The fp8 element types of the vendor BLAS. NVIDIA (Hopper, Blackwell) has the OCP pair e4m3 / e5m2; a HIP build
+// for MI300X maps these to its fnuz pair (hipblaslt's HIP_R_8F_E4M3_FNUZ / _E5M2_FNUZ) and sets kGpuFp8IsFnuz, so
+// the backend asks for the formats the recipe quantised to (docs/fp8.md, AMD configurations).
+#define GPU_R_8F_E4M3 CUDA_R_8F_E4M3
+#define GPU_R_8F_E5M2 CUDA_R_8F_E5M2
+namespace primus {
+inline constexpr bool kGpuFp8IsFnuz = false;
+}  // namespace primus
 // Named ranges for the vendor's timeline profiler (NVTX for Nsight Systems; roctx on AMD).
 #define gpuRangePush nvtxRangePushA
 #define gpuRangePop nvtxRangePop
