@@ -11,11 +11,13 @@ namespace {
 using Scaling = Fp8Recipe::Scaling;
 
 // A matrix's fp8 codes with what its GEMM needs to read them.
-struct Fp8Operand {
+struct Fp8Matrix {
   Tensor codes;      // [R, C] u8
   Tensor scale_inv;  // the codes' tile grid, f32
   Fp8Format format = Fp8Format::kE4M3;
   Fp8Tiling tiling;
+
+  ops::Fp8Operand operand() const { return {.codes = &codes, .format = format, .tiling = tiling, .scale_inv = &scale_inv}; }
 };
 
 // The blockwise recipe's tiles (DeepSeek-V3): 1×128 for inputs and gradients, 128×128 for weights, over the matrix
@@ -26,8 +28,8 @@ Fp8Tiling tiling_for(Scaling scaling, Fp8Role role) {
 }
 
 struct Quantised {
-  Fp8Operand plain;       // x [R, C]
-  Fp8Operand transposed;  // xᵀ [C, R], when asked for
+  Fp8Matrix plain;       // x [R, C]
+  Fp8Matrix transposed;  // xᵀ [C, R], when asked for
 };
 
 // Current scaling (tensorwise and blockwise): scales from x's own amaxes, now.
@@ -52,7 +54,7 @@ Quantised quantise(Fp8Scaling& scaling, int handle, Fp8Role role, const Tensor& 
   const Fp8Tiling tiling = tiling_for(scaling.recipe().scaling, role);
   const int64_t rows = x.dim(0), cols = x.dim(1);
   Quantised q;
-  q.plain = Fp8Operand{Tensor::empty({rows, cols}, DType::kU8, x.device()), Tensor(), format, tiling};
+  q.plain = Fp8Matrix{Tensor::empty({rows, cols}, DType::kU8, x.device()), Tensor(), format, tiling};
   Tensor scale, scale_t;
   if (scaling.recipe().scaling == Scaling::kDelayed) {
     if (record) scaling.record_amax(handle, x);
@@ -78,15 +80,6 @@ Quantised quantise(Fp8Scaling& scaling, int handle, Fp8Role role, const Tensor& 
   return q;
 }
 
-// c [M, N] = a [M, K] · b [N, K]ᵀ (+ c when accumulating), each operand dequantised by its tiles' scales.
-void fp8_matmul(const Fp8Operand& a, const Fp8Operand& b, Tensor& c, bool accumulate) {
-  Tensor ad = Tensor::empty(a.codes.shape(), DType::kF32, a.codes.device());
-  Tensor bd = Tensor::empty(b.codes.shape(), DType::kF32, b.codes.device());
-  ops::fp8_dequantize(a.codes, a.scale_inv, a.format, a.tiling, ad);
-  ops::fp8_dequantize(b.codes, b.scale_inv, b.format, b.tiling, bd);
-  ops::gemm(GemmArgs{.a = &ad, .b = &bd, .c = &c, .trans_b = true, .beta = accumulate ? 1.0f : 0.0f});
-}
-
 }  // namespace
 
 Fp8Linear::Fp8Linear(const Linear& plain, std::shared_ptr<Fp8Scaling> scaling, const std::string& name)
@@ -104,7 +97,10 @@ Tensor Fp8Linear::forward(const Tensor& x) {
   const Quantised qx = quantise(*scaling_, input_handle_, Fp8Role::kInput, x, false, true);
   const Quantised qw = quantise(*scaling_, weight_handle_, Fp8Role::kWeight, weight_, false, true);
   Tensor y = Tensor::empty({x.dim(0), out_features()}, x.dtype(), x.device());
-  fp8_matmul(qx.plain, qw.plain, y, false);
+  // One scale per tensor lets the forward GEMM accumulate in the tensor cores' fast mode, as Transformer Engine's
+  // forward does; the gradients' GEMMs keep the precise accumulation.
+  const bool fast = scaling_->recipe().scaling != Scaling::kBlockwise;
+  ops::fp8_gemm(qx.plain.operand(), qw.plain.operand(), y, {.fast_accumulation = fast});
   return y;
 }
 
@@ -113,9 +109,9 @@ void Fp8Linear::backward(const Tensor& x, const Tensor& dy, Tensor& dx) {
   const Quantised qw = quantise(*scaling_, weight_handle_, Fp8Role::kWeight, weight_, true, false);
   const bool accumulate = dx.defined();
   if (!accumulate) dx = Tensor::empty(x.shape(), x.dtype(), x.device());
-  fp8_matmul(qdy.plain, qw.transposed, dx, accumulate);
+  ops::fp8_gemm(qdy.plain.operand(), qw.transposed.operand(), dx, {.accumulate = accumulate});
   const Quantised qx = quantise(*scaling_, input_handle_, Fp8Role::kInput, x, true, false);
-  fp8_matmul(qdy.transposed, qx.transposed, dweight_, true);
+  ops::fp8_gemm(qdy.transposed.operand(), qx.transposed.operand(), dweight_, {.accumulate = true});
 }
 
 }  // namespace primus

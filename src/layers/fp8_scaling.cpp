@@ -12,7 +12,6 @@ Fp8Scaling::Fp8Scaling(const Fp8Recipe& recipe, Device device) : recipe_(recipe)
   groups_[0].format = recipe.forward_format;
   groups_[1].format = recipe.backward_format;
   non_finite_ = ops::zeros({1}, DType::kI32, device);
-  fold_ = Tensor::empty({1, 1}, DType::kF32, device);
 }
 
 int Fp8Scaling::add_tensor(const std::string& name, Fp8Role role) {
@@ -29,7 +28,7 @@ void Fp8Scaling::allocate() {
   for (Group& g : groups_) {
     if (g.count == 0) continue;
     g.history = ops::zeros({recipe_.amax_history_len, g.count}, DType::kF32, device_);
-    g.step_amax = ops::zeros({g.count, 2}, DType::kF32, device_);
+    g.step_amax = ops::zeros({1, g.count}, DType::kF32, device_);
     g.scale = Tensor::empty({1, g.count}, DType::kF32, device_);
     ops::fill(g.scale, 1.0f);
     g.scale_inv = Tensor::empty({1, g.count}, DType::kF32, device_);
@@ -59,13 +58,8 @@ Tensor Fp8Scaling::scale_inv(int handle) const {
 
 void Fp8Scaling::record_amax(int handle, const Tensor& x) {
   Group& g = group_of(handle);
-  const int64_t column = entries_[handle].column;
-  Tensor pair = g.step_amax.slice_elements(2 * column, {1, 2});  // [step max so far, this micro-batch]
-  Tensor current = g.step_amax.slice_elements(2 * column + 1, {1, 1});
-  ops::fp8_amax(x, Fp8Tiling{}, current);
-  ops::fp8_amax(pair, Fp8Tiling{}, fold_);  // amaxes are ≥ 0 (or NaN, which sticks), so |·| changes nothing
-  Tensor running = g.step_amax.slice_elements(2 * column, {1, 1});
-  ops::copy(running, fold_);
+  Tensor slot = g.step_amax.slice_elements(entries_[handle].column, {1, 1});
+  ops::fp8_amax(x, Fp8Tiling{}, slot, /*transposed=*/false, /*accumulate=*/true);
 }
 
 void Fp8Scaling::end_step(const std::function<void(Tensor&)>& reduce_max) {
@@ -73,10 +67,9 @@ void Fp8Scaling::end_step(const std::function<void(Tensor&)>& reduce_max) {
   allocate();
   for (Group& g : groups_) {
     if (g.count == 0) continue;
-    // The step's slot, row `head_` of the history: each tensor's max over its micro-batches (rows of step_amax).
-    Tensor slot = g.history.slice_elements(head_ * g.count, {g.count, 1});
-    ops::fp8_amax(g.step_amax, Fp8Tiling{.rows = 1, .cols = 0}, slot);
-    Tensor slot_row = slot.reshape({1, g.count});
+    // The step's slot, row `head_` of the history: each tensor's max over its micro-batches.
+    Tensor slot_row = g.history.slice_elements(head_ * g.count, {1, g.count});
+    ops::copy(slot_row, g.step_amax);
     if (reduce_max) reduce_max(slot_row);
     Tensor window_amax = slot_row;
     if (recipe_.amax_algo == Fp8AmaxAlgo::kMax) {

@@ -78,8 +78,8 @@ class Fp8Scaling {
   int64_t tensor_count() const { return static_cast<int64_t>(entries_.size()); }
 
  private:
-  // The tensors of one format: history [len, n], step amaxes [n, 2] (column 0 the step's max so far, column 1 the
-  // micro-batch being recorded), scale and scale_inv [1, n]. Allocated at the first end_step or record.
+  // The tensors of one format: history [len, n], the step's amaxes so far [1, n], scale and scale_inv [1, n].
+  // Allocated at the first record or end_step.
   struct Group {
     Fp8Format format = Fp8Format::kE4M3;
     int64_t count = 0;
@@ -101,7 +101,6 @@ class Fp8Scaling {
   int64_t head_ = 0;           // the history row of the step in progress
   bool allocated_ = false;
   Tensor non_finite_;          // [1] i32
-  Tensor fold_;                // [1, 1] f32 scratch of record_amax
 };
 
 }  // namespace primus
