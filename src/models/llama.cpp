@@ -305,8 +305,11 @@ LlamaModel::LlamaModel(const ModelArgs& args, int64_t max_seq_length, Device dev
     const std::string why = mtp_layout_refusal(args_, tp_.size(), pipeline_.stages, cp_.size(), false);
     if (!why.empty()) throw UsageError("[config] " + why);
   }
-  if (args_.multi_latent_attention && (!device_.is_cpu() || compute_dtype_ != DType::kF32)) {
-    throw UsageError(fmt::format("[config] {}, in fp32", kMlaCpuOnly));
+  // MLA runs on the CPU engine in fp32 and on CUDA in fp32 or bf16 (whether a job may use CUDA yet is the config's
+  // and the trainer's call: kMlaGpuNotVerified).
+  if (args_.multi_latent_attention && device_.is_cpu() && compute_dtype_ != DType::kF32) {
+    throw UsageError(
+        "[config] multi_latent_attention: MLA on the CPU engine runs in fp32 only; bf16 mixed precision runs on cuda");
   }
   if (compute_dtype_ != DType::kF32) compute_weights_ = Tensor::empty({params_.numel()}, compute_dtype_, device_);
   RopeTable host_rope = make_rope_table(rope_dim(), max_seq_length_, rope_config(args_));
