@@ -717,7 +717,7 @@ void add_inplace(Tensor& y, const Tensor& x) {
 void scale_inplace(Tensor& x, float s) {
   const char* op = "scale_inplace";
   const ProfileScope profile_scope(op);
-  const Device device = check_args(op, {{"x", &x}});
+  const Device device = check_args(op, {{"x", &x, act_dtype(x)}});  // bf16 too: YaRN's query factor in MLA
   backend(device).scale_inplace(x, s);
 }
 

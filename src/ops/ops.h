@@ -4,7 +4,7 @@
 // Dtypes (backend/backend.h has the whole contract): everything is f32 on the CPU. On a CUDA device the
 // activations of an op (x, y, q, logits, dx, ...) and the weights it reads may instead all be bf16 (mixed
 // precision; the first tensor decides), while per-row statistics (rstd, lse, losses), parameter gradients
-// (dw, dweight, dtable), AdamW state and sum_squares/scale_inplace stay f32.
+// (dw, dweight, dtable), AdamW state and sum_squares stay f32 (scale_inplace takes either).
 #pragma once
 
 #include "backend/backend.h"

@@ -753,12 +753,12 @@ OpCase add_case() {
   return c;
 }
 
-// scale_inplace is f32 only (gradients, clipping).
+// scale_inplace: f32 (gradients, clipping), and bf16 activations on devices (multi-head latent attention's YaRN
+// factor on its queries).
 OpCase scale_case() {
   const float factor = -0.37f;
   OpCase c;
   c.name = "scale_inplace";
-  c.dtypes = {DType::kF32};
   c.make_inputs = [](int64_t n, Rng& rng) { return std::vector<Input>{act("x", random_tensor({n, 129}, rng))}; };
   c.forward = [=](const Tensors& in, OpEnv& env) {
     Tensor y = env.copy(in["x"]);
