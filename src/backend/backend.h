@@ -112,8 +112,8 @@ enum class AttentionMask { kCausal, kNone };
 // out and lse of the whole attention that the block is part of (merged over blocks, attention_merge) it gives the
 // block's exact contributions to dq, dk and dv of the whole (p = exp(s − lse) is then the block's part of the
 // whole softmax, and Δ = dout · out the whole's), which sum over the blocks to the whole's gradients.
-// The value head size Dv may differ from D (multi-head latent attention; the CPU backend only): out, dout and dv
-// then have Dv features a head.
+// The value head size Dv may differ from D (multi-head latent attention): out, dout and dv then have Dv features a
+// head.
 struct AttentionArgs {
   const Tensor* q = nullptr;    // [B, T, Hq, D]
   const Tensor* k = nullptr;    // [B, T, Hkv, D]

@@ -89,12 +89,14 @@ struct ModelArgs {
   bool is_mtp_moe_layer() const { return num_layers > 0 && is_moe_layer(num_layers - 1); }
 };
 
-// Multi-head latent attention runs on the CPU engine only: its CUDA path (attention with a value width other than
-// the query's, the head concatenation and interleaved RoPE kernels) is not written, and tensor and context
-// parallelism do not split it yet. The config and the trainer refuse the rest with this message.
-inline constexpr const char* kMlaCpuOnly =
-    "multi_latent_attention: multi-head latent attention runs on the CPU engine only (its GPU kernels are not "
-    "written or verified yet, issue 14)";
+// Multi-head latent attention's CUDA path (attention with a value head size other than the query's, interleaved
+// RoPE and the head concatenation kernels) is written but has not run on a GPU yet: until its GPU tests pass on one,
+// the config (device: cuda) and the trainer (a device chosen at run time) refuse an MLA model on a GPU with this
+// message. (Tensor and context parallelism do not split MLA yet either: refused on their own.)
+inline constexpr const char* kMlaGpuNotVerified =
+    "multi_latent_attention: multi-head latent attention's CUDA kernels have not been verified on a GPU yet (their "
+    "tests are written, issue 14); train MLA models (kv_lora_rank, qk_head_dim, qk_pos_emb_head_dim, v_head_dim) "
+    "with device: cpu for now";
 
 // Multi-token prediction runs on the CPU engine in fp32, on one pipeline stage, without tensor or context
 // parallelism or FSDP (the config, the trainer and the model refuse the rest); projection plans every layout.

@@ -427,7 +427,7 @@ void check_mla_keys(const ModuleKeys& keys, const Origin& module_origin) {
   }
   const ModuleKey& device = get(keys, "device");
   if (device.value.s == "cuda") {
-    config_error(place(mla, module_origin), fmt::format("{} ({})", kMlaCpuOnly, describe(device)));
+    config_error(place(mla, module_origin), fmt::format("{} ({})", kMlaGpuNotVerified, describe(device)));
   }
 }
 

@@ -307,7 +307,8 @@ std::vector<KeySpec> build_specs() {
        .default_yaml = "false",
        .help = "DeepSeek's multi-head latent attention: low-rank q (q_lora_rank) and joint kv (kv_lora_rank) "
                "projections with RMSNorms, a RoPE key shared by the heads, value heads of v_head_dim. CPU engine "
-               "only; not with group_query_attention, tensor or context parallelism.",
+               "for now (the CUDA path awaits its GPU tests); not with group_query_attention, tensor or context "
+               "parallelism.",
        .apply = model_field<&ModelArgs::multi_latent_attention>},
       {.name = "q_lora_rank",
        .type = kInt,

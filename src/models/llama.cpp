@@ -305,8 +305,11 @@ LlamaModel::LlamaModel(const ModelArgs& args, int64_t max_seq_length, Device dev
     const std::string why = mtp_layout_refusal(args_, tp_.size(), pipeline_.stages, cp_.size(), false);
     if (!why.empty()) throw UsageError("[config] " + why);
   }
-  if (args_.multi_latent_attention && (!device_.is_cpu() || compute_dtype_ != DType::kF32)) {
-    throw UsageError(fmt::format("[config] {}, in fp32", kMlaCpuOnly));
+  // MLA runs on the CPU engine in fp32 and on CUDA in fp32 or bf16 (whether a job may use CUDA yet is the config's
+  // and the trainer's call: kMlaGpuNotVerified).
+  if (args_.multi_latent_attention && device_.is_cpu() && compute_dtype_ != DType::kF32) {
+    throw UsageError(
+        "[config] multi_latent_attention: MLA on the CPU engine runs in fp32 only; bf16 mixed precision runs on cuda");
   }
   if (compute_dtype_ != DType::kF32) compute_weights_ = Tensor::empty({params_.numel()}, compute_dtype_, device_);
   RopeTable host_rope = make_rope_table(rope_dim(), max_seq_length_, rope_config(args_));
@@ -771,6 +774,7 @@ void LlamaModel::mtp_forward(Context& ctx, const Tensor& labels, float grad_scal
     Tensor joined_heads = s.joined.reshape({N, 1, 2 * C});
     ops::head_concat(e.reshape({N, 1, C}), hn.reshape({N, 1, C}), joined_heads);  // the embedding's half first
     h = block_forward(m.block, s.block, m.eh_proj->forward(s.joined), ctx);
+    if (m.block.is_moe && ctx.awaiting_backward) m.block.moe.record_routing(s.block.moe);  // as a decoder layer's
     // The depth's mean loss, weighted λ / D, in the step's per-token scale: Megatron's calculate_per_token_loss form
     // (this micro-batch's counted tokens over the depth's).
     const double weight = args_.mtp_loss_scaling_factor / static_cast<double>(D) * static_cast<double>(counted) /
@@ -948,11 +952,10 @@ void LlamaModel::for_each_linear(const LinearVisitor& visit) {
     visit(name, slot);
     PRIMUS_CHECK(slot != nullptr, "[model] {} was replaced by no module", name);
   };
-  for (int64_t i = 0; i < args_.num_layers; ++i) {
-    if (!owns_layer(i)) continue;  // another pipeline stage's
-    const std::string pre = blocks_[i].name + ".";
-    if (blocks_[i].is_mla) {
-      MlaAttention& mla = blocks_[i].mla;
+  // One layer's projections under `pre` ("model.layers.{i}."), in parameter order.
+  auto block_linears = [&](Block& b, const std::string& pre) {
+    if (b.is_mla) {
+      MlaAttention& mla = b.mla;
       if (mla.q_a_proj != nullptr) {
         each(pre + "self_attn.q_a_proj", mla.q_a_proj);
         each(pre + "self_attn.q_b_proj", mla.q_b_proj);
@@ -963,34 +966,44 @@ void LlamaModel::for_each_linear(const LinearVisitor& visit) {
       each(pre + "self_attn.kv_b_proj", mla.kv_b_proj);
       each(pre + "self_attn.o_proj", mla.o_proj);
     } else {
-      Attention& at = blocks_[i].attention;
+      Attention& at = b.attention;
       each(pre + "self_attn.q_proj", at.q_proj);
       each(pre + "self_attn.k_proj", at.k_proj);
       each(pre + "self_attn.v_proj", at.v_proj);
       each(pre + "self_attn.o_proj", at.o_proj);
     }
-    if (blocks_[i].is_moe) {  // the router and the grouped experts are no Linear modules; a shared expert is
-      SwiGluMlp* shared = blocks_[i].moe.shared_expert.get();
-      if (shared == nullptr) continue;
+    if (b.is_moe) {  // the router and the grouped experts are no Linear modules; a shared expert is
+      SwiGluMlp* shared = b.moe.shared_expert.get();
+      if (shared == nullptr) return;
       const std::string shared_pre = moe_param_names(args_, pre).shared;
       each(shared_pre + "gate_up_proj", shared->gate_up_proj);
       each(shared_pre + "down_proj", shared->down_proj);
-      continue;
+      return;
     }
-    each(pre + "mlp.gate_up_proj", blocks_[i].mlp.gate_up_proj);
-    each(pre + "mlp.down_proj", blocks_[i].mlp.down_proj);
+    each(pre + "mlp.gate_up_proj", b.mlp.gate_up_proj);
+    each(pre + "mlp.down_proj", b.mlp.down_proj);
+  };
+  for (int64_t i = 0; i < args_.num_layers; ++i) {
+    if (!owns_layer(i)) continue;  // another pipeline stage's
+    block_linears(blocks_[i], blocks_[i].name + ".");
+  }
+  // The multi-token prediction modules (after the output layer in parameter order): eh_proj, then the layer's own.
+  for (size_t k = 0; k < mtp_.size(); ++k) {
+    const std::string pre = layer_prefix(args_.num_layers + static_cast<int64_t>(k));
+    each(pre + "eh_proj", mtp_[k].eh_proj);
+    block_linears(mtp_[k].block, pre);
   }
 }
 
 std::vector<MoeLayerRouting> LlamaModel::moe_routing() const {
   auto host_value = [](const Tensor& t) { return static_cast<double>(ops::to_device(t, kCpuDevice).f32()[0]); };
   std::vector<MoeLayerRouting> layers;
-  for (size_t i = 0; i < blocks_.size(); ++i) {
-    const Block& b = blocks_[i];
-    if (!b.is_moe || !owns_layer(static_cast<int64_t>(i))) continue;
+  // Layer `index` of the checkpoint's numbering: a decoder layer, or a multi-token prediction module's
+  // (num_layers + k − 1), whose router the aux-loss-free bias update serves as any layer's.
+  auto add = [&](const Block& b, int64_t index) {
     const MoeRoutingTally& tally = b.moe.tally;
     MoeLayerRouting r;
-    r.layer = static_cast<int64_t>(i);
+    r.layer = index;
     r.tokens_per_expert.assign(static_cast<size_t>(args_.num_experts), 0.0);
     r.micro_batches = static_cast<int64_t>(tally.offsets.size());
     for (const Tensor& offsets : tally.offsets) {
@@ -1006,12 +1019,19 @@ std::vector<MoeLayerRouting> LlamaModel::moe_routing() const {
     for (const Tensor& loss : tally.aux_losses) r.load_balancing_loss += host_value(loss) / b.moe.balancing.aux_loss_coeff;
     for (const Tensor& loss : tally.z_losses) r.z_loss += host_value(loss) / b.moe.balancing.z_loss_coeff;
     layers.push_back(std::move(r));
+  };
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    if (blocks_[i].is_moe && owns_layer(static_cast<int64_t>(i))) add(blocks_[i], static_cast<int64_t>(i));
+  }
+  for (size_t k = 0; k < mtp_.size(); ++k) {
+    if (mtp_[k].block.is_moe) add(mtp_[k].block, args_.num_layers + static_cast<int64_t>(k));
   }
   return layers;
 }
 
 void LlamaModel::clear_moe_routing() {
   for (Block& b : blocks_) b.moe.tally = MoeRoutingTally();
+  for (MtpModule& m : mtp_) m.block.moe.tally = MoeRoutingTally();
 }
 
 std::vector<FlatRange> LlamaModel::expert_ranges() const {

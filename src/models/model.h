@@ -187,8 +187,9 @@ class Model {
   // Hooks called as forward and backward reach each unit (null: none).
   virtual void set_param_hooks(ParamUnitHooks* hooks) = 0;
 
-  // Every Linear module with its Hugging Face module name, in parameter order, for code outside the model
-  // (tensor parallelism, LoRA, FP8) to inspect, replace or wrap. Replace modules only while no context is alive.
+  // Every Linear module with its Hugging Face module name, in parameter order (the multi-token prediction modules'
+  // eh_proj and layer projections last), for code outside the model (tensor parallelism, LoRA, FP8) to inspect,
+  // replace or wrap. Replace modules only while no context is alive.
   virtual void for_each_linear(const LinearVisitor& visit) = 0;
 
   // The gradients backward leaves partial on each tensor-parallel rank, to be summed over the group once per step
@@ -196,8 +197,9 @@ class Model {
   virtual TensorParallelGradSums tensor_parallel_grad_sums() const = 0;
 
   // Mixture of experts: the routing of this rank's MoE layers over the training forwards since the last
-  // clear_moe_routing (a step's, when the trainer clears it as the step starts), in layer order; reading waits for
-  // the device. Empty for a dense model.
+  // clear_moe_routing (a step's, when the trainer clears it as the step starts), in layer order, a multi-token
+  // prediction module's MoE layer last as layer num_layers + k − 1; reading waits for the device. Empty for a dense
+  // model.
   virtual std::vector<MoeLayerRouting> moe_routing() const { return {}; }
   virtual void clear_moe_routing() {}
   // Multi-token prediction (ModelArgs::mtp_num_layers): per depth, Σ token losses and counted tokens of the training

@@ -309,8 +309,6 @@ void rope_forward(Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor&
   const ProfileScope profile_scope(op);
   const Device device = check_rope_args(op, "x", x, cos, sin, positions);
   check_rope(op, x, cos, sin, positions);
-  OP_CHECK(!interleaved || device.is_cpu(), "interleaved pairs are implemented on the CPU only; x is {}",
-           x.describe());
   RopeArgs args{&x, &cos, &sin, positions.defined() ? &positions : nullptr, interleaved};
   backend(device).rope_forward(args);
 }
@@ -320,8 +318,6 @@ void rope_backward(Tensor& dx, const Tensor& cos, const Tensor& sin, const Tenso
   const ProfileScope profile_scope(op);
   const Device device = check_rope_args(op, "dx", dx, cos, sin, positions);
   check_rope(op, dx, cos, sin, positions);
-  OP_CHECK(!interleaved || device.is_cpu(), "interleaved pairs are implemented on the CPU only; dx is {}",
-           dx.describe());
   RopeArgs args{&dx, &cos, &sin, positions.defined() ? &positions : nullptr, interleaved};
   backend(device).rope_backward(args);
 }
@@ -381,9 +377,6 @@ void check_attention(const char* op, const Tensor& q, const Tensor& k, const Ten
   // The value head size Dv may differ from the query/key head size D (multi-head latent attention: 192 and 128).
   OP_CHECK_PAIR(v.ndim() == 4 && v.dim(0) == k.dim(0) && v.dim(1) == k.dim(1) && v.dim(2) == k.dim(2) && v.dim(3) > 0,
                 k, v);
-  OP_CHECK(v.dim(3) == q.dim(3) || q.device().is_cpu(),
-           "q is {} but v is {}: a value head size other than the query's is implemented on the CPU only",
-           q.describe(), v.describe());
   OP_CHECK_PAIR((out.shape() == Shape{q.dim(0), q.dim(1), q.dim(2), v.dim(3)}), v, out);
   OP_CHECK_PAIR((lse.shape() == Shape{q.dim(0), q.dim(2), q.dim(1)}), q, lse);
 }
@@ -724,7 +717,7 @@ void add_inplace(Tensor& y, const Tensor& x) {
 void scale_inplace(Tensor& x, float s) {
   const char* op = "scale_inplace";
   const ProfileScope profile_scope(op);
-  const Device device = check_args(op, {{"x", &x}});
+  const Device device = check_args(op, {{"x", &x, act_dtype(x)}});  // bf16 too: YaRN's query factor in MLA
   backend(device).scale_inplace(x, s);
 }
 

@@ -4,7 +4,7 @@
 // Dtypes (backend/backend.h has the whole contract): everything is f32 on the CPU. On a CUDA device the
 // activations of an op (x, y, q, logits, dx, ...) and the weights it reads may instead all be bf16 (mixed
 // precision; the first tensor decides), while per-row statistics (rstd, lse, losses), parameter gradients
-// (dw, dweight, dtable), AdamW state and sum_squares/scale_inplace stay f32.
+// (dw, dweight, dtable), AdamW state and sum_squares stay f32 (scale_inplace takes either).
 #pragma once
 
 #include "backend/backend.h"
@@ -32,7 +32,7 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, c
 
 // x, dx [B, T, H, D] in place. Token (b, t) rotates by row t of cos, sin [T, D/2], or with positions [B, T] i32
 // by row positions[b, t] of cos, sin [P, D/2] (packed documents, reset_position_ids); each position in [0, P).
-// interleaved: rotate adjacent pairs (x[2i], x[2i+1]) instead of halves (RopeArgs; the CPU backend only).
+// interleaved: rotate adjacent pairs (x[2i], x[2i+1]) instead of halves (RopeArgs).
 void rope_forward(Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& positions = Tensor(),
                   bool interleaved = false);
 void rope_backward(Tensor& dx, const Tensor& cos, const Tensor& sin, const Tensor& positions = Tensor(),
@@ -44,7 +44,7 @@ void rope_backward(Tensor& dx, const Tensor& cos, const Tensor& sin, const Tenso
 void head_concat(const Tensor& a, const Tensor& b, Tensor& out);
 void head_concat_backward(const Tensor& dout, Tensor& da, Tensor& db);
 
-// Causal attention (backend.h); v, out, dout and dv may have a head size Dv other than q's and k's D (on the CPU).
+// Causal attention (backend.h); v, out, dout and dv may have a head size Dv other than q's and k's D.
 // segment_start [B, T] i32, optional: query t attends to keys j in
 // [segment_start[b, t], t] only (packed documents, reset_attention_mask); pass the same to forward and backward.
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,

@@ -16,6 +16,11 @@ MoeMetrics reduce_moe_routing(const Model& model, DataParallel& dp, const Pipeli
   for (int64_t i = 0; i < args.num_layers; ++i) {
     if (args.is_moe_layer(i)) moe_layers.push_back(i);
   }
+  // The multi-token prediction modules' layers (numbered on, as in DeepSeek-V3's checkpoint): their routers are
+  // logged and their expert biases updated as the decoder layers' are.
+  for (int64_t k = 0; k < args.mtp_num_layers; ++k) {
+    if (args.is_mtp_moe_layer()) moe_layers.push_back(args.num_layers + k);
+  }
   // One row per MoE layer of the whole model: tokens per expert, Σ aux loss, Σ z-loss, micro-batches, dropped
   // entries. Rows of layers this rank does not hold stay zero.
   const int64_t experts = args.num_experts, width = experts + 4;

@@ -236,7 +236,9 @@ std::unique_ptr<Model> make_parallel_model(const ModelArgs& args, const Training
   if (args.num_experts > 0 && !device.is_cpu() && args.moe_router_load_balancing_type == "seq_aux_loss") {
     throw UsageError("[config] moe_router_load_balancing_type seq_aux_loss runs on the CPU engine only");
   }
-  if (args.multi_latent_attention && !device.is_cpu()) throw UsageError(fmt::format("[config] {}", kMlaCpuOnly));
+  if (args.multi_latent_attention && !device.is_cpu()) {
+    throw UsageError(fmt::format("[config] {}", kMlaGpuNotVerified));
+  }
   if (args.mtp_num_layers > 0 && !device.is_cpu()) throw UsageError(fmt::format("[config] {}", kMtpCpuOnly));
   // The ring runs beside data parallelism's collectives (on another thread or stream), and at dp 1 the cp group may
   // be the very communicator data parallelism reduces on: it gets a communicator of its own.

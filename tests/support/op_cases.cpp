@@ -403,7 +403,7 @@ Tensors reference_rope(const Tensor& x, const Tensor& cos, const Tensor& sin, co
 
 // x [B, n, H, D] rotated by the table rows of its positions t, or with `positions` by rows positions[b, t] drawn at
 // random from a table of n + 5 rows (packed documents: rows repeat, and rows past T are read).
-// interleaved: adjacent pairs (multi-head latent attention), CPU only (no device dtypes) until a kernel exists.
+// interleaved: adjacent pairs (multi-head latent attention).
 OpCase rope_case(const std::string& name, int64_t batch, int64_t heads, int64_t dim, bool positions,
                  bool interleaved = false) {
   OpCase c;
@@ -432,18 +432,17 @@ OpCase rope_case(const std::string& name, int64_t batch, int64_t heads, int64_t 
   };
   c.reference_tol = 1e-6;
   c.device_sizes = {1000};
-  if (interleaved) c.dtypes = {};
   return c;
 }
 
 // ---- head_concat -----------------------------------------------------------------------------------------------
 
 // out [n, H, Da + Db] joins a [n, H, Da] and b [n, Hb, Db] per head (b shared by the heads when Hb = 1); the backward
-// splits, summing b's gradient over the heads sharing it. CPU only (no device dtypes) until a kernel exists.
+// splits, summing b's gradient over the heads sharing it.
 OpCase head_concat_case(const std::string& name, int64_t heads, int64_t b_heads, int64_t da, int64_t db) {
   OpCase c;
   c.name = name;
-  c.dtypes = {};
+  c.device_sizes = {1000};
   c.make_inputs = [=](int64_t n, Rng& rng) {
     return std::vector<Input>{act("a", random_tensor({n, heads, da}, rng)),
                               act("b", random_tensor({n, b_heads, db}, rng))};
@@ -583,7 +582,7 @@ Tensor random_segments(int64_t batch, int64_t seq, Rng& rng) {
 
 struct AttentionShape {
   int64_t batch, q_heads, kv_heads, dim;
-  int64_t v_dim = 0;  // the value head size; 0: dim (multi-head latent attention's differs: CPU only)
+  int64_t v_dim = 0;  // the value head size; 0: dim (multi-head latent attention's differs)
 };
 
 enum class AttentionKind { kCausal, kSegments, kCausalBlock, kUnmaskedBlock };
@@ -754,12 +753,12 @@ OpCase add_case() {
   return c;
 }
 
-// scale_inplace is f32 only (gradients, clipping).
+// scale_inplace: f32 (gradients, clipping), and bf16 activations on devices (multi-head latent attention's YaRN
+// factor on its queries).
 OpCase scale_case() {
   const float factor = -0.37f;
   OpCase c;
   c.name = "scale_inplace";
-  c.dtypes = {DType::kF32};
   c.make_inputs = [](int64_t n, Rng& rng) { return std::vector<Input>{act("x", random_tensor({n, 129}, rng))}; };
   c.forward = [=](const Tensors& in, OpEnv& env) {
     Tensor y = env.copy(in["x"]);
@@ -1023,6 +1022,12 @@ OpCase sharded_backward_case() {
 }
 
 std::vector<OpCase> build_cases() {
+  // A case swept on devices only, at the given sizes (real shapes, too large for finite differences on the CPU).
+  auto device_only = [](OpCase c, std::vector<int64_t> sizes) {
+    c.sizes = {};
+    c.device_sizes = std::move(sizes);
+    return c;
+  };
   std::vector<OpCase> cases;
   for (const bool ta : {false, true}) {
     for (const bool tb : {false, true}) {
@@ -1061,18 +1066,22 @@ std::vector<OpCase> build_cases() {
   cases.push_back(rope_case("rope_interleaved_positions", 2, 1, 6, true, true));
   cases.push_back(head_concat_case("head_concat", 3, 3, 5, 7));
   cases.push_back(head_concat_case("head_concat_shared", 4, 1, 6, 3));
+  // DeepSeek-V2-Lite's: the queries' 128 features without RoPE and 64 with over 16 heads, and the key's one RoPE head
+  // shared by them; devices only.
+  cases.push_back(device_only(head_concat_case("head_concat_deepseek_q", 16, 16, 128, 64), {1, 1000}));
+  cases.push_back(device_only(head_concat_case("head_concat_deepseek_k", 16, 1, 128, 64), {1, 1000}));
+  cases.push_back(device_only(rope_case("rope_interleaved_d64", 2, 16, 64, false, true), {1, 130}));
+  cases.push_back(device_only(rope_case("rope_interleaved_d64_positions", 2, 1, 64, true, true), {1, 130}));
   cases.push_back(attention_case("attention_gqa", {2, 4, 2, 16}, AttentionKind::kCausal));
   cases.push_back(attention_case("attention_mha_d64", {1, 2, 2, 64}, AttentionKind::kCausal));
   cases.push_back(attention_case("attention_d12", {1, 4, 4, 12}, AttentionKind::kCausal));
   cases.push_back(attention_case("attention_segments", {3, 4, 2, 8}, AttentionKind::kSegments));
   {
     // Multi-head latent attention's shapes: keys of 12 features (8 without RoPE, 4 with), values of 6, and the same
-    // with packed documents. CPU only (no device dtypes) until the CUDA kernels take Dv != D.
+    // with packed documents (the native kernels in bf16 too: 12 and 6 are no multiples of 8).
     for (auto [name, kind] : {std::pair{"attention_value_dim", AttentionKind::kCausal},
                               std::pair{"attention_value_dim_segments", AttentionKind::kSegments}}) {
-      OpCase mla = attention_case(name, {2, 3, 3, 12, 6}, kind);
-      mla.dtypes = {};
-      cases.push_back(mla);
+      cases.push_back(attention_case(name, {2, 3, 3, 12, 6}, kind));
     }
   }
   cases.push_back(attention_case("attention_block_causal", {2, 4, 2, 8}, AttentionKind::kCausalBlock));
@@ -1098,11 +1107,6 @@ std::vector<OpCase> build_cases() {
   cases.push_back(attention_blocks_merged_case("attention_blocks_merged_d12", {2, 4, 4, 12}));
   // Devices only, at real head sizes and lengths (cuDNN's graphs in bf16, its padded backward at T ≡ 64 mod 128),
   // and the llama3.2-1B head layout (32 query heads over 8 kv heads, D 128).
-  auto device_only = [](OpCase c, std::vector<int64_t> sizes) {
-    c.sizes = {};
-    c.device_sizes = std::move(sizes);
-    return c;
-  };
   cases.push_back(device_only(attention_blocks_merged_case("attention_blocks_merged_d64", {2, 8, 2, 64}),
                               {17, 128, 130, 704}));
   cases.push_back(
@@ -1110,6 +1114,14 @@ std::vector<OpCase> build_cases() {
   cases.push_back(device_only(attention_case("attention_gqa_d128", {2, 8, 2, 128}, AttentionKind::kCausal), {17, 130}));
   cases.push_back(
       device_only(attention_case("attention_llama_1b_heads", {1, 32, 8, 128}, AttentionKind::kCausal), {17, 130, 1000}));
+  // Multi-head latent attention at real head sizes, devices only: keys of 24 and values of 16 (multiples of 8, so bf16
+  // runs on cuDNN's graphs with separate d_qk and d_v), and DeepSeek-V2-Lite's 16 heads of 128 + 64 and values of
+  // 128, at T ≡ 2 (mod 128) for cuDNN's padded backward and at 704 ≡ 64 (mod 128).
+  cases.push_back(device_only(attention_case("attention_value_dim_d24", {2, 3, 3, 24, 16}, AttentionKind::kCausal),
+                              {2, 31, 33, 129}));
+  cases.push_back(
+      device_only(attention_case("attention_value_dim_deepseek_heads", {1, 16, 16, 192, 128}, AttentionKind::kCausal),
+                  {17, 130, 704}));
   cases.push_back(device_only(
       attention_case("attention_segments_1b_heads", {2, 32, 8, 128}, AttentionKind::kSegments), {130, 1000}));
   cases.push_back(swiglu_case(false));

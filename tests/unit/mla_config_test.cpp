@@ -10,8 +10,11 @@
 #include "core/error.h"
 #include "layers/rope_table.h"
 #include "models/llama.h"
+#include "parallel/distributed_env.h"
 #include "support/test_support.h"
 #include "support/tiny_models.h"
+#include "train/moe_routing.h"
+#include "train/train_step.h"
 
 namespace primus {
 namespace {
@@ -69,11 +72,36 @@ TEST(MlaConfig, BadCombinationsExitTwoNamingTheKey) {
   expect_refused(kMla + ", position_embedding_type: yarn, beta_fast: 1.0, beta_slow: 2.0", "beta_fast",
                  "must exceed beta_slow");
   expect_refused(kMla + ", qk_layernorm: true", "qk_layernorm", "multi_latent_attention");
-  expect_refused(kMla + ", device: cuda", "multi_latent_attention", "CPU engine only");
   expect_refused(kMla + ", tensor_model_parallel_size: 2", "multi_latent_attention",
                  "not split over tensor- or context-parallel ranks");
   expect_refused(kMla + ", context_parallel_size: 2", "multi_latent_attention",
                  "not split over tensor- or context-parallel ranks");
+}
+
+// The CUDA path is written but not yet verified on a GPU: device: cuda is refused with exit 2 naming
+// multi_latent_attention and MLA's shape keys (kMlaGpuNotVerified), by the config and by the trainer (which meets a
+// device chosen at run time), while the model itself builds for CUDA (its GPU tests construct it: mla_gpu_test).
+TEST(MlaConfig, CudaIsRefusedUntilVerifiedOnAGpu) {
+  for (const std::string& words : {std::string("multi_latent_attention"), std::string("not been verified on a GPU yet"),
+                                   std::string("kv_lora_rank, qk_head_dim, qk_pos_emb_head_dim, v_head_dim"),
+                                   std::string("device: cpu")}) {
+    expect_refused(kMla + ", device: cuda", "multi_latent_attention", words);
+  }
+  EXPECT_NO_THROW(load_with(kMla + ", device: cpu"));
+  ModelArgs args = load_with(kMla).model;
+  args.vocab_size = 64;  // the tokenizer's, resolved by the trainer
+  TrainingArgs t;
+  t.seq_length = 32;
+  const ProcessGroups groups = make_process_groups(
+      make_world_communicator(DistributedEnv{}, kCpuDevice, DistributedTimeout(10000)), args, t);
+  try {
+    make_parallel_model(args, t, Device{DeviceType::kCuda, 0}, groups);
+    ADD_FAILURE() << "the trainer built an MLA model for cuda";
+  } catch (const UsageError& e) {
+    EXPECT_EQ(e.exit_code(), kExitUsage);
+    EXPECT_NE(std::string(e.what()).find(kMlaGpuNotVerified), std::string::npos) << e.what();
+  }
+  EXPECT_NE(make_parallel_model(args, t, kCpuDevice, groups), nullptr);
 }
 
 // DeepSeek-V2's rope_scaling (dim 64, theta 1e4, factor 40, original 4096, beta 32 and 1): frequencies below index 10
@@ -160,6 +188,85 @@ TEST(MlaModel, HuggingFaceParameterNamesAndShapes) {
   const std::vector<std::string> first = {at + "q_a_proj", at + "q_b_proj", at + "kv_a_proj_with_mqa", at + "kv_b_proj",
                                           at + "o_proj"};
   EXPECT_EQ(std::vector<std::string>(names.end() - 7, names.end() - 2), first);
+}
+
+// The multi-token prediction modules' projections are Linear modules code outside the model sees (for_each_linear),
+// after the decoder layers', under DeepSeek-V3's names: eh_proj, then the module's layer's own.
+TEST(MlaModel, MultiTokenPredictionProjectionsAreVisibleByName) {
+  ModelArgs args = testing::tiny_deepseek_args(true, false, true);
+  args.mtp_num_layers = 2;
+  const std::unique_ptr<Model> model = make_model(args, 8);
+  std::vector<std::string> names;
+  model->for_each_linear([&](const std::string& name, std::unique_ptr<Linear>&) { names.push_back(name); });
+  std::vector<std::string> modules;
+  for (const int layer : {3, 4}) {
+    const std::string pre = "model.layers." + std::to_string(layer) + ".";
+    for (const char* name : {"eh_proj", "self_attn.q_a_proj", "self_attn.q_b_proj", "self_attn.kv_a_proj_with_mqa",
+                             "self_attn.kv_b_proj", "self_attn.o_proj", "mlp.shared_experts.gate_up_proj",
+                             "mlp.shared_experts.down_proj"}) {
+      modules.push_back(pre + name);
+    }
+  }
+  ASSERT_GE(names.size(), modules.size());
+  EXPECT_EQ(std::vector<std::string>(names.end() - static_cast<std::ptrdiff_t>(modules.size()), names.end()), modules);
+  // Every one names parameters of the model (gate_up_proj: the adjacent gate_proj and up_proj).
+  for (const std::string& name : names) {
+    const std::string joined = "gate_up_proj";
+    const std::string weight = name.size() > joined.size() && name.ends_with(joined)
+                                   ? name.substr(0, name.size() - joined.size()) + "gate_proj.weight"
+                                   : name + ".weight";
+    EXPECT_TRUE(model->params().contains(weight)) << name;
+  }
+}
+
+// The multi-token prediction module's MoE router reports its routing as a decoder layer's, numbered on
+// (num_layers + k − 1), so the aux-loss-free expert bias moves for it too.
+TEST(MlaModel, MultiTokenPredictionRouterUpdatesItsExpertBias) {
+  ModelArgs args = testing::tiny_deepseek_args(false, false, true);
+  args.mtp_num_layers = 2;
+  args.moe_router_enable_expert_bias = true;
+  const int64_t B = 2, T = 16;
+  const std::unique_ptr<Model> model = make_model(args, T);
+  model->params().initialize(83);
+  Rng rng(84);
+  const Tensor tokens = testing::random_ids({B, T}, args.vocab_size, rng);
+  const Tensor labels = testing::random_ids({B, T}, args.vocab_size, rng);
+  model->clear_moe_routing();
+  testing::train_micro_batch(*model, tokens, labels);
+  const std::vector<MoeLayerRouting> routing = model->moe_routing();
+  std::vector<int64_t> layers;
+  for (const MoeLayerRouting& r : routing) {
+    layers.push_back(r.layer);
+    double entries = 0.0;
+    for (double n : r.tokens_per_expert) entries += n;
+    EXPECT_EQ(entries, static_cast<double>(B * T * args.moe_router_topk)) << "layer " << r.layer;
+    EXPECT_EQ(r.micro_batches, 1) << "layer " << r.layer;
+  }
+  EXPECT_EQ(layers, (std::vector<int64_t>{1, 2, 3, 4}));  // the first layer dense; the modules' layers 3 and 4
+
+  MoeMetrics metrics;
+  for (const MoeLayerRouting& r : routing) {
+    MoeMetrics::Layer layer;
+    layer.layer = r.layer;
+    layer.tokens_per_expert = r.tokens_per_expert;
+    metrics.layers.push_back(layer);
+  }
+  const double rate = 0.01;
+  update_expert_bias(*model, metrics, rate);
+  for (const MoeLayerRouting& r : routing) {
+    const std::string name = moe_param_names(args, "model.layers." + std::to_string(r.layer) + ".").expert_bias;
+    const Tensor bias = model->params().flat_params().slice_elements(
+        model->params().offset(model->params().index_of(name)), {args.num_experts});
+    double mean = 0.0;
+    for (double n : r.tokens_per_expert) mean += n / static_cast<double>(args.num_experts);
+    for (int64_t e = 0; e < args.num_experts; ++e) {
+      const double load = r.tokens_per_expert[static_cast<size_t>(e)];
+      const double expected = load < mean ? rate : load > mean ? -rate : 0.0;
+      EXPECT_FLOAT_EQ(bias.f32()[e], static_cast<float>(expected)) << name << " expert " << e;
+    }
+  }
+  model->clear_moe_routing();
+  for (const MoeLayerRouting& r : model->moe_routing()) EXPECT_EQ(r.micro_batches, 0) << "layer " << r.layer;
 }
 
 // DeepSeek-V2-Lite's preset has the parameters of its checkpoint: 15,706,484,224 (the model card's 15.7B). Its

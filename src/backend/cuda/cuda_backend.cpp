@@ -405,7 +405,7 @@ namespace {
 // Launches the rope kernel for args; sign +1 forward, −1 backward.
 void launch_rope(const cuda::KernelContext& ctx, const RopeArgs& args, float sign, const char* op) {
   const Tensor& x = *args.x;  // [B, T, H, D]
-  const cuda::RopeShape shape{x.dim(0), x.dim(1), x.dim(2), x.dim(3), args.cos->dim(0)};
+  const cuda::RopeShape shape{x.dim(0), x.dim(1), x.dim(2), x.dim(3), args.cos->dim(0), args.interleaved};
   dispatch(x.dtype(), op, [&](auto tag) {
     using T = decltype(tag);
     cuda::rope<T>(ctx, shape, ptr<T>(x), ptr<float>(*args.cos), ptr<float>(*args.sin),
@@ -422,8 +422,10 @@ void CudaBackend::rope_backward(const RopeArgs& args) { launch_rope(state_->ctx,
 namespace {
 
 cuda::AttentionShape attention_shape(const AttentionArgs& args, int64_t max_shared_bytes, const char* op) {
-  const cuda::AttentionShape s{args.q->dim(0), args.q->dim(1), args.q->dim(2), args.k->dim(2), args.q->dim(3)};
-  PRIMUS_CHECK(s.head_dim <= cuda::kAttentionMaxHeadDim, "[op {}] head size {} exceeds the kernels' {}", op, s.head_dim,
+  const cuda::AttentionShape s{args.q->dim(0), args.q->dim(1), args.q->dim(2),
+                               args.k->dim(2), args.q->dim(3), args.v->dim(3)};
+  PRIMUS_CHECK(s.head_dim <= cuda::kAttentionMaxHeadDim && s.v_dim <= cuda::kAttentionMaxHeadDim,
+               "[op {}] head size {} (values {}) exceeds the kernels' {}", op, s.head_dim, s.v_dim,
                cuda::kAttentionMaxHeadDim);
   PRIMUS_CHECK(s.batch <= cuda::kAttentionMaxGridDim && s.q_heads <= cuda::kAttentionMaxGridDim,
                "[op {}] batch {} or {} heads exceed the launch grid ({})", op, s.batch, s.q_heads,
@@ -441,13 +443,15 @@ namespace {
 
 bool aligned_16(const Tensor* t) { return reinterpret_cast<uintptr_t>(t->data()) % 16 == 0; }
 
-// Whether cuDNN's fused attention takes this call: bf16, head size a multiple of 8 up to 256, every tensor
-// 16-byte aligned, for backward more than one position (cuDNN has no one-token backward), and no segments:
-// packed documents (segment_start) run on the native kernels: exact, but simple O(T²) ones, much slower.
+// Whether cuDNN's fused attention takes this call: bf16, head sizes (D and the values' Dv, which may differ: multi-head
+// latent attention) multiples of 8 up to 256, every tensor 16-byte aligned, for backward more than one position
+// (cuDNN has no one-token backward), and no segments: packed documents (segment_start) run on the native kernels:
+// exact, but simple O(T²) ones, much slower.
 bool cudnn_takes(const AttentionArgs& args, bool backward) {
   const Tensor& q = *args.q;  // [B, T, Hq, D]
   if (q.dtype() != DType::kBF16 || q.numel() == 0 || args.segment_start != nullptr) return false;
-  if (q.dim(3) % 8 != 0 || q.dim(3) > 256 || (backward && q.dim(1) < 2)) return false;
+  const int64_t v_dim = args.v->dim(3);
+  if (q.dim(3) % 8 != 0 || q.dim(3) > 256 || v_dim % 8 != 0 || v_dim > 256 || (backward && q.dim(1) < 2)) return false;
   for (const Tensor* t : {args.q, args.k, args.v, static_cast<const Tensor*>(args.out)}) {
     if (!aligned_16(t)) return false;
   }
@@ -461,7 +465,7 @@ bool cudnn_takes(const AttentionArgs& args, bool backward) {
 }
 
 AttentionShape cudnn_shape(const AttentionArgs& args) {
-  return AttentionShape{args.q->dim(0), args.q->dim(1), args.q->dim(2), args.k->dim(2), args.q->dim(3)};
+  return AttentionShape{args.q->dim(0), args.q->dim(1), args.q->dim(2), args.k->dim(2), args.q->dim(3), args.v->dim(3)};
 }
 
 // The softmax scale of the CPU reference (backend/cpu/attention.cpp), rounded the same way.
@@ -515,6 +519,24 @@ void CudaBackend::attention_merge(const AttentionMergeArgs& args) {
     const cuda::AttentionShape shape{out.dim(0), out.dim(1), out.dim(2), out.dim(2), out.dim(3)};
     cuda::attention_merge<T>(state_->ctx, shape, ptr<T>(*args.out), ptr<float>(*args.lse), ptr<T>(*args.block_out),
                              ptr<float>(*args.block_lse));
+  });
+}
+
+void CudaBackend::head_concat(const HeadConcatArgs& args) {
+  const Tensor &a = *args.a, &b = *args.b;  // [N, H, Da], [N, Hb, Db]
+  const cuda::HeadConcatShape shape{a.dim(0), a.dim(1), a.dim(2), b.dim(1), b.dim(2)};
+  dispatch(a.dtype(), "head_concat", [&](auto tag) {
+    using T = decltype(tag);
+    cuda::head_concat<T>(state_->ctx, shape, ptr<T>(a), ptr<T>(b), ptr<T>(*args.out));
+  });
+}
+
+void CudaBackend::head_concat_backward(const HeadConcatArgs& args) {
+  const Tensor &da = *args.da, &db = *args.db;  // [N, H, Da], [N, Hb, Db]
+  const cuda::HeadConcatShape shape{da.dim(0), da.dim(1), da.dim(2), db.dim(1), db.dim(2)};
+  dispatch(da.dtype(), "head_concat_backward", [&](auto tag) {
+    using T = decltype(tag);
+    cuda::head_concat_backward<T>(state_->ctx, shape, ptr<T>(*args.dout), ptr<T>(da), ptr<T>(db));
   });
 }
 

@@ -46,6 +46,8 @@ class CudaBackend : public Backend {
   void attention_forward(const AttentionArgs& args) override;
   void attention_backward(const AttentionArgs& args) override;
   void attention_merge(const AttentionMergeArgs& args) override;
+  void head_concat(const HeadConcatArgs& args) override;
+  void head_concat_backward(const HeadConcatArgs& args) override;
   void swiglu_forward(const SwiGluArgs& args) override;
   void swiglu_backward(const SwiGluArgs& args) override;
   void grouped_linear_forward(const GroupedLinearArgs& args) override;

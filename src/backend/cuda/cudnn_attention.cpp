@@ -202,15 +202,23 @@ class GraphBuilder {
   int64_t next_virtual_uid_ = kFirstVirtualUid;
 };
 
-// Strides of the shapes that recur in both graphs, for B, H(q), S, D and Hkv.
+// Strides of the shapes that recur in both graphs, for B, H(q), S, D, Hkv and the values' head size Dv (d_v).
 struct Layout {
-  int64_t b, hq, hk, s, d;
+  int64_t b, hq, hk, s, d, dv;
   Dims4 q_dims() const { return {{b, hq, s, d}}; }
   Dims4 q_strides() const { return {{s * hq * d, d, hq * d, 1}}; }  // [B, T, Hq, D] memory
   Dims4 kv_dims() const { return {{b, hk, s, d}}; }
   Dims4 kv_strides() const { return {{s * hk * d, d, hk * d, 1}}; }  // [B, T, Hkv, D] memory
   Dims4 kvt_dims() const { return {{b, hk, d, s}}; }
   Dims4 kvt_strides() const { return {{s * hk * d, d, 1, hk * d}}; }  // the same memory, transposed view
+  Dims4 v_dims() const { return {{b, hk, s, dv}}; }
+  Dims4 v_strides() const { return {{s * hk * dv, dv, hk * dv, 1}}; }  // [B, T, Hkv, Dv] memory
+  Dims4 vt_dims() const { return {{b, hk, dv, s}}; }
+  Dims4 vt_strides() const { return {{s * hk * dv, dv, 1, hk * dv}}; }
+  Dims4 o_dims() const { return {{b, hq, s, dv}}; }
+  Dims4 o_strides() const { return {{s * hq * dv, dv, hq * dv, 1}}; }  // [B, T, Hq, Dv] memory: O, dO
+  Dims4 v_heads_dims() const { return {{b, hq, s, dv}}; }
+  Dims4 v_heads_strides() const { return {{hq * s * dv, s * dv, dv, 1}}; }  // [B, Hq, T, Dv]: per-head dV
   Dims4 scores_dims() const { return {{b, hq, s, s}}; }
   Dims4 scores_strides() const { return {{hq * s * s, s * s, s, 1}}; }
   Dims4 scores_t_strides() const { return {{hq * s * s, s * s, 1, s}}; }  // [B, Hq, S_kv, S_q] view of scores
@@ -260,8 +268,8 @@ cudnnBackendDescriptor_t padding_mask(GraphBuilder& g, const Layout& l, cudnnBac
 void build_forward(GraphBuilder& g, const Layout& l, bool causal) {
   auto q = g.tensor(kUidQ, CUDNN_DATA_BFLOAT16, l.q_dims(), l.q_strides(), false, "Q");
   auto kt = g.tensor(kUidKt, CUDNN_DATA_BFLOAT16, l.kvt_dims(), l.kvt_strides(), false, "K^T");
-  auto v = g.tensor(kUidV, CUDNN_DATA_BFLOAT16, l.kv_dims(), l.kv_strides(), false, "V");
-  auto o = g.tensor(kUidO, CUDNN_DATA_BFLOAT16, l.q_dims(), l.q_strides(), false, "O");
+  auto v = g.tensor(kUidV, CUDNN_DATA_BFLOAT16, l.v_dims(), l.v_strides(), false, "V");
+  auto o = g.tensor(kUidO, CUDNN_DATA_BFLOAT16, l.o_dims(), l.o_strides(), false, "O");
   auto stats = g.tensor(kUidStats, CUDNN_DATA_FLOAT, l.row_dims(), l.row_strides(), false, "Stats");
   auto scale = g.scalar(kUidScale, "scale");
 
@@ -295,14 +303,14 @@ void build_forward(GraphBuilder& g, const Layout& l, bool causal) {
 void build_backward(GraphBuilder& g, const Layout& l, bool padded, bool deterministic, bool causal) {
   auto q = g.tensor(kUidQ, CUDNN_DATA_BFLOAT16, l.q_dims(), l.q_strides(), false, "Q");
   auto kt = g.tensor(kUidKt, CUDNN_DATA_BFLOAT16, l.kvt_dims(), l.kvt_strides(), false, "K^T");
-  auto vt = g.tensor(kUidVt, CUDNN_DATA_BFLOAT16, l.kvt_dims(), l.kvt_strides(), false, "V^T");
-  auto o = g.tensor(kUidO, CUDNN_DATA_BFLOAT16, l.q_dims(), l.q_strides(), false, "O");
-  auto d_o = g.tensor(kUidDo, CUDNN_DATA_BFLOAT16, l.q_dims(), l.q_strides(), false, "dO");
+  auto vt = g.tensor(kUidVt, CUDNN_DATA_BFLOAT16, l.vt_dims(), l.vt_strides(), false, "V^T");
+  auto o = g.tensor(kUidO, CUDNN_DATA_BFLOAT16, l.o_dims(), l.o_strides(), false, "O");
+  auto d_o = g.tensor(kUidDo, CUDNN_DATA_BFLOAT16, l.o_dims(), l.o_strides(), false, "dO");
   auto stats = g.tensor(kUidStats, CUDNN_DATA_FLOAT, l.row_dims(), l.row_strides(), false, "Stats");
   auto softmax_sum = g.tensor(kUidSoftmaxSum, CUDNN_DATA_FLOAT, l.row_dims(), l.row_strides(), false, "softmax_sum");
   auto dq = g.tensor(kUidDq, CUDNN_DATA_BFLOAT16, l.q_dims(), l.q_strides(), false, "dQ");
   auto dk = g.tensor(kUidDk, CUDNN_DATA_BFLOAT16, l.kv_dims(), l.kv_strides(), false, "dK");
-  auto dv = g.tensor(kUidDv, CUDNN_DATA_BFLOAT16, l.kv_dims(), l.kv_strides(), false, "dV");
+  auto dv = g.tensor(kUidDv, CUDNN_DATA_BFLOAT16, l.v_dims(), l.v_strides(), false, "dV");
   auto scale = g.scalar(kUidScale, "scale");
   auto neg_inf = padded || causal ? g.scalar(kUidNegInf, "-inf") : nullptr;
   auto one = g.scalar(kUidOne, "one");
@@ -314,7 +322,7 @@ void build_backward(GraphBuilder& g, const Layout& l, bool padded, bool determin
   const Dims4 sd = l.scores_dims(), ss = l.scores_strides(), rd = l.row_dims(), rs = l.row_strides();
 
   // softmax_sum = Σ_d dO∘O (the "Δ" of the CPU reference), times one as cuDNN's pattern expects.
-  auto do_o = g.virt(CUDNN_DATA_FLOAT, l.q_dims(), {{l.hq * l.s * l.d, l.s * l.d, l.hq * l.d, 1}}, "dO*O");
+  auto do_o = g.virt(CUDNN_DATA_FLOAT, l.o_dims(), {{l.hq * l.s * l.dv, l.s * l.dv, l.hq * l.dv, 1}}, "dO*O");
   g.pointwise(CUDNN_POINTWISE_MUL, d_o, o, nullptr, do_o, "dO*O");
   auto delta = g.virt(CUDNN_DATA_FLOAT, rd, rs, "sum dO*O");
   g.reduction(CUDNN_REDUCE_TENSOR_ADD, do_o, delta, "sum dO*O");
@@ -336,7 +344,7 @@ void build_backward(GraphBuilder& g, const Layout& l, bool padded, bool determin
   const bool gqa = l.hq != l.hk;
   auto pt = g.virt(CUDNN_DATA_BFLOAT16, sd, l.scores_t_strides(), "P^T");
   g.reshape(p, pt, "P^T");
-  auto dv_heads = gqa ? g.virt(CUDNN_DATA_BFLOAT16, l.heads_dims(), l.heads_strides(), "dV per query head") : dv;
+  auto dv_heads = gqa ? g.virt(CUDNN_DATA_BFLOAT16, l.v_heads_dims(), l.v_heads_strides(), "dV per query head") : dv;
   g.matmul(pt, d_o, dv_heads, "P^T·dO", seq_kv, nullptr, seq_q);
   if (gqa) g.reduction(CUDNN_REDUCE_TENSOR_ADD, dv_heads, dv, "dV group sum");
 
@@ -448,10 +456,13 @@ void validate(const AttentionShape& s, bool backward, std::initializer_list<std:
   if (s.heads % s.kv_heads != 0) {
     throw UsageError(fmt::format("[cudnn attention {}] Hq={} is not a multiple of Hkv={}", dir, s.heads, s.kv_heads));
   }
-  if (s.head_dim % 8 != 0 || s.head_dim > 256) {
-    throw UsageError(fmt::format(
-        "[cudnn attention {}] head_dim {} is unsupported: cuDNN fused attention needs a multiple of 8 up to 256", dir,
-        s.head_dim));
+  for (const int64_t dim : {s.head_dim, s.value_dim()}) {
+    if (dim % 8 != 0 || dim > 256) {
+      throw UsageError(
+          fmt::format("[cudnn attention {}] head size {} (D {}, Dv {}) is unsupported: cuDNN fused "
+                      "attention needs multiples of 8 up to 256",
+                      dir, dim, s.head_dim, s.value_dim()));
+    }
   }
   if (backward && s.seq == 1) {
     throw UsageError(
@@ -488,14 +499,15 @@ bool has_nondeterministic_note(cudnnBackendDescriptor_t config) {
 }  // namespace
 
 CudnnAttention::Plan& CudnnAttention::plan_for(const AttentionShape& shape, bool backward, bool causal) {
-  const PlanKey key{backward, causal, shape.batch, shape.seq, shape.heads, shape.kv_heads, shape.head_dim};
+  const PlanKey key{backward,    causal,         shape.batch,    shape.seq,
+                    shape.heads, shape.kv_heads, shape.head_dim, shape.value_dim()};
   auto found = plans_.find(key);
   if (found != plans_.end()) return *found->second;
 
   const std::string where =
-      fmt::format("{} B={} T={} Hq={} Hkv={} D={}{}", direction_name(backward), shape.batch, shape.seq, shape.heads,
-                  shape.kv_heads, shape.head_dim, causal ? "" : " unmasked");
-  const Layout layout{shape.batch, shape.heads, shape.kv_heads, shape.seq, shape.head_dim};
+      fmt::format("{} B={} T={} Hq={} Hkv={} D={} Dv={}{}", direction_name(backward), shape.batch, shape.seq,
+                  shape.heads, shape.kv_heads, shape.head_dim, shape.value_dim(), causal ? "" : " unmasked");
+  const Layout layout{shape.batch, shape.heads, shape.kv_heads, shape.seq, shape.head_dim, shape.value_dim()};
   auto plan = std::make_unique<Plan>();
   // cuDNN 9.14–9.15 backward may read invalid memory when T is not a multiple of 128 unless a padding mask is
   // present (cudnn-frontend adds one silently); a full-length mask changes no result.

@@ -9,10 +9,12 @@
 // before their matmuls, dQ accumulated in fp32.
 //
 // Layouts (all contiguous, every pointer 16-byte aligned):
-//   q, out, dout, dq  [B, T, Hq, D]  bf16      k, v, dk, dv  [B, T, Hkv, D]  bf16
+//   q, dq  [B, T, Hq, D]  bf16      k, dk  [B, T, Hkv, D]  bf16
+//   out, dout  [B, T, Hq, Dv]  bf16      v, dv  [B, T, Hkv, Dv]  bf16   (Dv = D, or another: multi-head latent
+//                                    attention's 192 and 128, which cuDNN's graphs take as separate d_qk and d_v)
 //   lse               [B, Hq, T]     fp32 natural-log log-sum-exp of the scaled scores (forward writes it,
 //                                    backward reads it) — the CPU backend's layout.
-// Query head h reads kv head h / (Hq / Hkv). D must be a multiple of 8 and at most 256; Hq a multiple of Hkv.
+// Query head h reads kv head h / (Hq / Hkv). D and Dv must be multiples of 8 and at most 256; Hq a multiple of Hkv.
 //
 // One instance per stream, not thread-safe. Execution plans are built on the first call for each shape
 // (0.05–1 s; the first in a process also loads cuDNN, ~5 s) and cached; build every shape once before
@@ -33,6 +35,8 @@ namespace primus {
 
 struct AttentionShape {
   int64_t batch = 0, seq = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  int64_t v_dim = 0;  // the value head size Dv; 0: head_dim
+  int64_t value_dim() const { return v_dim > 0 ? v_dim : head_dim; }
 };
 
 class CudnnAttention {
@@ -61,8 +65,8 @@ class CudnnAttention {
 
  private:
   struct Plan;
-  // backward?, causal?, B, T, Hq, Hkv, D
-  using PlanKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t>;
+  // backward?, causal?, B, T, Hq, Hkv, D, Dv
+  using PlanKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
 
   Plan& plan_for(const AttentionShape& shape, bool backward, bool causal);
   void* device_alloc(size_t bytes);

@@ -12,6 +12,8 @@
 // Backward runs two kernels: per query row it recomputes p from lse, writes dq and Δ; then per key row and
 // kv head it recomputes p and ds for every later query of the group's heads, in head then position order, and
 // sums dk and dv in registers. Every output element is written by one thread: no atomics, deterministic.
+// Values (and so out, dout, dv) may have a head size Dv other than the queries' and keys' D (multi-head latent
+// attention: 192 and 128); the scale stays 1/sqrt(D).
 // Shared memory holds a row of T scores (two in backward), which bounds T by the device's per-block limit;
 // the flash-attention kernels that replace these lift it. The CUDA backend runs bf16 attention through cuDNN
 // (cudnn_attention.h) and keeps these for fp32 and for what cuDNN does not take (backward at T = 1, head
@@ -30,7 +32,7 @@ static_assert(kThreads * kSlots >= kAttentionMaxHeadDim);
 constexpr int64_t kDefaultSharedBytes = 48 * 1024;
 
 struct Strides {
-  int64_t seq, q_heads, kv_heads, head_dim, group;
+  int64_t seq, q_heads, kv_heads, head_dim, v_dim, group;
   int64_t score_slots;  // floats per row of scores in shared memory (T padded, see kernels.h)
   bool causal;          // else every key of the block
   // One past the last key query t attends to, and the first query that attends to key j.
@@ -38,12 +40,16 @@ struct Strides {
   __device__ int64_t first_query(int64_t j) const { return causal ? j : 0; }
   __device__ int64_t q_row(int64_t b, int64_t t, int64_t h) const { return ((b * seq + t) * q_heads + h) * head_dim; }
   __device__ int64_t kv_row(int64_t b, int64_t t, int64_t h) const { return ((b * seq + t) * kv_heads + h) * head_dim; }
+  // Rows of v, dv [B, T, Hkv, Dv] and of out, dout [B, T, Hq, Dv].
+  __device__ int64_t v_row(int64_t b, int64_t t, int64_t h) const { return ((b * seq + t) * kv_heads + h) * v_dim; }
+  __device__ int64_t o_row(int64_t b, int64_t t, int64_t h) const { return ((b * seq + t) * q_heads + h) * v_dim; }
   __device__ int64_t stat(int64_t b, int64_t h, int64_t t) const { return (b * q_heads + h) * seq + t; }
 };
 
 Strides strides_of(const AttentionShape& s, bool causal) {
-  return Strides{s.seq, s.q_heads, s.kv_heads, s.head_dim, s.q_heads / s.kv_heads, attention_score_slots(s.seq),
-                 causal};
+  return Strides{
+      s.seq, s.q_heads, s.kv_heads, s.head_dim, s.value_dim(), s.q_heads / s.kv_heads, attention_score_slots(s.seq),
+      causal};
 }
 
 // The first key query (b, t) attends to: 0, or its segment start, which must lie in [0, t]. An invalid start is
@@ -106,17 +112,18 @@ __global__ void attention_forward_kernel(const T* __restrict__ q, const T* __res
   const float inv = static_cast<float>(1.0 / sum);
   for (int64_t j = threadIdx.x; j < count; j += blockDim.x) p[j] *= inv;
   __syncthreads();
-  const T* v_head = v + d.kv_row(b, s0, kvh);
-  const int64_t v_stride = d.kv_heads * d.head_dim;
-  for (int64_t i = threadIdx.x; i < d.head_dim; i += blockDim.x) {
+  const T* v_head = v + d.v_row(b, s0, kvh);
+  const int64_t v_stride = d.kv_heads * d.v_dim;
+  const int64_t o_off = d.o_row(b, t, h);
+  for (int64_t i = threadIdx.x; i < d.v_dim; i += blockDim.x) {
     float acc = 0.0f;
     for (int64_t j = 0; j < count; ++j) acc += p[j] * load(v_head + j * v_stride + i);
-    store(out + q_off + i, acc);
+    store(out + o_off + i, acc);
   }
   if (threadIdx.x == 0) lse[d.stat(b, h, t)] = static_cast<float>(static_cast<double>(max) + log(sum));
 }
 
-// Block (t, h, b): dq[b, t, h, :] and Δ[b, h, t]. Shared: q row [D], dout row [D], ds [e + 1 − s0] (of
+// Block (t, h, b): dq[b, t, h, :] and Δ[b, h, t]. Shared: q row [D], dout row [Dv], ds [e + 1 − s0] (of
 // score_slots), ds[r] belonging to key s0 + r.
 template <typename T>
 __global__ void attention_dq_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
@@ -131,23 +138,23 @@ __global__ void attention_dq_kernel(const T* __restrict__ q, const T* __restrict
   check_first_key(segment_start, b, t, d.seq, error);
   const int64_t s0 = first_key(segment_start, b, t, d.seq);
   const int64_t count = d.key_end(t) - s0;
-  float* q_row = smem;                // [D]
-  float* do_row = smem + d.head_dim;  // [D]
-  float* ds = smem + 2 * d.head_dim;  // [e + 1 − s0]
-  const int64_t off = d.q_row(b, t, h);
+  float* q_row = smem;                      // [D]
+  float* do_row = smem + d.head_dim;        // [Dv]
+  float* ds = smem + d.head_dim + d.v_dim;  // [e + 1 − s0]
+  const int64_t off = d.q_row(b, t, h), o_off = d.o_row(b, t, h);
+  for (int64_t i = threadIdx.x; i < d.head_dim; i += blockDim.x) q_row[i] = load(q + off + i);
   double dot = 0.0;  // Δ = dout[t] · out[t]
-  for (int64_t i = threadIdx.x; i < d.head_dim; i += blockDim.x) {
-    q_row[i] = load(q + off + i);
-    const float g = load(dout + off + i);
+  for (int64_t i = threadIdx.x; i < d.v_dim; i += blockDim.x) {
+    const float g = load(dout + o_off + i);
     do_row[i] = g;
-    dot += static_cast<double>(g) * load(out + off + i);
+    dot += static_cast<double>(g) * load(out + o_off + i);
   }
   dot = block_sum(dot, sum_scratch);  // its barriers also publish q_row and do_row
   const float delta_t = static_cast<float>(dot);
   const float row_lse = lse[d.stat(b, h, t)];
   for (int64_t r = threadIdx.x; r < count; r += blockDim.x) {
     const float p = expf(dot_row(q_row, k + d.kv_row(b, s0 + r, kvh), d.head_dim) * scale - row_lse);
-    const float dp = dot_row(do_row, v + d.kv_row(b, s0 + r, kvh), d.head_dim);
+    const float dp = dot_row(do_row, v + d.v_row(b, s0 + r, kvh), d.v_dim);
     ds[r] = p * (dp - delta_t);
   }
   __syncthreads();
@@ -161,7 +168,7 @@ __global__ void attention_dq_kernel(const T* __restrict__ q, const T* __restrict
   if (threadIdx.x == 0) delta[d.stat(b, h, t)] = delta_t;
 }
 
-// Block (j, kv head, b): dk and dv of key row j. Shared: k row [D], v row [D], p [T − t0], ds [T − t0] (each of
+// Block (j, kv head, b): dk and dv of key row j. Shared: k row [D], v row [Dv], p [T − t0], ds [T − t0] (each of
 // score_slots) for the queries t0.. that see key j (t0 = j causal, 0 without a mask); p[r] and ds[r] belong to
 // query t0 + r, and are 0 when that query's segment starts after j.
 template <typename T>
@@ -174,17 +181,16 @@ __global__ void attention_dkv_kernel(const T* __restrict__ q, const T* __restric
   const int64_t t0 = d.first_query(j);
   const int64_t count = d.seq - t0;  // queries t = t0 .. T−1 see key j
   float* k_row = smem;               // [D]
-  float* v_row = smem + d.head_dim;  // [D]
-  float* p = smem + 2 * d.head_dim;  // [T − t0]
-  float* ds = p + d.score_slots;     // [T − t0], already scaled by 1/sqrt(D)
-  const int64_t kv_off = d.kv_row(b, j, kvh);
-  for (int64_t i = threadIdx.x; i < d.head_dim; i += blockDim.x) {
-    k_row[i] = load(k + kv_off + i);
-    v_row[i] = load(v + kv_off + i);
-  }
+  float* v_row = smem + d.head_dim;  // [Dv]
+  float* p = smem + d.head_dim + d.v_dim;  // [T − t0]
+  float* ds = p + d.score_slots;           // [T − t0], already scaled by 1/sqrt(D)
+  const int64_t kv_off = d.kv_row(b, j, kvh), v_off = d.v_row(b, j, kvh);
+  for (int64_t i = threadIdx.x; i < d.head_dim; i += blockDim.x) k_row[i] = load(k + kv_off + i);
+  for (int64_t i = threadIdx.x; i < d.v_dim; i += blockDim.x) v_row[i] = load(v + v_off + i);
+  const int64_t width = d.head_dim > d.v_dim ? d.head_dim : d.v_dim;  // the slots cover both rows
   float dk_acc[kSlots] = {};
   float dv_acc[kSlots] = {};
-  const int64_t q_stride = d.q_heads * d.head_dim;
+  const int64_t q_stride = d.q_heads * d.head_dim, o_stride = d.q_heads * d.v_dim;
   for (int64_t h = kvh * d.group; h < (kvh + 1) * d.group; ++h) {
     __syncthreads();  // k_row/v_row written, or the previous head's p and ds consumed
     for (int64_t r = threadIdx.x; r < count; r += blockDim.x) {
@@ -194,31 +200,32 @@ __global__ void attention_dkv_kernel(const T* __restrict__ q, const T* __restric
         ds[r] = 0.0f;
         continue;
       }
-      const int64_t off = d.q_row(b, t, h);
-      const float pt = expf(dot_row(k_row, q + off, d.head_dim) * scale - lse[d.stat(b, h, t)]);
-      const float dp = dot_row(v_row, dout + off, d.head_dim);
+      const float pt = expf(dot_row(k_row, q + d.q_row(b, t, h), d.head_dim) * scale - lse[d.stat(b, h, t)]);
+      const float dp = dot_row(v_row, dout + d.o_row(b, t, h), d.v_dim);
       p[r] = pt;
       ds[r] = pt * (dp - delta[d.stat(b, h, t)]) * scale;
     }
     __syncthreads();
     const T* q_head = q + d.q_row(b, t0, h);
-    const T* do_head = dout + d.q_row(b, t0, h);
+    const T* do_head = dout + d.o_row(b, t0, h);
 #pragma unroll
     for (int slot = 0; slot < kSlots; ++slot) {
       const int64_t i = threadIdx.x + slot * static_cast<int64_t>(blockDim.x);
-      if (i >= d.head_dim) break;
-      for (int64_t r = 0; r < count; ++r) {
-        dk_acc[slot] += ds[r] * load(q_head + r * q_stride + i);
-        dv_acc[slot] += p[r] * load(do_head + r * q_stride + i);
+      if (i >= width) break;
+      if (i < d.head_dim) {
+        for (int64_t r = 0; r < count; ++r) dk_acc[slot] += ds[r] * load(q_head + r * q_stride + i);
+      }
+      if (i < d.v_dim) {
+        for (int64_t r = 0; r < count; ++r) dv_acc[slot] += p[r] * load(do_head + r * o_stride + i);
       }
     }
   }
 #pragma unroll
   for (int slot = 0; slot < kSlots; ++slot) {
     const int64_t i = threadIdx.x + slot * static_cast<int64_t>(blockDim.x);
-    if (i >= d.head_dim) break;
-    store(dk + kv_off + i, dk_acc[slot]);
-    store(dv + kv_off + i, dv_acc[slot]);
+    if (i >= width) break;
+    if (i < d.head_dim) store(dk + kv_off + i, dk_acc[slot]);
+    if (i < d.v_dim) store(dv + v_off + i, dv_acc[slot]);
   }
 }
 
@@ -266,7 +273,7 @@ void attention_forward(const KernelContext& ctx, const AttentionShape& shape, co
                        T* out, float* lse, const int32_t* segment_start, bool causal) {
   if (shape.batch == 0 || shape.seq == 0 || shape.q_heads == 0) return;
   const int64_t shared = (shape.head_dim + attention_score_slots(shape.seq)) * static_cast<int64_t>(sizeof(float));
-  prepare_shared(attention_forward_kernel<T>, shared);
+  prepare_shared(attention_forward_kernel<T>, shared);  // the q row and the scores: Dv takes no shared memory
   const dim3 grid(static_cast<unsigned>(shape.seq), static_cast<unsigned>(shape.q_heads),
                   static_cast<unsigned>(shape.batch));
   const float scale = 1.0f / sqrtf(static_cast<float>(shape.head_dim));
@@ -285,7 +292,7 @@ void attention_backward(const KernelContext& ctx, const AttentionShape& shape, c
   DeviceBuffer delta(*ctx.allocator, static_cast<size_t>(shape.batch * shape.q_heads * shape.seq) * sizeof(float));
 
   const int64_t dq_shared =
-      (2 * shape.head_dim + attention_score_slots(shape.seq)) * static_cast<int64_t>(sizeof(float));
+      (shape.head_dim + shape.value_dim() + attention_score_slots(shape.seq)) * static_cast<int64_t>(sizeof(float));
   prepare_shared(attention_dq_kernel<T>, dq_shared);
   const dim3 q_grid(static_cast<unsigned>(shape.seq), static_cast<unsigned>(shape.q_heads),
                     static_cast<unsigned>(shape.batch));

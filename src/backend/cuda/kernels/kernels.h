@@ -79,10 +79,12 @@ void rmsnorm_backward(const KernelContext& ctx, const T* x, const T* weight, con
 
 // In place on x [B, T, H, D] with cos, sin [rows, D/2]; sign +1 rotates forward, -1 applies the inverse. Token
 // (b, t) uses table row t (rows ≥ T), or positions[b·T + t] when positions ([B, T], may be null) is given; a
-// position outside [0, rows) is recorded in ctx.error and its token left unchanged.
+// position outside [0, rows) is recorded in ctx.error and its token left unchanged. Pair i is (x[i], x[i + D/2]),
+// or with interleaved (multi-head latent attention, DeepSeek's checkpoint order) (x[2i], x[2i + 1]).
 struct RopeShape {
   int64_t batch, seq, heads, head_dim;
   int64_t rows;  // of the cos/sin tables
+  bool interleaved = false;
 };
 template <typename T>
 void rope(const KernelContext& ctx, const RopeShape& shape, T* x, const float* cos, const float* sin,
@@ -90,10 +92,12 @@ void rope(const KernelContext& ctx, const RopeShape& shape, T* x, const float* c
 
 struct AttentionShape {
   int64_t batch, seq, q_heads, kv_heads, head_dim;
+  int64_t v_dim = 0;  // the value (and output) head size Dv; 0: head_dim (multi-head latent attention's differs)
+  int64_t value_dim() const { return v_dim > 0 ? v_dim : head_dim; }
 };
-// Limits of the attention kernels, checked by the backend before it launches them: the head size, the grid
-// (y: heads ≤ 65535, z: batch ≤ 65535) and the dynamic shared memory per block, whose largest use (the
-// dk/dv kernel: two head rows and two rows of T scores) must fit the device's opt-in limit with the
+// Limits of the attention kernels, checked by the backend before it launches them: the head sizes (D and Dv), the
+// grid (y: heads ≤ 65535, z: batch ≤ 65535) and the dynamic shared memory per block, whose largest use (the
+// dk/dv kernel: a key and a value row and two rows of T scores) must fit the device's opt-in limit with the
 // kernels' static shared memory (under 1 KiB).
 inline constexpr int64_t kAttentionMaxHeadDim = 512;
 inline constexpr int64_t kAttentionMaxGridDim = 65535;
@@ -102,12 +106,12 @@ inline constexpr int64_t kAttentionStaticSharedBytes = 1024;
 // element of a row together with its neighbour (compute-sanitizer flagged such 8-byte reads at T = 1).
 inline int64_t attention_score_slots(int64_t seq) { return (seq + 3) / 4 * 4; }
 inline int64_t attention_shared_bytes(const AttentionShape& s) {
-  return (2 * s.head_dim + 2 * attention_score_slots(s.seq)) * static_cast<int64_t>(sizeof(float));
+  return (s.head_dim + s.value_dim() + 2 * attention_score_slots(s.seq)) * static_cast<int64_t>(sizeof(float));
 }
-// q, out, dout, dq [B, T, Hq, D]; k, v, dk, dv [B, T, Hkv, D]; lse [B, Hq, T]. causal: query t attends to keys
-// j ≤ t, else to every key of the block. segment_start ([B, T], may be null; causal only): query t attends to keys
-// [segment_start[b·T + t], t] only; a start outside [0, t] is recorded in ctx.error (forward and dq then use [t, t]
-// for that row so nothing is read out of bounds).
+// q, dq [B, T, Hq, D]; k, dk [B, T, Hkv, D]; v, dv [B, T, Hkv, Dv]; out, dout [B, T, Hq, Dv]; lse [B, Hq, T]. causal:
+// query t attends to keys j ≤ t, else to every key of the block. segment_start ([B, T], may be null; causal only):
+// query t attends to keys [segment_start[b·T + t], t] only; a start outside [0, t] is recorded in ctx.error (forward
+// and dq then use [t, t] for that row so nothing is read out of bounds).
 template <typename T>
 void attention_forward(const KernelContext& ctx, const AttentionShape& shape, const T* q, const T* k, const T* v,
                        T* out, float* lse, const int32_t* segment_start = nullptr, bool causal = true);
@@ -116,10 +120,22 @@ void attention_backward(const KernelContext& ctx, const AttentionShape& shape, c
                         const T* out, const float* lse, const T* dout, T* dq, T* dk, T* dv,
                         const int32_t* segment_start = nullptr, bool causal = true);
 // out [B, T, Hq, D] and lse [B, Hq, T] merged in place with block_out and block_lse (backend.h, AttentionMergeArgs);
-// shape.kv_heads is not read.
+// shape.kv_heads and shape.v_dim are not read (D is out's head size).
 template <typename T>
 void attention_merge(const KernelContext& ctx, const AttentionShape& shape, T* out, float* lse, const T* block_out,
                      const float* block_lse);
+
+// Multi-head latent attention's per-head concatenation (head_concat.cu; backend.h, HeadConcatArgs): a, da
+// [rows, heads, a_dim], b, db [rows, b_heads, b_dim] (b_heads = heads, or 1: one b row shared by every head), out,
+// dout [rows, heads, a_dim + b_dim]. The backward overwrites da and db; a shared db sums its heads in head order in
+// fp32, as the CPU does.
+struct HeadConcatShape {
+  int64_t rows, heads, a_dim, b_heads, b_dim;
+};
+template <typename T>
+void head_concat(const KernelContext& ctx, const HeadConcatShape& shape, const T* a, const T* b, T* out);
+template <typename T>
+void head_concat_backward(const KernelContext& ctx, const HeadConcatShape& shape, const T* dout, T* da, T* db);
 
 // gate_up, dgate_up [rows, 2F] (per row: gate then up; dgate_up may be gate_up); out, dout [rows, F].
 template <typename T>
