@@ -965,8 +965,8 @@ std::vector<KeySpec> build_specs() {
        .choices = {"e4m3", "hybrid"},
        .help = "fp8 training: the GEMMs of the transformer layers read fp8 operands. e4m3: every operand in e4m3; "
                "hybrid: e4m3 forward (activations, weights), e5m2 gradients. On MI300X the fnuz variants of the same "
-               "formats. Unset/null: off. Needs a GPU with fp8 tensor cores; the fp8 GEMM path is not built yet, so a "
-               "run with it exits 2.",
+               "formats. Unset/null: off. Needs a GPU with fp8 tensor cores; the GPU path has not been verified on one "
+               "yet, so a run on a GPU exits 2 for now (docs/fp8.md).",
        .aliases = {"fp8"},
        .apply = train_field<&TrainingArgs::fp8_format>},
       {.name = "fp8_recipe",

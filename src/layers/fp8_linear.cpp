@@ -17,7 +17,9 @@ struct Fp8Matrix {
   Fp8Format format = Fp8Format::kE4M3;
   Fp8Tiling tiling;
 
-  ops::Fp8Operand operand() const { return {.codes = &codes, .format = format, .tiling = tiling, .scale_inv = &scale_inv}; }
+  ops::Fp8Operand operand() const {
+    return {.codes = &codes, .format = format, .tiling = tiling, .scale_inv = &scale_inv};
+  }
 };
 
 // The blockwise recipe's tiles (DeepSeek-V3): 1×128 for inputs and gradients, 128×128 for weights, over the matrix

@@ -63,6 +63,7 @@ std::shared_ptr<Fp8Scaling> enable_fp8(Model& model, const TrainingArgs& t, Devi
   int64_t fp8_modules = 0, kept = 0;
   model.for_each_linear([&](const std::string& name, std::unique_ptr<Linear>& slot) {
     const int64_t layer = layer_index(name);
+    // Multi-token prediction's modules (layers num_layers and above) stay in the compute dtype with the output layer.
     if (layer < bf16_start || layer >= layers - bf16_end) {
       ++kept;
       return;

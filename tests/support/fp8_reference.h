@@ -25,7 +25,9 @@ struct Quantized {
   std::vector<double> y, scale_inv;
 };
 
-inline Quantized reference_quantize(const Fp8CaseSpec& s, const float* x, int64_t rows, int64_t cols, bool transposed) {
+// fixed_scale > 0: every tile takes that scale instead (the delayed recipe's scales come from earlier steps).
+inline Quantized reference_quantize(const Fp8CaseSpec& s, const float* x, int64_t rows, int64_t cols, bool transposed,
+                                    float fixed_scale = 0.0f) {
   // The matrix quantised: x, or xᵀ read from x.
   const int64_t m = transposed ? cols : rows, n = transposed ? rows : cols;
   auto at = [&](int64_t i, int64_t j) { return transposed ? x[j * cols + i] : x[i * cols + j]; };
@@ -39,8 +41,10 @@ inline Quantized reference_quantize(const Fp8CaseSpec& s, const float* x, int64_
     for (int64_t i = i0; i < std::min(m, i0 + tr); ++i) {
       for (int64_t j = j0; j < std::min(n, j0 + tc); ++j) amax = std::max(amax, std::fabs(at(i, j)));
     }
-    scale[g] =
-        fp8_scale_from_amax(amax, fp8_info(s.format).max_finite, s.options.margin, 1.0f, s.options.power_of_two).scale;
+    scale[g] = fixed_scale > 0.0f ? fixed_scale
+                                  : fp8_scale_from_amax(amax, fp8_info(s.format).max_finite, s.options.margin, 1.0f,
+                                                        s.options.power_of_two)
+                                        .scale;
     q.scale_inv.push_back(1.0f / scale[g]);
   }
   for (int64_t i = 0; i < m; ++i) {

@@ -15,6 +15,38 @@
 
 namespace primus::testing {
 
+// A tiny Llama (2 layers, hidden 64) training on Shakespeare: 8 samples of 64 tokens a step, a metrics record
+// every step, no evaluation; lr warmed up over 10 steps and decayed to step 150.
+inline ExperimentConfig shakespeare_experiment(const std::string& workspace, int64_t iters) {
+  ExperimentConfig c;
+  c.exp_name = "tiny";
+  c.workspace = workspace;
+  c.effective_yaml = "exp_name: tiny\n";
+  ModelArgs& m = c.model;
+  m.num_layers = 2;
+  m.hidden_size = 64;
+  m.ffn_hidden_size = 176;
+  m.num_attention_heads = 4;
+  m.num_query_groups = 2;
+  m.kv_channels = 16;
+  m.max_position_embeddings = 256;
+  TrainingArgs& t = c.train;
+  t.train_iters = iters;
+  t.micro_batch_size = 4;
+  t.global_batch_size = 8;
+  t.seq_length = 64;
+  t.lr = 3e-3;
+  t.min_lr = 3e-4;
+  t.lr_warmup_iters = 10;
+  t.lr_decay_iters = 150;
+  t.weight_decay = 0.1;
+  t.adam_beta2 = 0.95;
+  t.log_interval = 1;
+  t.eval_interval = 0;
+  t.data_path = {shakespeare_path()};
+  return c;
+}
+
 // An experiment on the tiny_llama preset (2 layers) with `overrides` (a YAML flow mapping's entries), its presets read
 // from `configs_dir` (PRIMUS_SOURCE_DIR "/configs" in the tests), written under a temporary folder named `label`.
 inline ExperimentConfig load_tiny_llama_experiment(const std::string& label, const std::string& overrides,

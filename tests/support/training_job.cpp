@@ -168,6 +168,30 @@ void expect_close(double a, double b, const std::string& what) {
 
 }  // namespace
 
+double largest_parameter_difference(const RunResult& one, const RunResult& many, std::string* name) {
+  EXPECT_EQ(many.weights.size(), one.weights.size());
+  double worst = 0.0;
+  for (const auto& [tensor, values] : one.weights) {
+    const auto other = many.weights.find(tensor);
+    if (other == many.weights.end() || other->second.size() != values.size()) {
+      ADD_FAILURE() << tensor << " is missing or of another size";
+      continue;
+    }
+    double diff = 0.0, norm = 0.0;
+    for (size_t k = 0; k < values.size(); ++k) {
+      const double d = static_cast<double>(values[k]) - other->second[k];
+      diff += d * d;
+      norm += static_cast<double>(values[k]) * values[k];
+    }
+    const double rel = std::sqrt(diff / std::max(norm, 1e-30));
+    if (rel > worst) {
+      worst = rel;
+      *name = tensor;
+    }
+  }
+  return worst;
+}
+
 void expect_same_run(const RunResult& one, const RunResult& many, const std::string& layout) {
   ASSERT_EQ(one.losses.size(), 20u);
   ASSERT_EQ(many.losses.size(), one.losses.size()) << layout;
@@ -184,19 +208,8 @@ void expect_same_run(const RunResult& one, const RunResult& many, const std::str
   // Per tensor, ||a - b|| / ||a||: the reduction adds the ranks' partial gradients in another order than one
   // rank accumulating them, and AdamW's g / sqrt(v) magnifies those last-bit differences for the elements whose
   // gradient is near zero, so single elements drift more than the tensor does.
-  double worst = 0.0;
   std::string worst_name;
-  for (const auto& [name, values] : one.weights) {
-    const std::vector<float>& other = many.weights.at(name);
-    ASSERT_EQ(other.size(), values.size()) << name;
-    double diff = 0.0, norm = 0.0;
-    for (size_t k = 0; k < values.size(); ++k) {
-      diff += (static_cast<double>(values[k]) - other[k]) * (static_cast<double>(values[k]) - other[k]);
-      norm += static_cast<double>(values[k]) * values[k];
-    }
-    const double rel = std::sqrt(diff / std::max(norm, 1e-30));
-    if (rel > worst) worst = rel, worst_name = name;
-  }
+  const double worst = largest_parameter_difference(one, many, &worst_name);
   std::printf("%s: largest relative difference of a parameter tensor after 20 steps: %.2e (%s)\n", layout.c_str(),
               worst, worst_name.c_str());
   EXPECT_LE(worst, 1e-5) << layout << ": parameters after 20 steps differ most in " << worst_name;

@@ -42,6 +42,9 @@ RunResult read_run(const std::string& workspace);
 // same number of tokens to each expert in every step.
 void expect_same_run(const RunResult& one, const RunResult& many, const std::string& layout);
 
+// The largest ||a − b|| / ||a|| over the parameter tensors of two runs, and in `name` that tensor's name.
+double largest_parameter_difference(const RunResult& one, const RunResult& many, std::string* name);
+
 // a then b.
 std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b);
 

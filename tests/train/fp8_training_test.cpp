@@ -1,6 +1,6 @@
 // fp8 training on the CPU reference (PRIMUS_FP8_CPU_REFERENCE=1): the delayed recipe's device state against its host
-// model (core/fp8_amax_history.h) and through a checkpoint; Fp8Linear's three GEMMs against a computation of the same
-// quantisation written out here (each operand's tiles, formats and transposed copies); and whole runs: each recipe
+// model (core/fp8_amax_history.h) and through a checkpoint; Fp8Linear's three GEMMs against the op harness's host
+// model of the same quantisation (each operand's tiles, formats and transposed copies); and whole runs: each recipe
 // follows a tiny Llama's fp32 loss curve on real text within 1%, a resumed delayed-scaling run
 // repeats the uninterrupted one bit for bit, first_last_layers_bf16 keeps those layers' modules, and the layouts fp8
 // does not run under yet exit 2 naming the key.
@@ -18,7 +18,9 @@
 #include "core/fp8.h"
 #include "layers/fp8_linear.h"
 #include "ops/ops.h"
+#include "support/fp8_reference.h"
 #include "support/test_support.h"
+#include "support/tiny_models.h"
 #include "train/fp8_training.h"
 #include "train/pretrain.h"
 #include "train/train_step.h"
@@ -44,38 +46,13 @@ Tensor host_tensor(const std::vector<float>& v, const Shape& shape) {
 
 std::vector<float> values_of(const Tensor& t) { return std::vector<float>(t.f32(), t.f32() + t.numel()); }
 
-std::vector<float> transposed(const std::vector<float>& x, int64_t rows, int64_t cols) {
-  std::vector<float> t(x.size());
-  for (int64_t i = 0; i < rows; ++i) {
-    for (int64_t j = 0; j < cols; ++j) t[j * rows + i] = x[i * cols + j];
-  }
-  return t;
-}
-
-// x [rows, cols] quantised and dequantised in tiles of tile_rows × tile_cols (0: all), each tile's scale from its amax
-// (or `fixed_scale` when positive), as docs/fp8.md states the rule.
-std::vector<float> fake_quantised(const std::vector<float>& x, int64_t rows, int64_t cols, int64_t tile_rows,
-                                  int64_t tile_cols, Fp8Format format, bool power_of_two, float fixed_scale = 0.0f) {
-  const int64_t tr = tile_rows == 0 ? rows : tile_rows, tc = tile_cols == 0 ? cols : tile_cols;
-  std::vector<float> y(x.size());
-  for (int64_t r0 = 0; r0 < rows; r0 += tr) {
-    for (int64_t c0 = 0; c0 < cols; c0 += tc) {
-      float amax = 0.0f;
-      for (int64_t i = r0; i < std::min(rows, r0 + tr); ++i) {
-        for (int64_t j = c0; j < std::min(cols, c0 + tc); ++j) amax = std::max(amax, std::fabs(x[i * cols + j]));
-      }
-      const float scale = fixed_scale > 0.0f
-                              ? fixed_scale
-                              : fp8_scale_from_amax(amax, fp8_info(format).max_finite, 0, 1.0f, power_of_two).scale;
-      const float scale_inv = 1.0f / scale;
-      for (int64_t i = r0; i < std::min(rows, r0 + tr); ++i) {
-        for (int64_t j = c0; j < std::min(cols, c0 + tc); ++j) {
-          y[i * cols + j] = fp8_decode(fp8_encode(x[i * cols + j] * scale, format), format) * scale_inv;
-        }
-      }
-    }
-  }
-  return y;
+// x [rows, cols] (or its transpose) quantised and dequantised in `tiling`'s tiles: the op harness's host model
+// (support/fp8_reference.h), each tile's scale from its amax or `fixed_scale` when positive.
+std::vector<float> fake_quantised(const std::vector<float>& x, int64_t rows, int64_t cols, bool transposed,
+                                  Fp8Tiling tiling, Fp8Format format, bool power_of_two, float fixed_scale) {
+  const testing::Fp8CaseSpec spec{format, tiling, "", Fp8ScaleOptions{.power_of_two = power_of_two}};
+  const testing::Quantized q = testing::reference_quantize(spec, x.data(), rows, cols, transposed, fixed_scale);
+  return std::vector<float>(q.y.begin(), q.y.end());
 }
 
 // c [m, n] = a [m, k] · b [n, k]ᵀ in double.
@@ -120,26 +97,25 @@ void check_linear(const LinearCase& c) {
   Fp8Linear linear(plain, scaling, "model.layers.0.mlp.down_proj");
 
   const bool blockwise = c.recipe.scaling == Scaling::kBlockwise;
-  const bool delayed = c.recipe.scaling == Scaling::kDelayed;
-  const int64_t act_rows = blockwise ? 1 : 0, act_cols = blockwise ? 128 : 0, w_tile = blockwise ? 128 : 0;
+  const Fp8Tiling act = blockwise ? Fp8Tiling{1, 128} : Fp8Tiling{};
+  const Fp8Tiling block = blockwise ? Fp8Tiling{128, 128} : Fp8Tiling{};
   const Fp8Format fwd = c.recipe.forward_format, bwd = c.recipe.backward_format;
-  const float fixed = delayed ? 1.0f : 0.0f;  // the delayed recipe's first step: every scale 1
+  const float fixed = c.recipe.scaling == Scaling::kDelayed ? 1.0f : 0.0f;  // the delayed recipe's first step: 1
 
   const Tensor y = linear.forward(host_tensor(x, {n, in}));
-  const std::vector<float> qx = fake_quantised(x, n, in, act_rows, act_cols, fwd, blockwise, fixed);
-  const std::vector<float> qw = fake_quantised(w, out, in, w_tile, w_tile, fwd, blockwise, fixed);
+  const std::vector<float> qx = fake_quantised(x, n, in, false, act, fwd, blockwise, fixed);
+  const std::vector<float> qw = fake_quantised(w, out, in, false, block, fwd, blockwise, fixed);
   expect_close(values_of(y), matmul_bt(qx, qw, n, out, in), "forward");
 
   Tensor dx;
   linear.backward(host_tensor(x, {n, in}), host_tensor(dy, {n, out}), dx);
-  // dgrad: dy [n, out] · W, W read through its transposed copy Wᵀ [in, out] (128×128 blocks of Wᵀ: the same blocks).
-  const std::vector<float> qdy = fake_quantised(dy, n, out, act_rows, act_cols, bwd, blockwise, fixed);
-  const std::vector<float> qwt = fake_quantised(transposed(w, out, in), in, out, w_tile, w_tile, fwd, blockwise, fixed);
+  // dgrad: dy [n, out] · W, W read through its transposed copy Wᵀ [in, out] (the same 128×128 blocks, transposed).
+  const std::vector<float> qdy = fake_quantised(dy, n, out, false, act, bwd, blockwise, fixed);
+  const std::vector<float> qwt = fake_quantised(w, out, in, true, block, fwd, blockwise, fixed);
   expect_close(values_of(dx), matmul_bt(qdy, qwt, n, in, out), "dgrad");
   // wgrad: dyᵀ [out, n] · x, both transposed copies tiled 1×128 along the tokens.
-  const std::vector<float> qdyt =
-      fake_quantised(transposed(dy, n, out), out, n, act_rows, act_cols, bwd, blockwise, fixed);
-  const std::vector<float> qxt = fake_quantised(transposed(x, n, in), in, n, act_rows, act_cols, fwd, blockwise, fixed);
+  const std::vector<float> qdyt = fake_quantised(dy, n, out, true, act, bwd, blockwise, fixed);
+  const std::vector<float> qxt = fake_quantised(x, n, in, true, act, fwd, blockwise, fixed);
   expect_close(values_of(dweight), matmul_bt(qdyt, qxt, out, in, n), "wgrad");
 }
 
@@ -234,32 +210,17 @@ class Fp8Training : public ::testing::Test {
   void TearDown() override { unsetenv("PRIMUS_FP8_CPU_REFERENCE"); }
 };
 
+// testing::shakespeare_experiment, wider (hidden 128) with `layers` layers and a shorter schedule.
 ExperimentConfig shakespeare_config(const std::string& workspace, int64_t iters, int64_t layers) {
-  ExperimentConfig c;
+  ExperimentConfig c = testing::shakespeare_experiment(workspace, iters);
   c.exp_name = "fp8";
-  c.workspace = workspace;
-  c.effective_yaml = "exp_name: fp8\n";
-  ModelArgs& m = c.model;
-  m.num_layers = layers;
-  m.hidden_size = 128;
-  m.ffn_hidden_size = 256;
-  m.num_attention_heads = 4;
-  m.num_query_groups = 2;
-  m.kv_channels = 32;
-  m.max_position_embeddings = 128;
-  TrainingArgs& t = c.train;
-  t.device = "cpu";
-  t.train_iters = iters;
-  t.micro_batch_size = 4;
-  t.global_batch_size = 8;
-  t.seq_length = 64;
-  t.lr = 3e-3;
-  t.min_lr = 3e-4;
-  t.lr_warmup_iters = 5;
-  t.lr_decay_iters = 60;
-  t.log_interval = 1;
-  t.eval_interval = 0;
-  t.data_path = {testing::shakespeare_path()};
+  c.model.num_layers = layers;
+  c.model.hidden_size = 128;
+  c.model.ffn_hidden_size = 256;
+  c.model.kv_channels = 32;
+  c.train.device = "cpu";
+  c.train.lr_warmup_iters = 5;
+  c.train.lr_decay_iters = 60;
   return c;
 }
 

@@ -11,40 +11,11 @@
 #include "config/config.h"
 #include "core/file_io.h"
 #include "support/test_support.h"
+#include "support/tiny_models.h"
 #include "train/pretrain.h"
 
 namespace primus {
 namespace {
-
-ExperimentConfig shakespeare_config(const std::string& workspace, int64_t iters) {
-  ExperimentConfig c;
-  c.exp_name = "tiny";
-  c.workspace = workspace;
-  c.effective_yaml = "exp_name: tiny\n";
-  ModelArgs& m = c.model;
-  m.num_layers = 2;
-  m.hidden_size = 64;
-  m.ffn_hidden_size = 176;
-  m.num_attention_heads = 4;
-  m.num_query_groups = 2;
-  m.kv_channels = 16;
-  m.max_position_embeddings = 256;
-  TrainingArgs& t = c.train;
-  t.train_iters = iters;
-  t.micro_batch_size = 4;
-  t.global_batch_size = 8;
-  t.seq_length = 64;
-  t.lr = 3e-3;
-  t.min_lr = 3e-4;
-  t.lr_warmup_iters = 10;
-  t.lr_decay_iters = 150;
-  t.weight_decay = 0.1;
-  t.adam_beta2 = 0.95;
-  t.log_interval = 1;
-  t.eval_interval = 0;
-  t.data_path = {testing::shakespeare_path()};
-  return c;
-}
 
 std::vector<nlohmann::json> read_metrics(const std::string& run_dir) {
   std::vector<nlohmann::json> records;
@@ -62,7 +33,7 @@ std::string event_bytes(const std::string& dir) {
 
 TEST(Pretrain, TensorBoardSwitchesChooseTheScalarsAsMegatronDoes) {
   for (bool all : {false, true}) {
-    ExperimentConfig c = shakespeare_config(testing::temp_dir(all ? "tb_all" : "tb_default"), 4);
+    ExperimentConfig c = testing::shakespeare_experiment(testing::temp_dir(all ? "tb_all" : "tb_default"), 4);
     c.train.lr_warmup_iters = 1;
     c.train.eval_interval = 2;
     c.train.eval_iters = 1;
@@ -83,7 +54,7 @@ TEST(Pretrain, TensorBoardSwitchesChooseTheScalarsAsMegatronDoes) {
 }
 
 TEST(Pretrain, LossFallsFarBelowStartOnShakespeare) {
-  ExperimentConfig c = shakespeare_config(testing::temp_dir("train"), 150);
+  ExperimentConfig c = testing::shakespeare_experiment(testing::temp_dir("train"), 150);
   c.train.eval_interval = 50;
   c.train.eval_iters = 2;
   c.train.tensorboard_dir = c.run_dir() + "/tensorboard";
@@ -123,7 +94,7 @@ TEST(Pretrain, ShrunkDeepSeekV3TrainsWithItsMultiTokenPrediction) {
          "moe_first_k_dense_replace: 1, original_max_position_embeddings: 16, init_method_std: 0.02}\n";
   ExperimentConfig c = load_experiment_config(dir + "/exp.yaml", {}).config;
   ASSERT_EQ(c.model.mtp_num_layers, 1);
-  const ExperimentConfig text = shakespeare_config(dir, 60);
+  const ExperimentConfig text = testing::shakespeare_experiment(dir, 60);
   c.workspace = text.workspace;
   c.train = text.train;
   c.train.tensorboard_dir = c.run_dir() + "/tensorboard";
@@ -143,10 +114,10 @@ TEST(Pretrain, ShrunkDeepSeekV3TrainsWithItsMultiTokenPrediction) {
 
 TEST(Pretrain, ResumedRunRepeatsTheUninterruptedLossesBitForBit) {
   const std::string root = testing::temp_dir("resume");
-  ExperimentConfig whole = shakespeare_config(root + "/whole", 12);
+  ExperimentConfig whole = testing::shakespeare_experiment(root + "/whole", 12);
   ASSERT_EQ(run_pretrain(whole, {}), 0);
 
-  ExperimentConfig part = shakespeare_config(root + "/part", 7);  // same schedule: lr_decay_iters is fixed
+  ExperimentConfig part = testing::shakespeare_experiment(root + "/part", 7);  // same schedule: lr_decay_iters is fixed
   ASSERT_EQ(run_pretrain(part, {}), 0);
   part.train.train_iters = 12;
   ASSERT_EQ(run_pretrain(part, {}), 0);
@@ -163,7 +134,7 @@ TEST(Pretrain, ResumedRunRepeatsTheUninterruptedLossesBitForBit) {
 }
 
 TEST(Pretrain, CorruptOrTruncatedCheckpointIsRefused) {
-  ExperimentConfig c = shakespeare_config(testing::temp_dir("corrupt"), 3);
+  ExperimentConfig c = testing::shakespeare_experiment(testing::temp_dir("corrupt"), 3);
   ASSERT_EQ(run_pretrain(c, {}), 0);
   const std::string weights = c.run_dir() + "/checkpoints/iter_0000003/model.safetensors";
   std::string bytes = read_file(weights);
@@ -189,7 +160,7 @@ TEST(Pretrain, CorruptOrTruncatedCheckpointIsRefused) {
 // A checkpoint at or beyond train_iters: as in Megatron the run has nothing to train and exits 0, but the log says so
 // plainly instead of only "done" (issue 12, hole 8).
 TEST(Pretrain, ACheckpointBeyondTrainItersSaysThereIsNothingToTrain) {
-  ExperimentConfig c = shakespeare_config(testing::temp_dir("beyond"), 3);
+  ExperimentConfig c = testing::shakespeare_experiment(testing::temp_dir("beyond"), 3);
   ASSERT_EQ(run_pretrain(c, {}), 0);
   c.train.train_iters = 2;
   ASSERT_EQ(run_pretrain(c, {}), 0);
@@ -203,10 +174,10 @@ TEST(Pretrain, ACheckpointBeyondTrainItersSaysThereIsNothingToTrain) {
 // iteration saves nothing twice, and temporaries left by a crashed save are removed at start-up, saying so.
 TEST(Pretrain, AsyncSavesEqualSynchronousOnesAndRetentionKeepsTheLatest) {
   const std::string root = testing::temp_dir("async-save");
-  ExperimentConfig sync = shakespeare_config(root + "/sync", 6);
+  ExperimentConfig sync = testing::shakespeare_experiment(root + "/sync", 6);
   sync.train.save_interval = 2;
   ASSERT_EQ(run_pretrain(sync, {}), 0);
-  ExperimentConfig async = shakespeare_config(root + "/async", 6);
+  ExperimentConfig async = testing::shakespeare_experiment(root + "/async", 6);
   async.train.save_interval = 2;
   async.train.async_save = true;
   async.train.keep_latest_k = 2;
@@ -236,7 +207,7 @@ TEST(Pretrain, AsyncSavesEqualSynchronousOnesAndRetentionKeepsTheLatest) {
 
 // Checkpoints whose tracker was deleted are not overwritten by a run from scratch: the run is refused, naming them.
 TEST(Pretrain, CheckpointsWithoutTheirTrackerAreRefused) {
-  ExperimentConfig c = shakespeare_config(testing::temp_dir("notracker"), 3);
+  ExperimentConfig c = testing::shakespeare_experiment(testing::temp_dir("notracker"), 3);
   ASSERT_EQ(run_pretrain(c, {}), 0);
   std::filesystem::remove(c.run_dir() + "/checkpoints/latest_checkpointed_iteration.txt");
   c.train.train_iters = 5;
@@ -257,7 +228,7 @@ TEST(Pretrain, LoadNamingNoCheckpointIsAUsageError) {
   write_file_atomic(dir + "/file", "x");
   std::filesystem::create_directories(dir + "/empty");
   for (const std::string& load : {dir + "/missing", dir + "/file", dir + "/empty"}) {
-    ExperimentConfig c = shakespeare_config(dir, 2);
+    ExperimentConfig c = testing::shakespeare_experiment(dir, 2);
     c.train.load = load;
     try {
       run_pretrain(c, {});
@@ -270,7 +241,7 @@ TEST(Pretrain, LoadNamingNoCheckpointIsAUsageError) {
 
 // Weights that overflowed in the update are never saved as a checkpoint.
 TEST(Pretrain, NonFiniteWeightsAreNotSaved) {
-  ExperimentConfig c = shakespeare_config(testing::temp_dir("inf"), 1);
+  ExperimentConfig c = testing::shakespeare_experiment(testing::temp_dir("inf"), 1);
   c.train.lr = 1e308;
   c.train.lr_decay_style = "constant";
   c.train.lr_warmup_iters = 0;
@@ -284,7 +255,7 @@ TEST(Pretrain, NonFiniteWeightsAreNotSaved) {
 }
 
 TEST(Pretrain, MissingDataPathIsAUsageError) {
-  ExperimentConfig c = shakespeare_config(testing::temp_dir("nodata"), 3);
+  ExperimentConfig c = testing::shakespeare_experiment(testing::temp_dir("nodata"), 3);
   c.train.data_path = {"/nonexistent/corpus.txt"};
   EXPECT_THROW(run_pretrain(c, {}), UsageError);
 }
