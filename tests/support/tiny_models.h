@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "config/config.h"
 #include "models/model.h"
+#include "optim/adamw.h"
 #include "ops/ops.h"
 #include "support/test_support.h"
 
@@ -162,6 +163,25 @@ inline LossSum train_micro_batch(Model& model, const Tensor& tokens, const Tenso
       ops::to_device(tokens, model.device()), ops::to_device(labels, model.device()), grad_scale, loss_sum, on_device);
   model.backward(*ctx);
   return LossSum{static_cast<double>(ops::to_device(loss_sum, kCpuDevice).f32()[0]), counted};
+}
+
+// The losses of the first and last of `steps` AdamW steps (lr 1e-2, clip 1, no weight decay) on one fixed
+// micro-batch: a model that learns must bring the last well below the first.
+struct FirstLastLoss {
+  double first = 0.0, last = 0.0;
+};
+inline FirstLastLoss overfit_one_batch(Model& model, const Tensor& tokens, const Tensor& labels, int steps = 30) {
+  AdamW optimizer(model.params(), AdamWConfig{0.9, 0.95, 1e-8, 0.0});
+  FirstLastLoss losses;
+  for (int step = 0; step < steps; ++step) {
+    model.params().zero_grads();
+    const LossSum s = train_micro_batch(model, tokens, labels);
+    losses.last = s.loss_sum / s.tokens;
+    if (step == 0) losses.first = losses.last;
+    optimizer.step(model.params(), 1e-2, clip_grad_norm(model.params(), 1.0).scale);
+    model.weights_changed();  // the compute copy (bf16), if any
+  }
+  return losses;
 }
 
 }  // namespace primus::testing
