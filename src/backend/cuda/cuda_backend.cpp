@@ -794,11 +794,14 @@ void CudaBackend::fp8_quantize(const Fp8QuantizeArgs& args) {
   const int64_t rows = args.x->dim(0), cols = args.x->dim(1);
   dispatch(args.x->dtype(), "fp8_quantize", [&](auto tag) {
     using T = decltype(tag);
-    cuda::fp8_quantize<T>(state_->ctx, ptr<T>(*args.x), fp8_tiles(args.tiling, rows, cols), false, args.format,
-                          ptr<float>(*args.scale), ptr<uint8_t>(*args.codes));
-    if (args.codes_t == nullptr) return;
-    cuda::fp8_quantize<T>(state_->ctx, ptr<T>(*args.x), fp8_tiles(args.tiling, cols, rows), true, args.format,
-                          ptr<float>(*args.scale_t), ptr<uint8_t>(*args.codes_t));
+    if (args.codes_t == nullptr) {
+      cuda::fp8_quantize<T>(state_->ctx, ptr<T>(*args.x), fp8_tiles(args.tiling, rows, cols), false, args.format,
+                            ptr<float>(*args.scale), ptr<uint8_t>(*args.codes));
+      return;
+    }
+    cuda::fp8_quantize_pair<T>(state_->ctx, ptr<T>(*args.x), fp8_tiles(args.tiling, rows, cols),
+                               fp8_tiles(args.tiling, cols, rows), args.format, ptr<float>(*args.scale),
+                               ptr<float>(*args.scale_t), ptr<uint8_t>(*args.codes), ptr<uint8_t>(*args.codes_t));
   });
 }
 

@@ -3,9 +3,13 @@
 // are single multiplications, so no fused multiply-add can change them; max_finite / amax and 1 / scale are IEEE
 // divisions without fast math), so the codes, amaxes and scales equal the CPU's bit for bit.
 //
-// First versions, written for correctness: one block per tile for the amax (a max has no order, so the block's tree
-// gives the CPU's value), one thread per element elsewhere. The fused, vectorised kernels next to the producing ops
-// come with the fp8 GEMMs (issue 15).
+// The training shapes take bandwidth-bound kernels: the whole-tensor amax over many blocks (combined by an integer
+// max, see amax_whole_kernel), the 1×128 tiles' amax a warp per tile (of x) or a column per thread (of xᵀ), and the
+// codes of x and xᵀ written by one pass over 64×64 tiles through shared memory. A max has no order and each code
+// depends on its element alone, so they give the same bits as the general kernels (one block per tile, one thread per
+// element), which take every other shape.
+#include <algorithm>
+
 #include "backend/cuda/kernels/common.cuh"
 #include "backend/cuda/kernels/fp8_kernels.h"
 
@@ -104,6 +108,145 @@ __global__ void scale_layout_kernel(const float* __restrict__ grid, int64_t rows
   }
 }
 
+// Whole-tensor amax over a grid of blocks. The blocks combine with an unsigned atomicMax on the f32 bit patterns:
+// for non-negative floats their order is the order of the values, and the one NaN pattern stored (0x7FC00000) lies
+// above +inf's (0x7F800000), so a NaN anywhere wins as in max_keeping_nan. *amax_bits starts at the previous amax
+// (accumulate: non-negative or that NaN, as this op writes them) or at +0.
+constexpr uint32_t kCanonicalNan = 0x7FC00000u;
+
+template <typename T, int W>
+__global__ void amax_whole_kernel(const T* __restrict__ x, int64_t n, uint32_t* __restrict__ amax_bits) {
+  __shared__ float warp_max[kThreads / kWarpSize];
+  float m = 0.0f;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < n / W; k += stride) {
+    float v[W];
+    load_n<W>(x + k * W, v);
+#pragma unroll
+    for (int i = 0; i < W; ++i) m = max_keeping_nan(m, fabsf(v[i]));
+  }
+  for (int64_t k = n / W * W + blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < n; k += stride) {
+    m = max_keeping_nan(m, fabsf(load(x + k)));
+  }
+  for (int offset = kWarpSize / 2; offset > 0; offset >>= 1) {
+    m = max_keeping_nan(m, __shfl_xor_sync(kFullMask, m, offset));
+  }
+  if (threadIdx.x % kWarpSize == 0) warp_max[threadIdx.x / kWarpSize] = m;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kThreads / kWarpSize; ++w) m = max_keeping_nan(m, warp_max[w]);
+    atomicMax(amax_bits, m != m ? kCanonicalNan : __float_as_uint(m));
+  }
+}
+
+// 1×128-style tiles of x (tile_rows 1): a warp per tile, each lane a stretch of tile_cols / 32 elements.
+template <typename T>
+__global__ void amax_row_tiles_kernel(const T* __restrict__ x, Grid g, bool accumulate, float* __restrict__ amax) {
+  const int64_t tiles = g.rows * g.grid_cols;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / kWarpSize);
+  const int lane = threadIdx.x % kWarpSize;
+  for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x / kWarpSize) + threadIdx.x / kWarpSize; t < tiles;
+       t += warps) {
+    const int64_t r = t / g.grid_cols, c0 = (t % g.grid_cols) * g.tile_cols;
+    const int64_t w = min(g.tile_cols, g.cols - c0);
+    const T* row = x + r * g.cols + c0;
+    float m = 0.0f;
+    for (int64_t j = lane; j < w; j += kWarpSize) m = max_keeping_nan(m, fabsf(load(row + j)));
+    for (int offset = kWarpSize / 2; offset > 0; offset >>= 1) {
+      m = max_keeping_nan(m, __shfl_xor_sync(kFullMask, m, offset));
+    }
+    if (lane == 0) {
+      const float tile = accumulate ? max_keeping_nan(amax[t], m) : m;
+      amax[t] = tile != tile ? __uint_as_float(kCanonicalNan) : tile;
+    }
+  }
+}
+
+// 1×128-style tiles of xᵀ (tile_rows 1 of xᵀ: a stretch of tile_cols rows of one column of x): a thread per column
+// of x, walking down its stretch, so a warp reads consecutive columns of each row. g is xᵀ's grid.
+template <typename T>
+__global__ void amax_column_tiles_kernel(const T* __restrict__ x, Grid g, bool accumulate, float* __restrict__ amax) {
+  const int64_t column = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;  // a row of xᵀ
+  if (column >= g.rows) return;
+  const int64_t r0 = blockIdx.y * g.tile_cols, h = min(g.tile_cols, g.cols - r0);  // rows of x
+  float m = 0.0f;
+  for (int64_t i = 0; i < h; ++i) m = max_keeping_nan(m, fabsf(load(x + (r0 + i) * g.rows + column)));
+  const int64_t t = column * g.grid_cols + blockIdx.y;
+  const float tile = accumulate ? max_keeping_nan(amax[t], m) : m;
+  amax[t] = tile != tile ? __uint_as_float(kCanonicalNan) : tile;
+}
+
+// Codes of x [rows, cols] (grid g) and of xᵀ (grid gt) in one pass: a block loads a 64×64 tile of x, four consecutive
+// elements a thread, writes x's codes row by row and xᵀ's through shared memory, also four bytes at a time where
+// the tile is whole and the rows are multiples of 4 (`vector`).
+constexpr int kPairTile = 64;
+
+template <typename T>
+__global__ void quantize_pair_kernel(const T* __restrict__ x, Grid g, Grid gt, const float* __restrict__ scale,
+                                     const float* __restrict__ scale_t, Fp8Format format, bool vector,
+                                     uint8_t* __restrict__ codes, uint8_t* __restrict__ codes_t) {
+  __shared__ uint8_t transposed[kPairTile][kPairTile + 4];
+  // Row tiles along x (2³¹ − 1 of them), column tiles along y (65,535: 4 M columns).
+  const int64_t r0 = blockIdx.x * static_cast<int64_t>(kPairTile), c0 = blockIdx.y * static_cast<int64_t>(kPairTile);
+  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;  // 16 × 16 threads, 4 columns each
+  for (int k = 0; k < kPairTile / 16; ++k) {
+    const int lr = ty + 16 * k, lc = 4 * tx;
+    const int64_t i = r0 + lr;
+    uint8_t plain[4];
+    for (int e = 0; e < 4; ++e) {
+      const int64_t j = c0 + lc + e;
+      if (i < g.rows && j < g.cols) {
+        const float v = load(x + i * g.cols + j);
+        plain[e] = fp8_encode(v * scale[g.tile_of(i, j)], format, true);
+        transposed[lc + e][lr] = fp8_encode(v * scale_t[gt.tile_of(j, i)], format, true);
+      }
+    }
+    if (i >= g.rows) continue;
+    if (vector && c0 + lc + 4 <= g.cols) {
+      *reinterpret_cast<uint32_t*>(codes + i * g.cols + c0 + lc) =
+          plain[0] | (plain[1] << 8) | (plain[2] << 16) | (static_cast<uint32_t>(plain[3]) << 24);
+    } else {
+      for (int e = 0; e < 4 && c0 + lc + e < g.cols; ++e) codes[i * g.cols + c0 + lc + e] = plain[e];
+    }
+  }
+  __syncthreads();
+  for (int k = 0; k < kPairTile / 16; ++k) {
+    const int lj = ty + 16 * k, li = 4 * tx;  // a row of xᵀ (column of x), four of its columns
+    const int64_t j = c0 + lj;
+    if (j >= g.cols) continue;
+    const uint8_t* b = transposed[lj] + li;
+    if (vector && r0 + li + 4 <= g.rows) {
+      *reinterpret_cast<uint32_t*>(codes_t + j * g.rows + r0 + li) =
+          b[0] | (b[1] << 8) | (b[2] << 16) | (static_cast<uint32_t>(b[3]) << 24);
+    } else {
+      for (int e = 0; e < 4 && r0 + li + e < g.rows; ++e) codes_t[j * g.rows + r0 + li + e] = b[e];
+    }
+  }
+}
+
+// Codes of x, 8 consecutive elements a thread (16-byte loads of bf16, 8-byte stores) when the rows are multiples of 8
+// and every tile's columns too, so the 8 elements share a scale.
+constexpr int kQuantizeWidth = 8;
+
+template <typename T>
+__global__ void quantize_vector_kernel(const T* __restrict__ x, Grid g, const float* __restrict__ scale,
+                                       Fp8Format format, uint8_t* __restrict__ codes) {
+  const int64_t n = g.rows * g.cols / kQuantizeWidth;
+  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < n;
+       k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t first = k * kQuantizeWidth;
+    float v[kQuantizeWidth];
+    load_n<kQuantizeWidth>(x + first, v);
+    const float s = scale[g.tile_of(first / g.cols, first % g.cols)];
+    uint32_t word[2] = {0, 0};
+#pragma unroll
+    for (int e = 0; e < kQuantizeWidth; ++e) {
+      word[e / 4] |= static_cast<uint32_t>(fp8_encode(v[e] * s, format, true)) << (8 * (e % 4));
+    }
+    *reinterpret_cast<uint2*>(codes + first) = make_uint2(word[0], word[1]);
+  }
+}
+
 }  // namespace
 
 void fp8_scale_layout(const KernelContext& ctx, const float* grid, int64_t rows, int64_t cols, bool transpose,
@@ -117,8 +260,24 @@ void fp8_scale_layout(const KernelContext& ctx, const float* grid, int64_t rows,
 template <typename T>
 void fp8_amax(const KernelContext& ctx, const T* x, Fp8Tiles tiles, bool transposed, bool accumulate, float* amax,
               int64_t count) {
-  amax_kernel<T><<<static_cast<unsigned>(count), kThreads, 0, ctx.stream>>>(x, make_grid(tiles), transposed,
-                                                                           accumulate, amax);
+  const Grid g = make_grid(tiles);
+  const int64_t n = tiles.rows * tiles.cols;
+  if (count == 1 && n > 0) {  // the whole tensor: x or xᵀ alike
+    if (!accumulate) PRIMUS_CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(float), ctx.stream));
+    const unsigned blocks = std::min<unsigned>(grid_for(n / kVecWidth<T> + 1, kThreads), 1024);
+    with_width<T>(vector_ok<T>(n, x), [&](auto width) {
+      amax_whole_kernel<T, decltype(width)::value>
+          <<<blocks, kThreads, 0, ctx.stream>>>(x, n, reinterpret_cast<uint32_t*>(amax));
+    });
+  } else if (tiles.tile_rows == 1 && !transposed) {
+    const unsigned blocks = grid_for(count * kWarpSize, kThreads);
+    amax_row_tiles_kernel<T><<<blocks, kThreads, 0, ctx.stream>>>(x, g, accumulate, amax);
+  } else if (tiles.tile_rows == 1 && g.grid_cols <= 65535) {
+    const dim3 blocks(static_cast<unsigned>((tiles.rows + kThreads - 1) / kThreads), static_cast<unsigned>(g.grid_cols));
+    amax_column_tiles_kernel<T><<<blocks, kThreads, 0, ctx.stream>>>(x, g, accumulate, amax);
+  } else {
+    amax_kernel<T><<<static_cast<unsigned>(count), kThreads, 0, ctx.stream>>>(x, g, transposed, accumulate, amax);
+  }
   PRIMUS_CUDA_CHECK_LAUNCH();
 }
 
@@ -133,9 +292,29 @@ void fp8_scale(const KernelContext& ctx, const float* amax, int64_t n, Fp8Format
 template <typename T>
 void fp8_quantize(const KernelContext& ctx, const T* x, Fp8Tiles tiles, bool transposed, Fp8Format format,
                   const float* scale, uint8_t* codes) {
-  quantize_kernel<T><<<grid_for(tiles.rows * tiles.cols, kThreads), kThreads, 0, ctx.stream>>>(x, make_grid(tiles),
-                                                                                          transposed, scale, format,
-                                                                                          codes);
+  const int64_t n = tiles.rows * tiles.cols;
+  const bool vector = !transposed && tiles.cols % kQuantizeWidth == 0 && tiles.tile_cols % kQuantizeWidth == 0 &&
+                      reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(codes) % 8 == 0;
+  if (vector) {
+    quantize_vector_kernel<T><<<grid_for(n / kQuantizeWidth, kThreads), kThreads, 0, ctx.stream>>>(
+        x, make_grid(tiles), scale, format, codes);
+  } else {
+    quantize_kernel<T><<<grid_for(n, kThreads), kThreads, 0, ctx.stream>>>(x, make_grid(tiles), transposed, scale,
+                                                                          format, codes);
+  }
+  PRIMUS_CUDA_CHECK_LAUNCH();
+}
+
+template <typename T>
+void fp8_quantize_pair(const KernelContext& ctx, const T* x, Fp8Tiles tiles, Fp8Tiles tiles_t, Fp8Format format,
+                       const float* scale, const float* scale_t, uint8_t* codes, uint8_t* codes_t) {
+  if (tiles.rows == 0 || tiles.cols == 0) return;
+  const dim3 blocks(static_cast<unsigned>((tiles.rows + kPairTile - 1) / kPairTile),
+                    static_cast<unsigned>((tiles.cols + kPairTile - 1) / kPairTile));
+  const bool vector = tiles.rows % 4 == 0 && tiles.cols % 4 == 0 && reinterpret_cast<uintptr_t>(codes) % 4 == 0 &&
+                      reinterpret_cast<uintptr_t>(codes_t) % 4 == 0;
+  quantize_pair_kernel<T><<<blocks, kThreads, 0, ctx.stream>>>(x, make_grid(tiles), make_grid(tiles_t), scale,
+                                                               scale_t, format, vector, codes, codes_t);
   PRIMUS_CUDA_CHECK_LAUNCH();
 }
 
@@ -151,5 +330,9 @@ template void fp8_amax<bf16>(const KernelContext&, const bf16*, Fp8Tiles, bool, 
 template void fp8_quantize<float>(const KernelContext&, const float*, Fp8Tiles, bool, Fp8Format, const float*,
                                   uint8_t*);
 template void fp8_quantize<bf16>(const KernelContext&, const bf16*, Fp8Tiles, bool, Fp8Format, const float*, uint8_t*);
+template void fp8_quantize_pair<float>(const KernelContext&, const float*, Fp8Tiles, Fp8Tiles, Fp8Format, const float*,
+                                       const float*, uint8_t*, uint8_t*);
+template void fp8_quantize_pair<bf16>(const KernelContext&, const bf16*, Fp8Tiles, Fp8Tiles, Fp8Format, const float*,
+                                      const float*, uint8_t*, uint8_t*);
 
 }  // namespace primus::cuda

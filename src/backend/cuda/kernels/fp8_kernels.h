@@ -25,6 +25,11 @@ void fp8_scale(const KernelContext& ctx, const float* amax, int64_t n, Fp8Format
 template <typename T>
 void fp8_quantize(const KernelContext& ctx, const T* x, Fp8Tiles tiles, bool transposed, Fp8Format format,
                   const float* scale, uint8_t* codes);
+// Both at once, reading x once: codes [rows, cols] of x under `tiles` (scale) and codes_t [cols, rows] of xᵀ under
+// tiles_t (scale_t).
+template <typename T>
+void fp8_quantize_pair(const KernelContext& ctx, const T* x, Fp8Tiles tiles, Fp8Tiles tiles_t, Fp8Format format,
+                       const float* scale, const float* scale_t, uint8_t* codes, uint8_t* codes_t);
 // y [rows, cols] = decoded codes times scale_inv of their tile.
 void fp8_dequantize(const KernelContext& ctx, const uint8_t* codes, Fp8Tiles tiles, Fp8Format format,
                     const float* scale_inv, float* y);
