@@ -112,7 +112,8 @@ void check_problem(const std::string& name, int64_t in, int64_t out, const std::
   const auto experts = static_cast<int64_t>(counts.size());
   const Tensor offsets_host = offsets_of(counts);
   const int64_t rows = offsets_host.i32()[experts];
-  const Tensor x = bf16_on_gpu(random_tensor({rows, in}, rng)), w = bf16_on_gpu(random_tensor({experts, out, in}, rng, 0.1f)),
+  const Tensor x = bf16_on_gpu(random_tensor({rows, in}, rng)),
+               w = bf16_on_gpu(random_tensor({experts, out, in}, rng, 0.1f)),
                dy = bf16_on_gpu(random_tensor({rows, out}, rng));
   const Tensor offsets = ops::to_device(offsets_host, kGpu);
   const Tensor dw0 = random_tensor({experts, out, in}, rng);
@@ -177,15 +178,13 @@ TEST_F(GroupedGemmWgmma, ForcedOnAShapeItCannotTakeIsAUsageError) {
   Tensor y = Tensor::empty({10, 16}, DType::kBF16, kGpu);
   {
     const testing::ScopedEnv guard("PRIMUS_GROUPED_GEMM", "wgmma");
-    const std::string message =
-        testing::message_of<UsageError>([&] { ops::grouped_linear_forward(x, w, offsets, y); });
+    const std::string message = testing::message_of<UsageError>([&] { ops::grouped_linear_forward(x, w, offsets, y); });
     EXPECT_NE(message.find("PRIMUS_GROUPED_GEMM=wgmma"), std::string::npos) << message;
     EXPECT_NE(message.find("multiples of 8"), std::string::npos) << message;
   }
   {
     const testing::ScopedEnv guard("PRIMUS_GROUPED_GEMM", "v3");
-    const std::string message =
-        testing::message_of<UsageError>([&] { ops::grouped_linear_forward(x, w, offsets, y); });
+    const std::string message = testing::message_of<UsageError>([&] { ops::grouped_linear_forward(x, w, offsets, y); });
     EXPECT_NE(message.find("PRIMUS_GROUPED_GEMM=v3"), std::string::npos) << message;
   }
 }

@@ -8,6 +8,8 @@
 // and one-row experts, and tiles that straddle experts. The 128-byte swizzle is left out: TMA and wgmma apply the
 // same permutation to the same addresses, which the plan keeps 1024-byte aligned (checked here).
 // Also: the tensor maps obey cuTensorMapEncodeTiled's rules, the descriptor bits, refusal() and parse_choice().
+#include "backend/cuda/kernels/grouped_gemm_wgmma_plan.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,7 +17,6 @@
 #include <string>
 #include <vector>
 
-#include "backend/cuda/kernels/grouped_gemm_wgmma_plan.h"
 #include "core/rng.h"
 
 namespace primus {
@@ -34,8 +35,8 @@ struct Global {
     for (int d = 0; d < 3; ++d) {
       if (c[d] < 0 || c[d] >= static_cast<int64_t>(map.dims[d])) return 0.0;
     }
-    const int64_t index = c0 + c1 * static_cast<int64_t>(map.strides_bytes[0] / 2) +
-                          c2 * static_cast<int64_t>(map.strides_bytes[1] / 2);
+    const int64_t index =
+        c0 + c1 * static_cast<int64_t>(map.strides_bytes[0] / 2) + c2 * static_cast<int64_t>(map.strides_bytes[1] / 2);
     return (*data)[static_cast<size_t>(index)];
   }
 };
@@ -86,7 +87,8 @@ void fragment_position(int thread, int reg, int& row, int& col) {
 
 // C of the replayed launch: y [rows, out], dx [rows, in] or dw [experts, out, in] (dw starts from `initial`).
 // written counts the stores of each element.
-std::vector<double> replay(wg::Form form, const Problem& p, const std::vector<double>& initial, std::vector<int>& written) {
+std::vector<double> replay(wg::Form form, const Problem& p, const std::vector<double>& initial,
+                           std::vector<int>& written) {
   const wg::Extents& e = p.e;
   const int32_t* offsets = p.offsets.data();
   const std::vector<double>& a_data = form == wg::Form::kForward ? p.x : p.dy;
@@ -106,15 +108,17 @@ std::vector<double> replay(wg::Form form, const Problem& p, const std::vector<do
   const bool ak = wg::a_k_major(form), bk = wg::b_k_major(form);
   for (int64_t block = 0; block < blocks; ++block) {
     g::TileSpan span;
-    const bool has = wg::rows_split(form)
-                         ? g::rows_split_tile(block, offsets, starts.data(), e.experts, e.rows, n, wg::kBM, wg::kBN, span)
-                         : g::inner_split_tile(block, offsets, e.experts, e.rows, m, n, wg::kBM, wg::kBN, span);
+    const bool has =
+        wg::rows_split(form)
+            ? g::rows_split_tile(block, offsets, starts.data(), e.experts, e.rows, n, wg::kBM, wg::kBN, span)
+            : g::inner_split_tile(block, offsets, e.experts, e.rows, m, n, wg::kBM, wg::kBN, span);
     if (!has) continue;
     const int64_t inner = wg::inner_extent(form, span, e);
     std::fill(acc.begin(), acc.end(), 0.0);
     for (int64_t kb = 0; kb * wg::kBK < inner; ++kb) {
       std::fill(shared.begin(), shared.end(), std::nan(""));  // anything no box writes would poison the sums
-      for (int j = 0; j < wg::a_boxes(form); ++j) load_box(a, wg::a_box(form, span, kb, j), shared, j * wg::a_box_bytes(form));
+      for (int j = 0; j < wg::a_boxes(form); ++j)
+        load_box(a, wg::a_box(form, span, kb, j), shared, j * wg::a_box_bytes(form));
       for (int j = 0; j < wg::b_boxes(form); ++j) {
         load_box(b, wg::b_box(form, span, kb, j), shared, wg::kABytes + j * wg::b_box_bytes(form));
       }
@@ -123,9 +127,10 @@ std::vector<double> replay(wg::Form form, const Problem& p, const std::vector<do
         const int boxes = wg::a_boxes(form) + wg::b_boxes(form);
         for (int box = 0; box < boxes; ++box) {
           const int base = box < wg::a_boxes(form) ? box * wg::a_box_bytes(form)
-                                                    : wg::kABytes + (box - wg::a_boxes(form)) * wg::b_box_bytes(form);
+                                                   : wg::kABytes + (box - wg::a_boxes(form)) * wg::b_box_bytes(form);
           for (int row = valid; row < wg::kBK; ++row) {
-            for (int byte = 0; byte < wg::kLineBytes; byte += 2) shared[static_cast<size_t>((base + row * wg::kLineBytes + byte) / 2)] = 0.0;
+            for (int byte = 0; byte < wg::kLineBytes; byte += 2)
+              shared[static_cast<size_t>((base + row * wg::kLineBytes + byte) / 2)] = 0.0;
           }
         }
       }
@@ -192,8 +197,8 @@ std::vector<double> reference(wg::Form form, const Problem& p, const std::vector
 
 void check_form(wg::Form form, const Problem& p, Rng& rng, const std::string& what) {
   const wg::Extents& e = p.e;
-  const size_t size = static_cast<size_t>(form == wg::Form::kWgrad ? e.experts * e.out * e.in
-                                                                   : e.rows * (form == wg::Form::kForward ? e.out : e.in));
+  const size_t size = static_cast<size_t>(
+      form == wg::Form::kWgrad ? e.experts * e.out * e.in : e.rows * (form == wg::Form::kForward ? e.out : e.in));
   std::vector<double> initial(size, 0.0);
   if (form == wg::Form::kWgrad) {
     for (double& v : initial) v = rng.normal();  // dw is added to
@@ -228,9 +233,7 @@ void check_all_forms(int64_t experts, int64_t in, int64_t out, const std::vector
 
 // Partial k (136 = 2·64 + 8), n (200 < 256) and m tiles; an empty expert, a one-row one, experts that straddle row
 // tiles and k blocks (64 + 1, 130).
-TEST(GroupedGemmWgmmaPlan, PartialTilesEmptyAndOneRowExperts) {
-  check_all_forms(5, 136, 200, {65, 1, 0, 130, 47}, 11);
-}
+TEST(GroupedGemmWgmmaPlan, PartialTilesEmptyAndOneRowExperts) { check_all_forms(5, 136, 200, {65, 1, 0, 130, 47}, 11); }
 
 // Several column tiles (out 264 = 256 + 8, in 320 = 256 + 64) and an expert over two row tiles and a half.
 TEST(GroupedGemmWgmmaPlan, SeveralColumnTiles) { check_all_forms(3, 320, 264, {300, 0, 9}, 12); }
@@ -245,8 +248,11 @@ TEST(GroupedGemmWgmmaPlan, WholeTiles) { check_all_forms(2, 128, 256, {128, 64},
 // the inner box at most the 128-byte swizzle span and a multiple of 16 bytes, byte strides multiples of 16 and
 // below 2^40, and every box a stage holds adding up to the stage's bytes (the mbarrier's transaction count).
 TEST(GroupedGemmWgmmaPlan, TensorMapsFollowTheEncodingRules) {
-  const wg::Extents shapes[] = {{131072, 128, 2048, 1536}, {131072, 128, 768, 2048}, {16384, 8, 4096, 28672},
-                                {16384, 8, 14336, 4096},   {1, 1, 8, 8}};
+  const wg::Extents shapes[] = {{131072, 128, 2048, 1536},
+                                {131072, 128, 768, 2048},
+                                {16384, 8, 4096, 28672},
+                                {16384, 8, 14336, 4096},
+                                {1, 1, 8, 8}};
   for (const wg::Extents& e : shapes) {
     for (const wg::Form form : {wg::Form::kForward, wg::Form::kDgrad, wg::Form::kWgrad}) {
       int bytes = 0;

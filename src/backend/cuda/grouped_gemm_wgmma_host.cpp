@@ -54,13 +54,13 @@ bool grouped_gemm_take_wgmma(const KernelContext& ctx, const GroupedGemmShape& s
     throw UsageError(fmt::format("PRIMUS_GROUPED_GEMM={}: expected v1, wgmma or auto (or unset)", value));
   }
   if (choice == wg::Choice::kV1) return false;
-  const char* why =
-      wg::refusal({true, ctx.compute_capability, s.in, s.out, operands_aligned, ctx.max_shared_bytes});
+  const char* why = wg::refusal({true, ctx.compute_capability, s.in, s.out, operands_aligned, ctx.max_shared_bytes});
   if (why == nullptr) return true;
   if (choice == wg::Choice::kWgmma) {
-    throw UsageError(fmt::format("PRIMUS_GROUPED_GEMM=wgmma: the wgmma grouped GEMM cannot run {} experts of "
-                                 "[out {}, in {}] over {} rows: {}",
-                                 s.experts, s.out, s.in, s.rows, why));
+    throw UsageError(
+        fmt::format("PRIMUS_GROUPED_GEMM=wgmma: the wgmma grouped GEMM cannot run {} experts of "
+                    "[out {}, in {}] over {} rows: {}",
+                    s.experts, s.out, s.in, s.rows, why));
   }
   return false;
 }

@@ -18,8 +18,8 @@ namespace primus::cuda {
 bool grouped_gemm_take_wgmma(const KernelContext& ctx, const GroupedGemmShape& s, bool operands_aligned);
 
 // The two TMA descriptors of a product (grouped::wgmma::a_map and b_map over a and b, 128-byte swizzle, zero fill).
-void encode_grouped_gemm_maps(grouped::wgmma::Form form, const grouped::wgmma::Extents& e, const bf16* a,
-                              const bf16* b, CUtensorMap& a_map, CUtensorMap& b_map);
+void encode_grouped_gemm_maps(grouped::wgmma::Form form, const grouped::wgmma::Extents& e, const bf16* a, const bf16* b,
+                              CUtensorMap& a_map, CUtensorMap& b_map);
 
 // One grouped product (kernels.h, GroupedGemmShape) of the form `form`: a is x (forward) or dy, b is w or x (wgrad),
 // c is y, dx (bf16) or dw (fp32, added to). tile_starts: rows split, grouped::row_tile_starts of the offsets for

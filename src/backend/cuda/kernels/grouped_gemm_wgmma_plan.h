@@ -30,15 +30,15 @@
 namespace primus::cuda::grouped::wgmma {
 
 inline constexpr int kBM = 128, kBN = 256, kBK = 64, kStages = 4;
-inline constexpr int kConsumers = kBM / 64;                   // warpgroups of m64
-inline constexpr int kWarpgroup = 128;                         // threads
+inline constexpr int kConsumers = kBM / 64;                     // warpgroups of m64
+inline constexpr int kWarpgroup = 128;                          // threads
 inline constexpr int kThreads = kWarpgroup * (1 + kConsumers);  // the producer warpgroup first
-inline constexpr int kLineBytes = 128;                         // one swizzled box row: 64 bf16
-inline constexpr int kMnBox = 64;                              // m or n of one M- or N-major box
-inline constexpr int kBoxAlign = 1024;                         // the 128-byte swizzle repeats every 8 rows
+inline constexpr int kLineBytes = 128;                          // one swizzled box row: 64 bf16
+inline constexpr int kMnBox = 64;                               // m or n of one M- or N-major box
+inline constexpr int kBoxAlign = 1024;                          // the 128-byte swizzle repeats every 8 rows
 inline constexpr int kABytes = kBM * kBK * 2, kBBytes = kBN * kBK * 2, kStageBytes = kABytes + kBBytes;
-inline constexpr int kStep = 16;                                    // k of one wgmma
-inline constexpr int kAccumulators = 64 * kBN / kWarpgroup;         // fp32 registers per consumer thread
+inline constexpr int kStep = 16;                             // k of one wgmma
+inline constexpr int kAccumulators = 64 * kBN / kWarpgroup;  // fp32 registers per consumer thread
 inline constexpr int kSharedBytes = kStages * kStageBytes + 2 * kStages * 8 + kBoxAlign;  // + barriers, alignment
 
 // The three products, A(m, k) · B(k, n) → C(m, n) (kernels/grouped_gemm.cu's file comment).
@@ -68,8 +68,7 @@ struct OperandMap {
 
 // A: x (forward) or dy (dgrad), rows of k; dy as [rows][out] read m-major (wgrad).
 PRIMUS_WGMMA_FN OperandMap a_map(Form f, const Extents& e) {
-  const auto rows = static_cast<uint64_t>(e.rows), in = static_cast<uint64_t>(e.in),
-             out = static_cast<uint64_t>(e.out);
+  const auto rows = static_cast<uint64_t>(e.rows), in = static_cast<uint64_t>(e.in), out = static_cast<uint64_t>(e.out);
   if (f == Form::kForward) return {2, {in, rows, 1}, {in * 2, 0}, {kBK, kBM, 1}};
   if (f == Form::kDgrad) return {2, {out, rows, 1}, {out * 2, 0}, {kBK, kBM, 1}};
   return {2, {out, rows, 1}, {out * 2, 0}, {kMnBox, kBK, 1}};
@@ -78,8 +77,8 @@ PRIMUS_WGMMA_FN OperandMap a_map(Form f, const Extents& e) {
 // B: w as [experts][out][in] (3-D, so a box never reads past one expert's weight: the edges fill with zeros), or x
 // as [rows][in] (wgrad).
 PRIMUS_WGMMA_FN OperandMap b_map(Form f, const Extents& e) {
-  const auto rows = static_cast<uint64_t>(e.rows), in = static_cast<uint64_t>(e.in),
-             out = static_cast<uint64_t>(e.out), experts = static_cast<uint64_t>(e.experts);
+  const auto rows = static_cast<uint64_t>(e.rows), in = static_cast<uint64_t>(e.in), out = static_cast<uint64_t>(e.out),
+             experts = static_cast<uint64_t>(e.experts);
   if (f == Form::kForward) return {3, {in, out, experts}, {in * 2, out * in * 2}, {kBK, kBN, 1}};
   if (f == Form::kDgrad) return {3, {in, out, experts}, {in * 2, out * in * 2}, {kMnBox, kBK, 1}};
   return {2, {in, rows, 1}, {in * 2, 0}, {kMnBox, kBK, 1}};
@@ -164,7 +163,7 @@ struct Request {
   bool bf16;
   int compute_capability;  // major · 10 + minor
   int64_t in, out;
-  bool pointers_aligned;   // every operand 16-byte aligned (TMA's global address rule)
+  bool pointers_aligned;  // every operand 16-byte aligned (TMA's global address rule)
   int64_t max_shared_bytes;
 };
 
