@@ -314,7 +314,7 @@ void launch_form(const KernelContext& ctx, const GroupedGemmShape& s, const bf16
   encode_grouped_gemm_maps(kForm, e, a, b, a_map, b_map);
   auto kernel = grouped_gemm_wgmma_kernel<kForm, Out>;
   static const bool prepared = [&] {  // once per kernel: its shared memory is past the default 48 KiB
-    PRIMUS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, wg::kSharedBytes));
+    PRIMUS_CUDA_CHECK(gpuFuncSetAttribute(kernel, gpuFuncAttributeMaxDynamicSharedMemorySize, wg::kSharedBytes));
     return true;
   }();
   (void)prepared;

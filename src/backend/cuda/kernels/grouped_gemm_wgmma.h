@@ -1,6 +1,7 @@
 // The Hopper (sm_90a) grouped GEMM: wgmma with TMA loads (kernels/grouped_gemm_wgmma.cu, its host side in
 // grouped_gemm_wgmma_host.cpp). grouped_gemm.cu chooses it over the mma.sync kernel through
-// grouped_gemm_take_wgmma.
+// grouped_gemm_take_wgmma. NVIDIA-only by nature (wgmma, TMA, the driver's tensor maps): a HIP build leaves these
+// files out and has grouped_gemm_take_wgmma answer false, keeping v1.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (a type only: the driver is reached through the runtime's entry points)
