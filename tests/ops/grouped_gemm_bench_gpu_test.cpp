@@ -7,6 +7,8 @@
 //   [128, 2048, 768].
 //   Mixtral 8x7B layer: 8192 tokens × top-2 = 16384 rows over 8 experts; gate_up [8, 28672, 4096], down
 //   [8, 4096, 14336].
+// Each shape runs through both bf16 kernels, v1 (mma.sync) and v2 (wgmma with TMA, sm_90 only), chosen with
+// PRIMUS_GROUPED_GEMM=v1|wgmma; the tag of a line names the kernel.
 // Skewed routing: one expert takes 4× the mean load, the others share the rest with ±50% jitter (max/mean ≈ 4, what
 // an unbalanced router shows early in training).
 #include <gtest/gtest.h>
@@ -22,6 +24,7 @@
 #include "support/test_support.h"
 #if PRIMUS_WITH_CUDA
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/gpu_runtime.h"
 #endif
 
 namespace primus {
@@ -84,7 +87,7 @@ void line(const std::string& what, double flops, double grouped_ms, double dense
               grouped_ms, grouped, dense_ms, dense, grouped / dense);
 }
 
-void bench_layer(const LayerShape& s, Rng& rng) {
+void bench_layer(const LayerShape& s, const std::vector<const char*>& kernels, Rng& rng) {
   const int64_t m = s.rows;
   const Tensor x = random_bf16({m, s.in}, rng.next_u64(), 1.0);
   const Tensor w = random_bf16({s.experts, s.out, s.in}, rng.next_u64(), 0.02);
@@ -103,24 +106,27 @@ void bench_layer(const LayerShape& s, Rng& rng) {
 
   for (const bool skewed : {false, true}) {
     const Tensor offsets = routing_offsets(m, s.experts, skewed, rng);
-    const std::string tag = std::string(s.name) + (skewed ? " skewed " : " uniform ");
-    line(tag + "forward", flops, mean_ms([&] { ops::grouped_linear_forward(x, w, offsets, y); }), dense_fwd);
-    line(tag + "dgrad", flops, mean_ms([&] { ops::grouped_linear_backward(x, w, offsets, dy, dx, none); }),
-         dense_dgrad);
-    line(tag + "wgrad", flops, mean_ms([&] { ops::grouped_linear_backward(x, w, offsets, dy, none, dw); }),
-         dense_wgrad);
+    for (const char* kernel : kernels) {
+      const testing::ScopedEnv choice("PRIMUS_GROUPED_GEMM", kernel);
+      const std::string tag = std::string(s.name) + (skewed ? " skewed " : " uniform ") + kernel + " ";
+      line(tag + "forward", flops, mean_ms([&] { ops::grouped_linear_forward(x, w, offsets, y); }), dense_fwd);
+      line(tag + "dgrad", flops, mean_ms([&] { ops::grouped_linear_backward(x, w, offsets, dy, dx, none); }),
+           dense_dgrad);
+      line(tag + "wgrad", flops, mean_ms([&] { ops::grouped_linear_backward(x, w, offsets, dy, none, dw); }),
+           dense_wgrad);
 
-    // The same bits twice: forward and dgrad again into fresh buffers, wgrad twice from zero.
-    ops::grouped_linear_forward(x, w, offsets, y2);
-    ops::grouped_linear_backward(x, w, offsets, dy, dx2, none);
-    EXPECT_TRUE(testing::same_bits(y, y2)) << tag << "forward differs between two runs";
-    EXPECT_TRUE(testing::same_bits(dx, dx2)) << tag << "dgrad differs between two runs";
-    ops::zero(dw);
-    ops::grouped_linear_backward(x, w, offsets, dy, none, dw);
-    const Tensor first = ops::to_device(dw, Device{});
-    ops::zero(dw);
-    ops::grouped_linear_backward(x, w, offsets, dy, none, dw);
-    EXPECT_TRUE(testing::same_bits(first, dw)) << tag << "wgrad differs between two runs";
+      // The same bits twice: forward and dgrad again into fresh buffers, wgrad twice from zero.
+      ops::grouped_linear_forward(x, w, offsets, y2);
+      ops::grouped_linear_backward(x, w, offsets, dy, dx2, none);
+      EXPECT_TRUE(testing::same_bits(y, y2)) << tag << "forward differs between two runs";
+      EXPECT_TRUE(testing::same_bits(dx, dx2)) << tag << "dgrad differs between two runs";
+      ops::zero(dw);
+      ops::grouped_linear_backward(x, w, offsets, dy, none, dw);
+      const Tensor first = ops::to_device(dw, Device{});
+      ops::zero(dw);
+      ops::grouped_linear_backward(x, w, offsets, dy, none, dw);
+      EXPECT_TRUE(testing::same_bits(first, dw)) << tag << "wgrad differs between two runs";
+    }
   }
 }
 
@@ -129,12 +135,20 @@ TEST(GroupedGemmBench, QwenAndMixtralLayerShapes) {
 #if PRIMUS_WITH_CUDA
   start_cuda_backend(0);
 #endif
+  // Both kernels where the GPU has wgmma (sm_90), v1 alone elsewhere (PRIMUS_GROUPED_GEMM picks, see the file comment).
+  int major = 0, minor = 0;
+#if PRIMUS_WITH_CUDA
+  PRIMUS_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+  PRIMUS_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0));
+#endif
+  std::vector<const char*> kernels{"v1"};
+  if (major == 9 && minor == 0) kernels.push_back("wgmma");
   Rng rng(1414);
   std::printf("grouped GEMM (bf16 in, fp32 accumulate), mean of 10 back-to-back calls:\n");
-  bench_layer({"qwen3-30b-a3b gate_up", 131072, 128, 2048, 1536}, rng);
-  bench_layer({"qwen3-30b-a3b down", 131072, 128, 768, 2048}, rng);
-  bench_layer({"mixtral gate_up", 16384, 8, 4096, 28672}, rng);
-  bench_layer({"mixtral down", 16384, 8, 14336, 4096}, rng);
+  bench_layer({"qwen3-30b-a3b gate_up", 131072, 128, 2048, 1536}, kernels, rng);
+  bench_layer({"qwen3-30b-a3b down", 131072, 128, 768, 2048}, kernels, rng);
+  bench_layer({"mixtral gate_up", 16384, 8, 4096, 28672}, kernels, rng);
+  bench_layer({"mixtral down", 16384, 8, 14336, 4096}, kernels, rng);
 }
 
 }  // namespace

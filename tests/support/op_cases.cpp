@@ -1042,9 +1042,10 @@ std::vector<OpCase> build_cases() {
   });
   general.device_sizes = {1000};
   cases.push_back(general);
-  // Multiples of 8 but not of the 32- and 128-wide tiles: bf16 takes the tensor-core kernel. On devices also the
-  // two shapes of the performance section scaled down: Mixtral's 8 experts of ~2048 rows (4096 → 28672 as
-  // 128 → 896, skewed) and Qwen3-30B-A3B's 128 experts of ~64 rows (2048 → 1536 as 256 → 192).
+  // Multiples of 8 but not of the 32-, 64-, 128- and 256-wide tiles: bf16 takes a tensor-core kernel (v2, wgmma
+  // with TMA, on sm_90: partial row, column and k tiles; v1, mma.sync, elsewhere or with PRIMUS_GROUPED_GEMM=v1). On
+  // devices also the two shapes of the performance section scaled down: Mixtral's 8 experts of ~2048 rows (4096 →
+  // 28672 as 128 → 896, skewed) and Qwen3-30B-A3B's 128 experts of ~64 rows (2048 → 1536 as 256 → 192).
   OpCase aligned = grouped_linear_case("grouped_linear_aligned", [](int64_t rows) {
     if (rows == 16384) return ExpertShape{8, 128, 896, true};
     if (rows == 8192) return ExpertShape{128, 256, 192};

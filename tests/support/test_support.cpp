@@ -24,6 +24,23 @@
 
 namespace primus::testing {
 
+ScopedEnv::ScopedEnv(const char* name, const char* value) : name_(name) {
+  if (const char* old = std::getenv(name)) {
+    old_ = old;
+    had_ = true;
+  }
+  ::setenv(name, value, 1);
+}
+
+ScopedEnv::~ScopedEnv() {
+  if (had_) {
+    ::setenv(name_.c_str(), old_.c_str(), 1);
+  } else {
+    ::unsetenv(name_.c_str());
+  }
+}
+
+
 namespace {
 
 // A test binary that dies of a signal prints the stack before dying, so a crash on the GPU machine (which has no

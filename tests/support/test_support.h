@@ -36,6 +36,19 @@ int free_port();
 // Empty when a CUDA GPU is usable, else why not (GPU tests skip with it).
 std::string why_no_gpu();
 
+// Sets an environment variable for its lifetime, then restores it (or unsets it if it was not set).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value);
+  ~ScopedEnv();
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  std::string name_, old_;
+  bool had_ = false;
+};
+
 // The message of the E that f throws; a test failure when it throws nothing or something else.
 template <typename E, typename F>
 std::string message_of(F&& f) {

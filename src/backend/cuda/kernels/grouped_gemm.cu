@@ -15,7 +15,11 @@
 // as it was. Every output element is written by one block, whose sum runs in a fixed order: the results are
 // deterministic (no atomics). Offsets outside [0, M] are clamped so no access leaves the tensors.
 //
-// Two kernels share that schedule:
+// Three kernels share that schedule:
+//  - bf16 on Hopper (sm_90): wgmma with TMA loads, 128 × 256 tiles (v2, kernels/grouped_gemm_wgmma.cu), wherever
+//    grouped::wgmma::refusal() takes the product; the environment variable PRIMUS_GROUPED_GEMM overrides the
+//    choice: "v1" keeps the two kernels below, "wgmma" insists on v2 (an error naming why where it cannot run),
+//    unset or "auto" is the default (docs/perf/grouped-gemm.md);
 //  - bf16 on tensor cores (mma.sync m16n8k16, fp32 accumulators, ldmatrix from padded shared memory, a 4-stage
 //    cp.async pipeline, 128 × 128 × 32 tiles, 8 warps of 64 × 32) where in and out are multiples of 8 and the
 //    pointers 16-byte aligned: every 16-byte chunk of a row then lies wholly inside or outside the matrix;
@@ -24,11 +28,13 @@
 // Tiles go out in groups of 8 row tiles that sweep the columns together, so a group's A panel and each B tile
 // are read from DRAM about once and then served from L2.
 #include <cstdint>
+#include <initializer_list>
 
 #include "backend/cuda/caching_allocator.h"
 #include "backend/cuda/kernels/common.cuh"
 #include "backend/cuda/kernels/grouped_gemm_schedule.h"
 #include "backend/cuda/kernels/grouped_gemm_tile.h"
+#include "backend/cuda/kernels/grouped_gemm_wgmma.h"
 #include "backend/cuda/kernels/kernels.h"
 
 namespace primus::cuda {
@@ -369,6 +375,25 @@ void launch(const KernelContext& ctx, Problem<T, Out> p) {
   PRIMUS_CUDA_CHECK_LAUNCH();
 }
 
+// ---- the choice of v2 (wgmma) -----------------------------------------------------------------------------------
+
+// Whether a bf16 product with these operands runs on the wgmma kernel (grouped_gemm_take_wgmma).
+bool take_wgmma(const KernelContext& ctx, const GroupedGemmShape& s, std::initializer_list<const void*> operands) {
+  bool aligned = true;
+  for (const void* p : operands) aligned = aligned && aligned16(p);
+  return grouped_gemm_take_wgmma(ctx, s, aligned);
+}
+
+template <Split kSplit, typename Out>
+void launch_wgmma(const KernelContext& ctx, grouped::wgmma::Form form, const GroupedGemmShape& s,
+                  Problem<bf16, Out> p) {
+  if (s.rows == 0 || s.experts == 0) return;  // no rows: nothing to write, and every dw stays as it was
+  const DeviceBuffer scratch(*ctx.allocator,
+                             kSplit == Split::kRows ? static_cast<size_t>(p.experts + 1) * sizeof(int64_t) : 0);
+  prepare_schedule<kSplit>(ctx, p, grouped::wgmma::kBM, scratch);
+  grouped_gemm_wgmma(ctx, form, s, p.a, p.b, p.c, p.offsets, p.tile_starts);
+}
+
 }  // namespace
 
 template <typename T>
@@ -377,6 +402,9 @@ void grouped_linear_forward(const KernelContext& ctx, const GroupedGemmShape& s,
   // m is the rows of one expert (from the offsets); 0 here stands for "any" in the fast path's checks.
   const Problem<T, T> p{x, w, y, offsets, nullptr, s.experts, s.rows, 0, s.out, s.in,
                         s.in, s.in, s.out, s.out * s.in, false};
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (take_wgmma(ctx, s, {x, w, y})) return launch_wgmma<Split::kRows>(ctx, grouped::wgmma::Form::kForward, s, p);
+  }
   launch<true, true, Split::kRows>(ctx, p);
 }
 
@@ -385,6 +413,9 @@ void grouped_linear_backward_data(const KernelContext& ctx, const GroupedGemmSha
                                   const int32_t* offsets, T* dx) {
   const Problem<T, T> p{dy, w, dx, offsets, nullptr, s.experts, s.rows, 0, s.in, s.out,
                         s.out, s.in, s.in, s.out * s.in, false};
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (take_wgmma(ctx, s, {dy, w, dx})) return launch_wgmma<Split::kRows>(ctx, grouped::wgmma::Form::kDgrad, s, p);
+  }
   launch<true, false, Split::kRows>(ctx, p);
 }
 
@@ -394,6 +425,9 @@ void grouped_linear_backward_weight(const KernelContext& ctx, const GroupedGemmS
   // k is the rows of one expert (from the offsets); 0 here stands for "any" in the fast path's checks.
   const Problem<T, float> p{dy, x, dw, offsets, nullptr, s.experts, s.rows, s.out, s.in, 0,
                             s.out, s.in, s.in, s.out * s.in, true};
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (take_wgmma(ctx, s, {dy, x, dw})) return launch_wgmma<Split::kInner>(ctx, grouped::wgmma::Form::kWgrad, s, p);
+  }
   launch<false, false, Split::kInner>(ctx, p);
 }
 

@@ -54,6 +54,7 @@ struct KernelContext {
   DeviceError* error = nullptr;          // device memory
   Allocator* allocator = nullptr;        // scratch buffers (stream-ordered, see caching_allocator.h)
   int64_t max_shared_bytes = 48 * 1024;  // per block, opt-in limit of the device
+  int compute_capability = 0;            // major · 10 + minor (90: Hopper, where the wgmma kernels run)
 };
 
 // ids [N], table [rows, C] holding vocabulary rows [vocab_begin, vocab_begin + rows) of vocab_total (unsharded:
@@ -147,8 +148,9 @@ void swiglu_backward(const KernelContext& ctx, const T* gate_up, const T* dout, 
 // [rows, out] of T, w [experts, out, in] of T, dw [experts, out, in] fp32, offsets [experts + 1] i32 on the device
 // (0 = offsets[0] ≤ … ≤ offsets[experts] = rows), read by the kernels only: the host never waits for them. bf16
 // runs on tensor cores with fp32 accumulation where in and out are multiples of 8 and the pointers 16-byte
-// aligned, everything else through an fp32 kernel; both deterministic. The backend checks
-// grouped_gemm_blocks_fit first.
+// aligned (wgmma with TMA on sm_90, kernels/grouped_gemm_wgmma.cu; mma.sync elsewhere; the environment variable
+// PRIMUS_GROUPED_GEMM=v1|wgmma|auto overrides), everything else through an fp32 kernel; all deterministic. The
+// backend checks grouped_gemm_blocks_fit first.
 struct GroupedGemmShape {
   int64_t rows, experts, in, out;
 };
