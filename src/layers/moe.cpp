@@ -31,7 +31,9 @@ Tensor sort_entries(const Tensor& topk_experts, int64_t experts, DispatchState& 
   ops::moe_sort(topk_experts, state.slots, offsets);
   state.routed_offsets = state.may_drop ? offsets.slice_elements(0, {experts + 1}) : offsets;
   state.kept = topk_experts.numel();
-  if (state.may_drop) {  // reads the count back (a wait on a device; the CPU engine's capacity path only)
+  // Reads the kept count back: the dispatched rows' shape depends on it. On a device this is one wait per MoE layer
+  // and micro-batch, with a capacity only (the dropless path never waits).
+  if (state.may_drop) {
     const Tensor host = ops::to_device(offsets, kCpuDevice);
     state.kept = host.i32()[experts];
   }
@@ -126,9 +128,6 @@ Tensor MoeLayer::forward(const Tensor& x, int64_t sequences, float aux_grad_scal
   Tensor dispatched = saved.topk_experts;
   int64_t per_expert = 0;
   if (drops) {
-    PRIMUS_CHECK(device.type == DeviceType::kCpu,
-                 "[moe] moe_expert_capacity_factor runs on the CPU engine only (no CUDA kernel yet), not on {}",
-                 device.str());
     per_expert = ops::moe_expert_capacity(n, k, e, capacity.factor);
     dispatched = Tensor::empty({n, k}, DType::kI32, device);
     ops::moe_capacity(saved.topk_experts, saved.topk_weights, e, per_expert, capacity.by_position, dispatched);
