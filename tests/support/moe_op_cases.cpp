@@ -534,6 +534,57 @@ OpCase capacity_case(int64_t experts, int64_t k, double factor, bool by_position
   return c;
 }
 
+// moe_pad_rows (and, as its gradient, moe_unpad_rows): n rows over `experts` local experts, each given a random count
+// of at most the padded capacity P = n / experts + 2 (some experts empty, some exactly full), padded to P rows each.
+OpCase pad_case(int64_t experts, int64_t channels) {
+  OpCase c;
+  c.name = fmt::format("moe_pad_rows_e{}_c{}", experts, channels);
+  const auto per_expert = [=](int64_t n) { return n / experts + 2; };
+  c.make_inputs = [=](int64_t n, Rng& rng) {
+    // Counts: random in [0, P], then trimmed or topped up (to full experts first) until they sum to n.
+    const int64_t p = per_expert(n);
+    std::vector<int64_t> counts(static_cast<size_t>(experts));
+    int64_t total = 0;
+    for (int64_t& count : counts) total += count = static_cast<int64_t>(rng.below(static_cast<uint64_t>(p + 1)));
+    for (int64_t l = 0; total != n; l = (l + 1) % experts) {
+      if (total > n && counts[l] > 0) --counts[l], --total;
+      if (total < n && counts[l] < p) ++counts[l], ++total;
+    }
+    std::vector<int32_t> offsets(1, 0);
+    for (const int64_t count : counts) offsets.push_back(static_cast<int32_t>(offsets.back() + count));
+    return std::vector<Input>{act("rows", random_tensor({n, channels}, rng)), index("offsets", i32_tensor(offsets))};
+  };
+  c.forward = [=](const Tensors& in, OpEnv& env) {
+    const int64_t p = per_expert(in["rows"].dim(0));
+    Tensor padded = env.out({experts * p, channels});
+    ops::moe_pad_rows(in["rows"], in["offsets"], p, padded);
+    return Tensors{{"padded", padded}};
+  };
+  c.backward = [=](const Tensors& in, const Tensors&, const Tensors& dy, OpEnv& env) {
+    Tensor drows = env.out(in["rows"].shape());
+    ops::moe_unpad_rows(dy["padded"], in["offsets"], per_expert(in["rows"].dim(0)), drows);
+    return Tensors{{"drows", drows}};
+  };
+  c.reference = [=](const Tensors& in, const Tensors& dy, float) {
+    const Tensor &rows = in["rows"], &offsets = in["offsets"];
+    const int64_t n = rows.dim(0), p = per_expert(n);
+    std::vector<double> padded(experts * p * channels, 0.0), drows(n * channels);
+    for (int64_t l = 0; l < experts; ++l) {
+      for (int64_t i = offsets.i32()[l]; i < offsets.i32()[l + 1]; ++i) {
+        const int64_t r = l * p + (i - offsets.i32()[l]);
+        for (int64_t col = 0; col < channels; ++col) {
+          padded[r * channels + col] = at(rows, i * channels + col);
+          drows[i * channels + col] = at(dy["padded"], r * channels + col);
+        }
+      }
+    }
+    return Tensors{{"padded", from_doubles({experts * p, channels}, padded)},
+                   {"drows", from_doubles({n, channels}, drows)}};
+  };
+  c.device_tol = {0.0, 5e-3, 0.0};  // copies: f32 exact; bf16 rows are the f32 rows rounded once
+  return c;
+}
+
 OpCase z_loss_case(int64_t experts) {
   // Far above Megatron's 1e-3 (the op is linear in it): the gradient, ~coeff/N an element, must stand well above the
   // rounding of the random accumulator it is added to (values ~1), or the reference check measures that rounding.
@@ -644,6 +695,10 @@ std::vector<OpCase> moe_op_cases() {
     cases.push_back(device_only(capacity_case(128, 8, 1.0, by_position, false), {4096, 16384}));
     cases.push_back(device_only(capacity_case(128, 8, 1.5, by_position, true), {16384}));
   }
+  // Padding to capacity: a few experts at awkward widths; Qwen3-30B-A3B's 128 experts at width 2048 on devices.
+  cases.push_back(pad_case(4, 37));
+  cases.push_back(pad_case(8, 40));
+  cases.push_back(device_only(pad_case(128, 2048), {4096}));
   // The sequence-level aux loss: moe_sort and moe_aux_loss per sequence; Qwen3-30B-A3B's micro-batch of 4 × 4096 on
   // devices.
   cases.push_back(seq_aux_loss_case(8, 2, 3, false));

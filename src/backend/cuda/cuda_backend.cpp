@@ -106,6 +106,9 @@ std::string device_error_message(const cuda::DeviceError& e) {
     case cuda::kMoeCapacityExpert:
       w = {"moe_capacity", "expert", "routing entry", "the experts"};
       break;
+    case cuda::kMoePadRows:
+      w = {"moe_pad_rows", "row count", "local expert", "its padded capacity"};
+      break;
     default:
       break;
   }
@@ -705,6 +708,22 @@ void CudaBackend::moe_capacity(const MoeCapacityArgs& args) {
   cuda::moe_capacity(state_->ctx, ptr<int32_t>(*args.topk_experts), ptr<float>(*args.topk_weights),
                      args.topk_experts->numel(), args.experts, args.capacity, args.by_position,
                      ptr<int32_t>(*args.kept_experts));
+}
+
+void CudaBackend::moe_pad_rows(const MoePadArgs& args) {
+  dispatch(args.in->dtype(), "moe_pad_rows", [&](auto tag) {
+    using T = decltype(tag);
+    cuda::moe_pad_rows<T>(state_->ctx, ptr<T>(*args.in), ptr<int32_t>(*args.offsets), ptr<T>(*args.out),
+                          args.offsets->numel() - 1, args.per_expert, args.in->dim(1));
+  });
+}
+
+void CudaBackend::moe_unpad_rows(const MoePadArgs& args) {
+  dispatch(args.in->dtype(), "moe_unpad_rows", [&](auto tag) {
+    using T = decltype(tag);
+    cuda::moe_unpad_rows<T>(state_->ctx, ptr<T>(*args.in), ptr<int32_t>(*args.offsets), ptr<T>(*args.out),
+                            args.out->dim(0), args.offsets->numel() - 1, args.per_expert, args.in->dim(1));
+  });
 }
 
 void CudaBackend::moe_permute(const MoePermuteArgs& args) {

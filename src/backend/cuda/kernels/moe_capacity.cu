@@ -15,6 +15,10 @@
 // balanced routing does. A per-expert rank by comparison is quadratic in the largest expert's entries, and a
 // segmented sort needs the counts first and balances its work by segment size.
 //
+// Padding to capacity (moe_pad_rows / moe_unpad_rows): one block per output row, which finds its expert from the
+// offsets on the device (pad: row / P; unpad: a binary search of the L + 1 offsets), so the host never learns the
+// counts; an expert above P rows is recorded for the host and its extra rows are not moved (unpad: zero rows).
+//
 // Weights: -0.0 is folded into +0.0 (the CPU's `>` sees them equal); a NaN weight, which the routers never produce
 // and for which the CPU's order is unspecified, sorts after every number.
 #include <bit>
@@ -71,7 +75,73 @@ __global__ void capacity_keep_kernel(const uint64_t* __restrict__ sorted_keys,
   }
 }
 
+// padded row r = l·P + j: row offsets[l] + j of rows when j < n_l, else zero.
+template <typename T>
+__global__ void pad_rows_kernel(const T* __restrict__ rows, const int32_t* __restrict__ offsets, T* __restrict__ padded,
+                                int64_t per_expert, int64_t channels, DeviceError* error) {
+  const int64_t r = blockIdx.x, l = r / per_expert, j = r % per_expert;
+  const int64_t start = offsets[l], n = offsets[l + 1] - start;
+  if (j == 0 && threadIdx.x == 0 && n > per_expert) record_error(error, kMoePadRows, l, n, per_expert + 1);
+  T* dst = padded + r * channels;
+  if (j < n) {
+    const T* src = rows + (start + j) * channels;
+    for (int64_t col = threadIdx.x; col < channels; col += blockDim.x) dst[col] = src[col];
+  } else {
+    for (int64_t col = threadIdx.x; col < channels; col += blockDim.x) dst[col] = T{};
+  }
+}
+
+// rows row i of expert l (offsets[l] ≤ i < offsets[l + 1]) = padded row l·P + (i − offsets[l]); a row past its
+// expert's P (reported by the pad) or past offsets[L] is zero.
+template <typename T>
+__global__ void unpad_rows_kernel(const T* __restrict__ padded, const int32_t* __restrict__ offsets,
+                                  T* __restrict__ rows, int64_t local, int64_t per_expert, int64_t channels) {
+  const int64_t i = blockIdx.x;
+  int64_t lo = 0, hi = local;  // the last l in [0, L) with offsets[l] ≤ i
+  while (hi - lo > 1) {
+    const int64_t mid = (lo + hi) / 2;
+    if (offsets[mid] <= i) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  const int64_t j = i - offsets[lo];
+  const bool inside = i < offsets[local] && j < per_expert;
+  T* dst = rows + i * channels;
+  const T* src = padded + (lo * per_expert + j) * channels;
+  for (int64_t col = threadIdx.x; col < channels; col += blockDim.x) dst[col] = inside ? src[col] : T{};
+}
+
+constexpr int kPadThreads = 256;
+
 }  // namespace
+
+template <typename T>
+void moe_pad_rows(const KernelContext& ctx, const T* rows, const int32_t* offsets, T* padded, int64_t local,
+                  int64_t per_expert, int64_t channels) {
+  if (local * per_expert == 0 || channels == 0) return;
+  pad_rows_kernel<T><<<static_cast<unsigned>(local * per_expert), row_threads(channels, kPadThreads), 0, ctx.stream>>>(
+      rows, offsets, padded, per_expert, channels, ctx.error);
+  PRIMUS_CUDA_CHECK_LAUNCH();
+}
+
+template <typename T>
+void moe_unpad_rows(const KernelContext& ctx, const T* padded, const int32_t* offsets, T* rows, int64_t rows_count,
+                    int64_t local, int64_t per_expert, int64_t channels) {
+  if (rows_count == 0 || channels == 0) return;
+  unpad_rows_kernel<T><<<static_cast<unsigned>(rows_count), row_threads(channels, kPadThreads), 0, ctx.stream>>>(
+      padded, offsets, rows, local, per_expert, channels);
+  PRIMUS_CUDA_CHECK_LAUNCH();
+}
+
+#define PRIMUS_MOE_PAD(T)                                                                                        \
+  template void moe_pad_rows<T>(const KernelContext&, const T*, const int32_t*, T*, int64_t, int64_t, int64_t);  \
+  template void moe_unpad_rows<T>(const KernelContext&, const T*, const int32_t*, T*, int64_t, int64_t, int64_t, \
+                                  int64_t);
+PRIMUS_MOE_PAD(float)
+PRIMUS_MOE_PAD(bf16)
+#undef PRIMUS_MOE_PAD
 
 void moe_capacity(const KernelContext& ctx, const int32_t* topk_experts, const float* topk_weights, int64_t entries,
                   int64_t experts, int64_t capacity, bool by_position, int32_t* kept_experts) {
