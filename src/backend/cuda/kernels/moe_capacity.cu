@@ -38,8 +38,8 @@ constexpr int kWeightBits = 32;  // the low bits of a key: the weight's order
 // An unsigned key that ascends as the weight descends.
 __device__ __forceinline__ uint32_t descending_weight_key(float w) {
   if (isnan(w)) return 0xFFFFFFFFu;  // after every number
-  if (w == 0.0f) w = 0.0f;           // -0.0 → +0.0
-  const uint32_t bits = __float_as_uint(w);
+  uint32_t bits = __float_as_uint(w);
+  if ((bits & 0x7FFFFFFFu) == 0) bits = 0;  // -0.0 → +0.0 (on the bits: no compiler may fold it away)
   // The usual map of IEEE floats to ascending unsigned order: negative values flip all bits, positive ones the sign.
   const uint32_t ascending = (bits & 0x80000000u) != 0 ? ~bits : (bits | 0x80000000u);
   return ~ascending;
