@@ -24,6 +24,8 @@ void Backend::moe_router_forward(const MoeRouterArgs&) { unimplemented("moe_rout
 void Backend::moe_router_backward(const MoeRouterArgs&) { unimplemented("moe_router_backward"); }
 void Backend::moe_sort(const MoeSortArgs&) { unimplemented("moe_sort"); }
 void Backend::moe_capacity(const MoeCapacityArgs&) { unimplemented("moe_capacity"); }
+void Backend::moe_pad_rows(const MoePadArgs&) { unimplemented("moe_pad_rows"); }
+void Backend::moe_unpad_rows(const MoePadArgs&) { unimplemented("moe_unpad_rows"); }
 void Backend::moe_permute(const MoePermuteArgs&) { unimplemented("moe_permute"); }
 void Backend::moe_permute_backward(const MoePermuteArgs&) { unimplemented("moe_permute_backward"); }
 void Backend::moe_unpermute(const MoePermuteArgs&) { unimplemented("moe_unpermute"); }

@@ -247,6 +247,17 @@ struct MoeCapacityArgs {
   Tensor* kept_experts = nullptr;        // [N, k] i32 in [0, E] (overwritten)
 };
 
+// Padding to capacity (moe_pad_expert_input_to_capacity): local expert l's rows [offsets[l], offsets[l + 1]) of
+// rows [M, C] are rows [l·P, l·P + n_l) of padded [L·P, C]. Pad: padded ← rows, the other rows of padded zero. Unpad:
+// rows ← padded (the padding rows are not read). Every n_l must be ≤ P (a device reports one above at its next wait).
+// offsets stay on the device: no host synchronisation. rows and padded are f32, or bf16 on a device.
+struct MoePadArgs {
+  int64_t per_expert = 0;            // P
+  const Tensor* offsets = nullptr;   // [L + 1] i32, 0 = offsets[0] ≤ ... ≤ offsets[L] = M
+  const Tensor* in = nullptr;        // pad: rows [M, C]; unpad: padded [L·P, C]
+  Tensor* out = nullptr;             // pad: padded [L·P, C]; unpad: rows [M, C] (overwritten)
+};
+
 // One GEMM per expert over its rows: y[r] = x[r] · w[e]ᵀ for r in [offsets[e], offsets[e + 1]). Backward:
 // dx[r] = dy[r] · w[e] (overwritten), dw[e] += dy[rows]ᵀ · x[rows] (accumulated). offsets as MoeSortArgs's.
 struct GroupedLinearArgs {
@@ -439,6 +450,8 @@ class Backend {
   virtual void moe_router_backward(const MoeRouterArgs& args);
   virtual void moe_sort(const MoeSortArgs& args);
   virtual void moe_capacity(const MoeCapacityArgs& args);
+  virtual void moe_pad_rows(const MoePadArgs& args);
+  virtual void moe_unpad_rows(const MoePadArgs& args);
   virtual void moe_permute(const MoePermuteArgs& args);
   virtual void moe_permute_backward(const MoePermuteArgs& args);
   virtual void moe_unpermute(const MoePermuteArgs& args);

@@ -1,7 +1,5 @@
 #include "layers/moe.h"
 
-#include <vector>
-
 #include "ops/ops.h"
 
 namespace primus {
@@ -31,7 +29,9 @@ Tensor sort_entries(const Tensor& topk_experts, int64_t experts, DispatchState& 
   ops::moe_sort(topk_experts, state.slots, offsets);
   state.routed_offsets = state.may_drop ? offsets.slice_elements(0, {experts + 1}) : offsets;
   state.kept = topk_experts.numel();
-  if (state.may_drop) {  // reads the count back (a wait on a device; the CPU engine's capacity path only)
+  // Reads the kept count back: the dispatched rows' shape depends on it. On a device this is one wait per MoE layer
+  // and micro-batch, with a capacity only (the dropless path never waits).
+  if (state.may_drop) {
     const Tensor host = ops::to_device(offsets, kCpuDevice);
     state.kept = host.i32()[experts];
   }
@@ -76,33 +76,16 @@ Tensor LocalTokenDispatcher::dispatch_backward(const Tensor& drows, const Dispat
 namespace {
 
 // Padding to capacity: each local expert's rows [offsets[l], offsets[l + 1]) of rows [M, C] at rows [l·P, l·P + n)
-// of [E_local·P, C], the rest zero rows (to_padded), and back (from_padded). Per-expert copies of views.
-std::vector<int32_t> host_offsets(const Tensor& offsets) {
-  const Tensor host = ops::to_device(offsets, kCpuDevice);
-  return std::vector<int32_t>(host.i32(), host.i32() + host.numel());
-}
-
-Tensor to_padded(const Tensor& rows, const std::vector<int32_t>& offsets, int64_t per_expert) {
-  const int64_t local = static_cast<int64_t>(offsets.size()) - 1, c = rows.dim(1);
-  Tensor out = ops::zeros({local * per_expert, c}, rows.dtype(), rows.device());
-  for (int64_t l = 0; l < local; ++l) {
-    const int64_t n = offsets[l + 1] - offsets[l];
-    if (n == 0) continue;
-    Tensor dst = out.slice_elements(l * per_expert * c, {n, c});
-    ops::copy(dst, rows.slice_elements(offsets[l] * c, {n, c}));
-  }
+// of [E_local·P, C], the rest zero rows (to_padded), and back (from_padded). The offsets stay on the device.
+Tensor to_padded(const Tensor& rows, const Tensor& offsets, int64_t per_expert) {
+  Tensor out = Tensor::empty({(offsets.numel() - 1) * per_expert, rows.dim(1)}, rows.dtype(), rows.device());
+  ops::moe_pad_rows(rows, offsets, per_expert, out);
   return out;
 }
 
-Tensor from_padded(const Tensor& padded, const std::vector<int32_t>& offsets, int64_t per_expert) {
-  const int64_t local = static_cast<int64_t>(offsets.size()) - 1, c = padded.dim(1);
-  Tensor out = Tensor::empty({offsets.back(), c}, padded.dtype(), padded.device());
-  for (int64_t l = 0; l < local; ++l) {
-    const int64_t n = offsets[l + 1] - offsets[l];
-    if (n == 0) continue;
-    Tensor dst = out.slice_elements(offsets[l] * c, {n, c});
-    ops::copy(dst, padded.slice_elements(l * per_expert * c, {n, c}));
-  }
+Tensor from_padded(const Tensor& padded, const Tensor& offsets, int64_t per_expert, int64_t rows) {
+  Tensor out = Tensor::empty({rows, padded.dim(1)}, padded.dtype(), padded.device());
+  ops::moe_unpad_rows(padded, offsets, per_expert, out);
   return out;
 }
 
@@ -126,9 +109,6 @@ Tensor MoeLayer::forward(const Tensor& x, int64_t sequences, float aux_grad_scal
   Tensor dispatched = saved.topk_experts;
   int64_t per_expert = 0;
   if (drops) {
-    PRIMUS_CHECK(device.type == DeviceType::kCpu,
-                 "[moe] moe_expert_capacity_factor runs on the CPU engine only (no CUDA kernel yet), not on {}",
-                 device.str());
     per_expert = ops::moe_expert_capacity(n, k, e, capacity.factor);
     dispatched = Tensor::empty({n, k}, DType::kI32, device);
     ops::moe_capacity(saved.topk_experts, saved.topk_weights, e, per_expert, capacity.by_position, dispatched);
@@ -161,22 +141,16 @@ Tensor MoeLayer::forward(const Tensor& x, int64_t sequences, float aux_grad_scal
     ops::moe_z_loss(saved.logits, balancing.z_loss_coeff, aux_grad_scale, saved.z_loss, saved.dlogits_z);
   }
   Tensor offsets = saved.dispatch.offsets;
-  std::vector<int32_t> real_offsets;
   if (drops && capacity.pad) {  // every local expert computes the same number of rows, the padding zero rows
-    real_offsets = host_offsets(offsets);
-    // The per-rank capacity times the ranks that send to each local expert.
-    const int64_t rows_each = saved.padded_rows = per_expert * dispatcher->source_ranks();
-    const int64_t local = static_cast<int64_t>(real_offsets.size()) - 1;
+    // The per-rank capacity times the ranks that send to each local expert (moe_pad_rows reports an expert above it).
+    const int64_t local = offsets.numel() - 1;
+    saved.padded_rows = per_expert * dispatcher->source_ranks();
+    saved.unpadded_rows = saved.rows.dim(0);
     Tensor padded = Tensor::empty({local + 1}, DType::kI32);
-    for (int64_t l = 0; l <= local; ++l) {
-      PRIMUS_CHECK(l == local || real_offsets[l + 1] - real_offsets[l] <= rows_each,
-                   "[moe] local expert {} got {} rows, above its padded capacity {}", l,
-                   real_offsets[l + 1] - real_offsets[l], rows_each);
-      padded.i32()[l] = static_cast<int32_t>(l * rows_each);
-    }
+    for (int64_t l = 0; l <= local; ++l) padded.i32()[l] = static_cast<int32_t>(l * saved.padded_rows);
     saved.padded_offsets = ops::to_device(padded, device);
     offsets = saved.padded_offsets;
-    saved.rows = to_padded(saved.rows, real_offsets, rows_each);
+    saved.rows = to_padded(saved.rows, saved.dispatch.offsets, saved.padded_rows);
   }
   const int64_t rows = saved.rows.dim(0);
   saved.gate_up = Tensor::empty({rows, 2 * f}, x.dtype(), device);
@@ -186,7 +160,7 @@ Tensor MoeLayer::forward(const Tensor& x, int64_t sequences, float aux_grad_scal
   saved.expert_out = Tensor::empty({rows, c}, x.dtype(), device);
   ops::grouped_linear_forward(saved.act, down_weight, offsets, saved.expert_out);
   saved.combined = saved.padded_offsets.defined()
-                       ? from_padded(saved.expert_out, real_offsets, saved.padded_rows)
+                       ? from_padded(saved.expert_out, saved.dispatch.offsets, saved.padded_rows, saved.unpadded_rows)
                        : saved.expert_out;
   Tensor y = dispatcher->combine(saved.combined, saved.topk_weights, saved.dispatch);
   if (shared_expert != nullptr) ops::add_inplace(y, shared_expert->forward(x, saved.shared));
@@ -197,18 +171,17 @@ Tensor MoeLayer::backward(const Tensor& dy, MoeSaved& saved) {
   const bool padded = saved.padded_offsets.defined();
   const Tensor& offsets = padded ? saved.padded_offsets : saved.dispatch.offsets;
   const int64_t rows_each = saved.padded_rows;
-  const std::vector<int32_t> real_offsets = padded ? host_offsets(saved.dispatch.offsets) : std::vector<int32_t>();
   Tensor dweights;
   Tensor dexpert_out =
       dispatcher->combine_backward(dy, saved.combined, saved.topk_weights, saved.dispatch, dweights);
-  if (padded) dexpert_out = to_padded(dexpert_out, real_offsets, rows_each);  // the padding rows get no gradient
+  if (padded) dexpert_out = to_padded(dexpert_out, saved.dispatch.offsets, rows_each);  // padding: no gradient
   Tensor dact = Tensor::empty(saved.act.shape(), saved.act.dtype(), saved.act.device());
   ops::grouped_linear_backward(saved.act, down_weight, offsets, dexpert_out, dact, down_grad);
   Tensor dgate_up = saved.gate_up;  // the pre-activations are not needed after this
   ops::swiglu_backward(saved.gate_up, dact, dgate_up);
   Tensor drows = Tensor::empty(saved.rows.shape(), saved.rows.dtype(), saved.rows.device());
   ops::grouped_linear_backward(saved.rows, gate_up_weight, offsets, dgate_up, drows, gate_up_grad);
-  if (padded) drows = from_padded(drows, real_offsets, rows_each);
+  if (padded) drows = from_padded(drows, saved.dispatch.offsets, rows_each, saved.unpadded_rows);
   Tensor dx = dispatcher->dispatch_backward(drows, saved.dispatch);
   Tensor dlogits = Tensor::empty(saved.logits.shape(), DType::kF32, saved.logits.device());
   ops::moe_router_backward(saved.scores, saved.topk_experts, routing, dweights, saved.dscores_aux, dlogits);

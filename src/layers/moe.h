@@ -101,6 +101,7 @@ struct MoeSaved {
   DispatchState dispatch;
   Tensor padded_offsets;           // [E_local + 1] i32 with padding to capacity (the GEMMs' offsets), else undefined
   int64_t padded_rows = 0;         // each local expert's rows once padded
+  int64_t unpadded_rows = 0;       // the dispatched rows M before padding
   Tensor combined;                 // [M, C] the experts' outputs the dispatcher combined (expert_out without padding)
   Tensor rows;                     // [M, C] the dispatched rows
   Tensor gate_up;                  // [M, 2F]

@@ -126,6 +126,46 @@ DType rows_dtype(const Tensor& rows) {
 
 }  // namespace
 
+namespace {
+
+// The checks and dispatch shared by moe_pad_rows (in: rows, out: padded) and moe_unpad_rows (the other way).
+void pad_or_unpad(const char* op, bool pad, const Tensor& in, const Tensor& offsets, int64_t per_expert, Tensor& out) {
+  const ProfileScope profile_scope(op);
+  const Tensor& rows = pad ? in : out;
+  const Tensor& padded = pad ? out : in;
+  check_matrix(op, "rows", rows);
+  check_matrix(op, "padded", padded);
+  MOE_CHECK(offsets.defined() && offsets.ndim() == 1 && offsets.numel() >= 1, "offsets {} must be [L + 1]",
+            offsets.describe());
+  const int64_t local = offsets.numel() - 1;
+  MOE_CHECK(per_expert >= 0 && padded.dim(0) == local * per_expert && padded.dim(1) == rows.dim(1),
+            "padded {} must be [{} experts × {} rows, {}]", padded.describe(), local, per_expert, rows.dim(1));
+  const DType act = rows_dtype(rows);
+  Backend& b = checked_backend(op, {{"rows", &rows, act, rows.shape()},
+                                    {"offsets", &offsets, DType::kI32, offsets.shape()},
+                                    {"padded", &padded, act, padded.shape()}});
+  MoePadArgs args;
+  args.per_expert = per_expert;
+  args.offsets = &offsets;
+  args.in = &in;
+  args.out = &out;
+  if (pad) {
+    b.moe_pad_rows(args);
+  } else {
+    b.moe_unpad_rows(args);
+  }
+}
+
+}  // namespace
+
+void moe_pad_rows(const Tensor& rows, const Tensor& offsets, int64_t per_expert, Tensor& padded) {
+  pad_or_unpad("moe_pad_rows", true, rows, offsets, per_expert, padded);
+}
+
+void moe_unpad_rows(const Tensor& padded, const Tensor& offsets, int64_t per_expert, Tensor& rows) {
+  pad_or_unpad("moe_unpad_rows", false, padded, offsets, per_expert, rows);
+}
+
 void moe_permute(const Tensor& x, const Tensor& slots, int64_t topk, Tensor& out) {
   const char* op = "moe_permute";
   const ProfileScope profile_scope(op);

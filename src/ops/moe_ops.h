@@ -29,6 +29,11 @@ void moe_capacity(const Tensor& topk_experts, const Tensor& topk_weights, int64_
 // The expert capacity Megatron gives `tokens` tokens routed to top-k of `experts`: ceil(tokens·k / E × factor).
 int64_t moe_expert_capacity(int64_t tokens, int64_t topk, int64_t experts, double factor);
 
+// Padding to capacity (MoePadArgs): rows [M, C] of L experts at offsets [L + 1] i32 → padded [L·P, C], each expert's
+// rows then zero rows up to P (pad), and back (unpad: rows [M, C] overwritten). Each is the other's gradient.
+void moe_pad_rows(const Tensor& rows, const Tensor& offsets, int64_t per_expert, Tensor& padded);
+void moe_unpad_rows(const Tensor& padded, const Tensor& offsets, int64_t per_expert, Tensor& rows);
+
 // out [N·k, C] = the token row of each slot; backward dx [N, C] (overwritten) sums its rows' gradients.
 void moe_permute(const Tensor& x, const Tensor& slots, int64_t topk, Tensor& out);
 void moe_permute_backward(const Tensor& dout, const Tensor& slots, int64_t topk, Tensor& dx);

@@ -250,6 +250,27 @@ TEST(MoeCapacity, MegatronsCapacityAndErrorsNameTheOp) {
   EXPECT_NE(message.find("[op moe_seq_aux_loss] 5 tokens do not split into 2 sequences"), std::string::npos) << message;
 }
 
+// Padding to capacity: an expert with more rows than its padded capacity, or a padded tensor of the wrong shape, is
+// an error naming the op (and the expert).
+TEST(MoePadRows, AnExpertAboveItsCapacityNamesTheOp) {
+  Tensor offsets = Tensor::empty({3}, DType::kI32);
+  offsets.i32()[0] = 0;
+  offsets.i32()[1] = 1;
+  offsets.i32()[2] = 4;  // expert 1: 3 rows
+  const Tensor rows = Tensor::zeros({4, 5}, DType::kF32);
+  Tensor padded = Tensor::empty({4, 5}, DType::kF32);  // P = 2
+  std::string message = testing::message_of<Error>([&] { ops::moe_pad_rows(rows, offsets, 2, padded); });
+  EXPECT_NE(message.find("[op moe_pad_rows] local expert 1 has 3 rows, above its padded capacity 2"),
+            std::string::npos)
+      << message;
+  Tensor back = Tensor::empty({4, 5}, DType::kF32);
+  message = testing::message_of<Error>([&] { ops::moe_unpad_rows(padded, offsets, 2, back); });
+  EXPECT_NE(message.find("[op moe_unpad_rows] local expert 1 has 3 rows"), std::string::npos) << message;
+  Tensor short_padded = Tensor::empty({5, 5}, DType::kF32);
+  message = testing::message_of<Error>([&] { ops::moe_pad_rows(rows, offsets, 3, short_padded); });
+  EXPECT_NE(message.find("[op moe_pad_rows] padded"), std::string::npos) << message;
+}
+
 // Token rows may be bf16 on cuda only: the f32 CPU backend refuses them naming the op and the tensor.
 TEST(MoePermute, Bf16RowsOnTheCpuNameTheOp) {
   const Tensor x = Tensor::zeros({2, 4}, DType::kBF16), slots = Tensor::zeros({4}, DType::kI32);

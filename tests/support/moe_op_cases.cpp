@@ -1,5 +1,6 @@
 // The mixture-of-experts ops' cases (ops/moe_ops.h) for the harness: the router, the sort into expert order,
-// permutation and un-permutation, the aux and z losses. Shapes are named after the models they stand for: E = 8,
+// permutation and un-permutation, the aux and z losses, expert capacity (moe_capacity.cu: the same kept entries,
+// exactly). Shapes are named after the models they stand for: E = 8,
 // k = 2 (Mixtral), E = 128, k = 8 (Qwen3-30B-A3B), sigmoid scores over groups with an expert bias (DeepSeek-V3:
 // E = 256, k = 8, 8 groups of which 4); the realistic ones at device sizes only.
 //
@@ -414,7 +415,7 @@ OpCase seq_aux_loss_case(int64_t experts, int64_t k, int64_t sequences, bool sig
   const float coeff = 0.013f;
   OpCase c;
   c.name = fmt::format("moe_seq_aux_loss_{}_e{}k{}_b{}", sigmoid ? "sigmoid" : "softmax", experts, k, sequences);
-  c.dtypes = {};  // no CUDA path: the config refuses seq_aux_loss on cuda (CPU sweep only)
+  c.dtypes = {DType::kF32};
   c.scalar_upstream = true;
   c.make_inputs = [=](int64_t size, Rng& rng) {
     const int64_t n = size * sequences;
@@ -469,23 +470,40 @@ OpCase seq_aux_loss_case(int64_t experts, int64_t k, int64_t sequences, bool sig
     return Tensors{{"loss", from_doubles({1}, {loss})}, {"dscores", from_doubles({n, experts}, dscores)}};
   };
   c.fd_eps = 5e-2;  // as the aux loss's
+  c.device_tol = {1e-6, 1e-6, 1e-6};  // as the aux loss's; the per-sequence parts summed in double in order
   return c;
 }
 
 // ---- expert capacity ----------------------------------------------------------------------------------------------
 
-// moe_capacity over a random routing of n tokens with weights on a coarse grid (eighths), so that many entries of
-// one expert tie and the tie rule (the earlier entry) decides. The reference ranks each entry among its expert's:
-// kept when fewer than `capacity` entries come before it (larger weight, or equal and earlier; by position: earlier).
-OpCase capacity_case(int64_t experts, int64_t k, double factor, bool by_position) {
+// moe_capacity over a random routing of n tokens with weights on a coarse grid (ninths of 0 to 1, zeros of either
+// sign), so that many entries of one expert tie and the tie rule (the earlier entry) decides. The routing leaves the
+// last expert empty; `skewed` sends 7 of 8 tokens' first choice to expert 0, so that expert holds most entries (early
+// training) and drops most of them. The reference ranks each expert's entries by (weight descending, entry
+// ascending), or by entry alone, and keeps the first `capacity`. The device must give the same i32 outputs.
+OpCase capacity_case(int64_t experts, int64_t k, double factor, bool by_position, bool skewed) {
   OpCase c;
-  c.name = fmt::format("moe_capacity_{}_e{}k{}_f{}", by_position ? "position" : "probs", experts, k,
-                       static_cast<int>(factor * 100));
-  c.dtypes = {};  // no CUDA kernel: the config refuses a capacity on cuda (CPU sweep only)
+  c.name = fmt::format("moe_capacity_{}{}_e{}k{}_f{}", by_position ? "position" : "probs", skewed ? "_skewed" : "",
+                       experts, k, static_cast<int>(factor * 100));
+  c.dtypes = {DType::kF32};  // indices and f32 weights only
   c.make_inputs = [=](int64_t n, Rng& rng) {
     Tensor weights = Tensor::empty({n, k}, DType::kF32);
-    for (int64_t i = 0; i < n * k; ++i) weights.f32()[i] = static_cast<float>(1 + rng.below(8)) / 8.0f;
-    return std::vector<Input>{index("topk_experts", random_routing(n, experts, k, rng)), f32("topk_weights", weights)};
+    for (int64_t i = 0; i < n * k; ++i) {
+      const float w = static_cast<float>(rng.below(9)) / 8.0f;
+      weights.f32()[i] = w == 0.0f && rng.below(2) == 0 ? -0.0f : w;
+    }
+    Tensor chosen = random_routing(n, experts, k, rng);
+    for (int64_t t = 0; skewed && t < n; ++t) {
+      if (rng.below(8) == 0) continue;
+      int32_t* row = chosen.i32() + t * k;
+      int32_t* zero = std::find(row, row + k, 0);
+      if (zero == row + k) {
+        row[0] = 0;
+      } else {
+        std::swap(*zero, row[0]);
+      }
+    }
+    return std::vector<Input>{index("topk_experts", chosen), f32("topk_weights", weights)};
   };
   c.forward = [=](const Tensors& in, OpEnv& env) {
     const int64_t n = in["topk_experts"].dim(0);
@@ -498,18 +516,72 @@ OpCase capacity_case(int64_t experts, int64_t k, double factor, bool by_position
     const Tensor &chosen = in["topk_experts"], &w = in["topk_weights"];
     const int64_t n = chosen.dim(0), entries = n * k;
     const auto capacity = static_cast<int64_t>(std::ceil(static_cast<double>(n * k) / experts * factor));
-    std::vector<double> kept(static_cast<size_t>(entries));
-    for (int64_t i = 0; i < entries; ++i) {
-      int64_t ahead = 0;
-      for (int64_t j = 0; j < entries; ++j) {
-        if (j == i || chosen.i32()[j] != chosen.i32()[i]) continue;
-        const bool earlier = j < i;
-        ahead += by_position ? earlier : (w.f32()[j] > w.f32()[i] || (w.f32()[j] == w.f32()[i] && earlier));
+    std::vector<std::vector<int64_t>> of_expert(static_cast<size_t>(experts));
+    for (int64_t i = 0; i < entries; ++i) of_expert[static_cast<size_t>(chosen.i32()[i])].push_back(i);
+    std::vector<double> kept(static_cast<size_t>(entries), static_cast<double>(experts));
+    for (std::vector<int64_t>& list : of_expert) {
+      // A total order written out (no reliance on a stable sort): by position, or larger weight then earlier.
+      std::sort(list.begin(), list.end(), [&](int64_t a, int64_t b) {
+        const double wa = by_position ? 0.0 : w.f32()[a], wb = by_position ? 0.0 : w.f32()[b];
+        return wa != wb ? wa > wb : a < b;
+      });
+      for (size_t r = 0; r < list.size() && static_cast<int64_t>(r) < capacity; ++r) {
+        kept[static_cast<size_t>(list[r])] = chosen.i32()[list[r]];
       }
-      kept[i] = ahead < capacity ? chosen.i32()[i] : experts;
     }
     return Tensors{{"kept_experts", from_doubles({n, k}, kept)}};
   };
+  return c;
+}
+
+// moe_pad_rows (and, as its gradient, moe_unpad_rows): n rows over `experts` local experts, each given a random count
+// of at most the padded capacity P = n / experts + 2 (some experts empty, some exactly full), padded to P rows each.
+OpCase pad_case(int64_t experts, int64_t channels) {
+  OpCase c;
+  c.name = fmt::format("moe_pad_rows_e{}_c{}", experts, channels);
+  const auto per_expert = [=](int64_t n) { return n / experts + 2; };
+  c.make_inputs = [=](int64_t n, Rng& rng) {
+    // Counts: random in [0, P], then trimmed or topped up (to full experts first) until they sum to n.
+    const int64_t p = per_expert(n);
+    std::vector<int64_t> counts(static_cast<size_t>(experts));
+    int64_t total = 0;
+    for (int64_t& count : counts) total += count = static_cast<int64_t>(rng.below(static_cast<uint64_t>(p + 1)));
+    for (int64_t l = 0; total != n; l = (l + 1) % experts) {
+      if (total > n && counts[l] > 0) --counts[l], --total;
+      if (total < n && counts[l] < p) ++counts[l], ++total;
+    }
+    std::vector<int32_t> offsets(1, 0);
+    for (const int64_t count : counts) offsets.push_back(static_cast<int32_t>(offsets.back() + count));
+    return std::vector<Input>{act("rows", random_tensor({n, channels}, rng)), index("offsets", i32_tensor(offsets))};
+  };
+  c.forward = [=](const Tensors& in, OpEnv& env) {
+    const int64_t p = per_expert(in["rows"].dim(0));
+    Tensor padded = env.out({experts * p, channels});
+    ops::moe_pad_rows(in["rows"], in["offsets"], p, padded);
+    return Tensors{{"padded", padded}};
+  };
+  c.backward = [=](const Tensors& in, const Tensors&, const Tensors& dy, OpEnv& env) {
+    Tensor drows = env.out(in["rows"].shape());
+    ops::moe_unpad_rows(dy["padded"], in["offsets"], per_expert(in["rows"].dim(0)), drows);
+    return Tensors{{"drows", drows}};
+  };
+  c.reference = [=](const Tensors& in, const Tensors& dy, float) {
+    const Tensor &rows = in["rows"], &offsets = in["offsets"];
+    const int64_t n = rows.dim(0), p = per_expert(n);
+    std::vector<double> padded(experts * p * channels, 0.0), drows(n * channels);
+    for (int64_t l = 0; l < experts; ++l) {
+      for (int64_t i = offsets.i32()[l]; i < offsets.i32()[l + 1]; ++i) {
+        const int64_t r = l * p + (i - offsets.i32()[l]);
+        for (int64_t col = 0; col < channels; ++col) {
+          padded[r * channels + col] = at(rows, i * channels + col);
+          drows[i * channels + col] = at(dy["padded"], r * channels + col);
+        }
+      }
+    }
+    return Tensors{{"padded", from_doubles({experts * p, channels}, padded)},
+                   {"drows", from_doubles({n, channels}, drows)}};
+  };
+  c.device_tol = {0.0, 5e-3, 0.0};  // copies: f32 exact; bf16 rows are the f32 rows rounded once
   return c;
 }
 
@@ -611,12 +683,27 @@ std::vector<OpCase> moe_op_cases() {
   cases.push_back(z);
   cases.push_back(device_only(z_loss_case(128), {16384}));
 
-  // Expert capacity and the sequence-level aux loss (CPU only until the CUDA engine does them).
-  cases.push_back(capacity_case(8, 2, 0.5, false));
-  cases.push_back(capacity_case(8, 2, 0.5, true));
-  cases.push_back(capacity_case(16, 4, 1.25, false));
+  // Expert capacity: both policies, balanced and skewed, below and above the mean load; then Mixtral's and
+  // Qwen3-30B-A3B's entry counts on devices (8,192 tokens top-2 of 8; 16,384 tokens top-8 of 128).
+  for (const bool by_position : {false, true}) {
+    for (const bool skewed : {false, true}) cases.push_back(capacity_case(8, 2, 0.5, by_position, skewed));
+  }
+  cases.push_back(capacity_case(16, 4, 1.25, false, false));
+  cases.push_back(capacity_case(16, 4, 1.25, true, true));
+  for (const bool by_position : {false, true}) {
+    cases.push_back(device_only(capacity_case(8, 2, 1.0, by_position, true), {8192}));
+    cases.push_back(device_only(capacity_case(128, 8, 1.0, by_position, false), {4096, 16384}));
+    cases.push_back(device_only(capacity_case(128, 8, 1.5, by_position, true), {16384}));
+  }
+  // Padding to capacity: a few experts at awkward widths; Qwen3-30B-A3B's 128 experts at width 2048 on devices.
+  cases.push_back(pad_case(4, 37));
+  cases.push_back(pad_case(8, 40));
+  cases.push_back(device_only(pad_case(128, 2048), {4096}));
+  // The sequence-level aux loss: moe_sort and moe_aux_loss per sequence; Qwen3-30B-A3B's micro-batch of 4 × 4096 on
+  // devices.
   cases.push_back(seq_aux_loss_case(8, 2, 3, false));
   cases.push_back(seq_aux_loss_case(16, 4, 2, true));
+  cases.push_back(device_only(seq_aux_loss_case(128, 8, 4, false), {4096}));
   return cases;
 }
 

@@ -58,6 +58,8 @@ class CpuBackend : public Backend {
   void moe_router_backward(const MoeRouterArgs& args) override;
   void moe_sort(const MoeSortArgs& args) override;
   void moe_capacity(const MoeCapacityArgs& args) override;
+  void moe_pad_rows(const MoePadArgs& args) override;
+  void moe_unpad_rows(const MoePadArgs& args) override;
   void moe_permute(const MoePermuteArgs& args) override;
   void moe_permute_backward(const MoePermuteArgs& args) override;
   void moe_unpermute(const MoePermuteArgs& args) override;

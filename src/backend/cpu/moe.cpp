@@ -171,6 +171,44 @@ void CpuBackend::moe_capacity(const MoeCapacityArgs& args) {
   }
 }
 
+namespace {
+
+// Expert l's row count, checked against the padded capacity P and the M rows.
+int64_t padded_expert_rows(const char* op, const int32_t* offsets, int64_t l, int64_t per_expert, int64_t rows) {
+  const int64_t n = offsets[l + 1] - offsets[l];
+  PRIMUS_CHECK(offsets[l] >= 0 && n >= 0 && offsets[l + 1] <= rows,
+               "[op {}] offsets [{}, {}] of local expert {} are not ascending within the {} rows", op, offsets[l],
+               offsets[l + 1], l, rows);
+  PRIMUS_CHECK(n <= per_expert, "[op {}] local expert {} has {} rows, above its padded capacity {}", op, l, n,
+               per_expert);
+  return n;
+}
+
+}  // namespace
+
+void CpuBackend::moe_pad_rows(const MoePadArgs& args) {
+  const int64_t local = args.offsets->numel() - 1, c = args.in->dim(1), p = args.per_expert;
+  const int32_t* offsets = args.offsets->i32();
+  const float* rows = args.in->f32();
+  float* padded = args.out->f32();
+  for (int64_t l = 0; l < local; ++l) {
+    const int64_t n = padded_expert_rows("moe_pad_rows", offsets, l, p, args.in->dim(0));
+    std::copy(rows + offsets[l] * c, rows + (offsets[l] + n) * c, padded + l * p * c);
+    std::fill(padded + (l * p + n) * c, padded + (l + 1) * p * c, 0.0f);
+  }
+}
+
+void CpuBackend::moe_unpad_rows(const MoePadArgs& args) {
+  const int64_t local = args.offsets->numel() - 1, c = args.in->dim(1), p = args.per_expert;
+  const int32_t* offsets = args.offsets->i32();
+  const float* padded = args.in->f32();
+  float* rows = args.out->f32();
+  for (int64_t l = 0; l < local; ++l) {
+    const int64_t n = padded_expert_rows("moe_unpad_rows", offsets, l, p, args.out->dim(0));
+    std::copy(padded + l * p * c, padded + (l * p + n) * c, rows + offsets[l] * c);
+  }
+}
+
 void CpuBackend::moe_permute(const MoePermuteArgs& args) {
   const int64_t rows = args.slots->numel(), c = args.x->dim(1), k = args.topk;
   const int32_t* slots = args.slots->i32();

@@ -103,6 +103,12 @@ std::string device_error_message(const cuda::DeviceError& e) {
     case cuda::kMoeSortExpert:
       w = {"moe_sort", "expert", "routing entry", "the experts"};
       break;
+    case cuda::kMoeCapacityExpert:
+      w = {"moe_capacity", "expert", "routing entry", "the experts"};
+      break;
+    case cuda::kMoePadRows:
+      w = {"moe_pad_rows", "row count", "local expert", "its padded capacity"};
+      break;
     default:
       break;
   }
@@ -695,6 +701,29 @@ void CudaBackend::moe_sort(const MoeSortArgs& args) {
   check_moe_entries("moe_sort", args.topk_experts->numel());
   cuda::moe_sort(state_->ctx, ptr<int32_t>(*args.topk_experts), args.topk_experts->numel(), args.offsets->numel() - 1,
                  ptr<int32_t>(*args.slots), ptr<int32_t>(*args.offsets));
+}
+
+void CudaBackend::moe_capacity(const MoeCapacityArgs& args) {
+  check_moe_entries("moe_capacity", args.topk_experts->numel());
+  cuda::moe_capacity(state_->ctx, ptr<int32_t>(*args.topk_experts), ptr<float>(*args.topk_weights),
+                     args.topk_experts->numel(), args.experts, args.capacity, args.by_position,
+                     ptr<int32_t>(*args.kept_experts));
+}
+
+void CudaBackend::moe_pad_rows(const MoePadArgs& args) {
+  dispatch(args.in->dtype(), "moe_pad_rows", [&](auto tag) {
+    using T = decltype(tag);
+    cuda::moe_pad_rows<T>(state_->ctx, ptr<T>(*args.in), ptr<int32_t>(*args.offsets), ptr<T>(*args.out),
+                          args.offsets->numel() - 1, args.per_expert, args.in->dim(1));
+  });
+}
+
+void CudaBackend::moe_unpad_rows(const MoePadArgs& args) {
+  dispatch(args.in->dtype(), "moe_unpad_rows", [&](auto tag) {
+    using T = decltype(tag);
+    cuda::moe_unpad_rows<T>(state_->ctx, ptr<T>(*args.in), ptr<int32_t>(*args.offsets), ptr<T>(*args.out),
+                            args.out->dim(0), args.offsets->numel() - 1, args.per_expert, args.in->dim(1));
+  });
 }
 
 void CudaBackend::moe_permute(const MoePermuteArgs& args) {

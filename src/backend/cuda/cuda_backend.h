@@ -61,6 +61,9 @@ class CudaBackend : public Backend {
   void moe_router_forward(const MoeRouterArgs& args) override;
   void moe_router_backward(const MoeRouterArgs& args) override;
   void moe_sort(const MoeSortArgs& args) override;
+  void moe_capacity(const MoeCapacityArgs& args) override;
+  void moe_pad_rows(const MoePadArgs& args) override;
+  void moe_unpad_rows(const MoePadArgs& args) override;
   void moe_permute(const MoePermuteArgs& args) override;
   void moe_permute_backward(const MoePermuteArgs& args) override;
   void moe_unpermute(const MoePermuteArgs& args) override;

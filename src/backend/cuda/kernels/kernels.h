@@ -40,7 +40,9 @@ enum DeviceErrorCode : int {
   kEmbeddingForwardVocabId = 7,
   kEmbeddingBackwardVocabId = 8,
   kCrossEntropyShardStatsTarget = 9,
-  kMoeSortExpert = 10,  // position: routing entry (t·k + j), value: its expert, limit: E
+  kMoeSortExpert = 10,      // position: routing entry (t·k + j), value: its expert, limit: E
+  kMoeCapacityExpert = 11,  // as kMoeSortExpert, found by moe_capacity
+  kMoePadRows = 12,         // position: local expert, value: its rows, limit: its padded capacity + 1
 };
 
 // bf16 storage: the raw bits of a bfloat16. Conversions go through core/bf16.h (round to nearest even), so a
@@ -219,6 +221,19 @@ void moe_router_backward(const KernelContext& ctx, const MoeRouterShape& shape, 
 // topk_experts [entries] → slots [entries], offsets [E + 1]; an expert outside [0, E) is recorded in ctx.error.
 void moe_sort(const KernelContext& ctx, const int32_t* topk_experts, int64_t entries, int64_t experts, int32_t* slots,
               int32_t* offsets);
+// topk_experts [entries] i32, topk_weights [entries] f32 → kept_experts [entries] i32: each expert's first `capacity`
+// entries by descending weight (ties: entry order) or (by_position) by entry order keep their expert, the rest get E
+// (moe_capacity.cu). An expert outside [0, E) is recorded in ctx.error and its entry dropped.
+void moe_capacity(const KernelContext& ctx, const int32_t* topk_experts, const float* topk_weights, int64_t entries,
+                  int64_t experts, int64_t capacity, bool by_position, int32_t* kept_experts);
+// rows [M, C], padded [L·P, C], offsets [L + 1] i32 on the device (MoePadArgs); an expert above P rows is recorded in
+// ctx.error.
+template <typename T>
+void moe_pad_rows(const KernelContext& ctx, const T* rows, const int32_t* offsets, T* padded, int64_t local,
+                  int64_t per_expert, int64_t channels);
+template <typename T>
+void moe_unpad_rows(const KernelContext& ctx, const T* padded, const int32_t* offsets, T* rows, int64_t rows_count,
+                    int64_t local, int64_t per_expert, int64_t channels);
 // x, dx, out (unpermute) [N, C]; out (permute), dout (permute backward), y, dy [N·k, C]; slots [N·k] i32;
 // weights, dweights [N, k] f32.
 template <typename T>
