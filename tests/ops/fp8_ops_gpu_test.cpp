@@ -20,14 +20,7 @@ namespace {
 
 constexpr Device kGpu{DeviceType::kCuda, 0};
 
-class Fp8Gpu : public ::testing::Test {
- protected:
-  void SetUp() override {
-    const std::string why = testing::why_no_gpu();
-    if (!why.empty()) GTEST_SKIP() << why;
-    ops::start_device(kGpu);  // its allocator exists only once the backend has started (the first H200 run threw here)
-  }
-};
+class Fp8Gpu : public testing::GpuTest {};
 
 // amax → scale → quantise (with the transposed copy) → dequantise on `device`, every result brought to the host.
 struct Chain {

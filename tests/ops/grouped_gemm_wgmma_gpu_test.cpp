@@ -41,14 +41,11 @@ bool hopper() {
 #endif
 }
 
-class GroupedGemmWgmma : public ::testing::Test {
+class GroupedGemmWgmma : public testing::GpuTest {
  protected:
   void SetUp() override {
-    const std::string why = testing::why_no_gpu();
-    if (!why.empty()) GTEST_SKIP() << why;
-#if PRIMUS_WITH_CUDA
-    start_cuda_backend(0);
-#endif
+    testing::GpuTest::SetUp();
+    if (IsSkipped()) return;
     if (!hopper()) GTEST_SKIP() << "the wgmma grouped GEMM needs an sm_90 (Hopper) GPU";
   }
 };

@@ -27,16 +27,7 @@ using testing::same_bits;
 
 constexpr Device kGpu{DeviceType::kCuda, 0};
 
-class CudaMoeOps : public ::testing::Test {
- protected:
-  void SetUp() override {
-    const std::string why = testing::why_no_gpu();
-    if (!why.empty()) GTEST_SKIP() << why;
-#if PRIMUS_WITH_CUDA
-    start_cuda_backend(0);
-#endif
-  }
-};
+class CudaMoeOps : public testing::GpuTest {};
 
 Tensor gpu(const Tensor& t) { return ops::to_device(t, kGpu); }
 Tensor host(const Tensor& t) { return ops::to_device(t, kCpuDevice); }

@@ -45,16 +45,7 @@ constexpr double kRounded = 5e-3;
 constexpr double kFp32 = 1e-5;
 constexpr double kGemmFp32 = 1e-4;
 
-class Bf16Ops : public ::testing::Test {
- protected:
-  void SetUp() override {
-    const std::string why = testing::why_no_gpu();
-    if (!why.empty()) GTEST_SKIP() << why;
-#if PRIMUS_WITH_CUDA
-    start_cuda_backend(0);
-#endif
-  }
-};
+class Bf16Ops : public testing::GpuTest {};
 
 // t with every value rounded to bf16, still f32: the CPU reference's input.
 Tensor rounded(Tensor t) {

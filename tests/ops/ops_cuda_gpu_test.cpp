@@ -36,16 +36,7 @@ using primus::testing::same_bits;
 constexpr Device kGpu{DeviceType::kCuda, 0};
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-class CudaOps : public ::testing::Test {
- protected:
-  void SetUp() override {
-    const std::string why = testing::why_no_gpu();
-    if (!why.empty()) GTEST_SKIP() << why;
-#if PRIMUS_WITH_CUDA
-    start_cuda_backend(0);
-#endif
-  }
-};
+class CudaOps : public testing::GpuTest {};
 
 Tensor gpu(const Tensor& t) { return ops::to_device(t, kGpu); }
 Tensor host(const Tensor& t) { return ops::to_device(t, kCpuDevice); }

@@ -26,15 +26,7 @@ using primus::testing::random_tensor;
 
 constexpr Device kGpu{DeviceType::kCuda, 0};
 
-class PackingGpu : public ::testing::Test {
- protected:
-  void SetUp() override {
-    PRIMUS_SKIP_WITHOUT_GPU();
-#if PRIMUS_WITH_CUDA
-    start_cuda_backend(0);
-#endif
-  }
-};
+class PackingGpu : public testing::GpuTest {};
 
 // Every byte 0xFF: NaN in both f32 and bf16.
 Tensor poisoned(const Shape& shape, DType dtype, Device device) {

@@ -1,12 +1,11 @@
 #include "support/test_support.h"
 
 #include <execinfo.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
@@ -39,7 +38,6 @@ ScopedEnv::~ScopedEnv() {
     ::unsetenv(name_.c_str());
   }
 }
-
 
 namespace {
 
@@ -180,6 +178,12 @@ std::string why_no_gpu() {
 #else
   return "no CUDA device: this build has no CUDA backend (PRIMUS_CUDA=OFF or no CUDA compiler found)";
 #endif
+}
+
+void GpuTest::SetUp() {
+  const std::string why = why_no_gpu();
+  if (!why.empty()) GTEST_SKIP() << why;
+  ops::start_device(Device{DeviceType::kCuda, 0});
 }
 
 }  // namespace primus::testing

@@ -36,6 +36,13 @@ int free_port();
 // Empty when a CUDA GPU is usable, else why not (GPU tests skip with it).
 std::string why_no_gpu();
 
+// Fixture of the GPU op tests: skips, saying why, where there is no GPU, else starts device 0 (its allocator exists
+// only once the backend has started).
+class GpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override;
+};
+
 // Sets an environment variable for its lifetime, then restores it (or unsets it if it was not set).
 class ScopedEnv {
  public:
@@ -67,7 +74,7 @@ std::string message_of(F&& f) {
 }  // namespace primus::testing
 
 // Skips the current test when no GPU is usable; GTEST_SKIP must run in the test body (or SetUp) itself.
-#define PRIMUS_SKIP_WITHOUT_GPU()                                                  \
+#define PRIMUS_SKIP_WITHOUT_GPU()                                                                  \
   if (const std::string primus_no_gpu = ::primus::testing::why_no_gpu(); !primus_no_gpu.empty()) { \
-    GTEST_SKIP() << primus_no_gpu;                                                   \
+    GTEST_SKIP() << primus_no_gpu;                                                                 \
   }
