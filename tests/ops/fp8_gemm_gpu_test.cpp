@@ -117,8 +117,10 @@ TEST_F(Fp8GemmGpu, MatchesTheCpuReference) {
       for (const DType c_dtype : {DType::kF32, DType::kBF16}) {
         const Tensor want = gemm_on(kCpuDevice, qa, qb, {.c_dtype = c_dtype});
         const Tensor got = gemm_on(kGpu, qa, qb, {.c_dtype = c_dtype});
-        // f32: the device's f32 sums against exact ones; bf16: a step where an f32 sum crosses a rounding boundary.
-        testing::expect_close(what + " " + dtype_name(c_dtype), got, want, c_dtype == DType::kF32 ? 1e-5 : 2e-3);
+        // f32: Hopper's fp8 tensor cores keep about 14 bits of their products' sums inside each MMA (DeepSeek-V3
+        // §3.3.2), so f32 C lies ~1e-4 from the exact sums whatever K (an H100 measured 0.97e-4 to 1.34e-4 at K 128
+        // to 4096): 5e-4. bf16: a step where a sum crosses a rounding boundary.
+        testing::expect_close(what + " " + dtype_name(c_dtype), got, want, c_dtype == DType::kF32 ? 5e-4 : 2e-3);
       }
     }
   }
