@@ -89,20 +89,8 @@ struct ModelArgs {
   bool is_mtp_moe_layer() const { return num_layers > 0 && is_moe_layer(num_layers - 1); }
 };
 
-// Multi-head latent attention's CUDA path (attention with a value head size other than the query's, interleaved
-// RoPE and the head concatenation kernels) is written but has not run on a GPU yet: until its GPU tests pass on one,
-// the config (device: cuda) and the trainer (a device chosen at run time) refuse an MLA model on a GPU with this
-// message. (Tensor and context parallelism do not split MLA yet either: refused on their own.)
-inline constexpr const char* kMlaGpuNotVerified =
-    "multi_latent_attention: multi-head latent attention's CUDA kernels have not been verified on a GPU yet (their "
-    "tests are written, issue 14); train MLA models (kv_lora_rank, qk_head_dim, qk_pos_emb_head_dim, v_head_dim) "
-    "with device: cpu for now";
-
-// Multi-token prediction runs on the CPU engine in fp32, on one pipeline stage, without tensor or context
-// parallelism or FSDP (the config, the trainer and the model refuse the rest); projection plans every layout.
-inline constexpr const char* kMtpCpuOnly =
-    "mtp_num_layers: multi-token prediction runs on the CPU engine only, in fp32 (its GPU path is not written or "
-    "verified yet, issue 14)";
+// Multi-token prediction runs on one pipeline stage, without tensor or context parallelism or FSDP (the config, the
+// trainer and the model refuse the rest); projection plans every layout.
 // Why a layout cannot run the modules, or "" when it can.
 inline std::string mtp_layout_refusal(const ModelArgs& m, int64_t tp, int64_t pp, int64_t cp, bool fsdp) {
   if (m.mtp_num_layers == 0) return "";
@@ -122,13 +110,9 @@ inline std::string mtp_layout_refusal(const ModelArgs& m, int64_t tp, int64_t pp
 }
 
 // fp8 needs fp8 tensor cores. The CPU engine refuses it, except as the reference the tests check the recipes with
-// (PRIMUS_FP8_CPU_REFERENCE=1: fp8 GEMMs as dequantised fp32 ones, slow). The GPU path is written but has not run on
-// a GPU yet: the trainer refuses it there until its tests pass on the H200.
+// (PRIMUS_FP8_CPU_REFERENCE=1: fp8 GEMMs as dequantised fp32 ones, slow).
 inline constexpr const char* kFp8NeedsGpu =
     "fp8 needs a GPU with fp8 tensor cores (Hopper sm_90 or newer, MI300X/MI355X)";
-inline constexpr const char* kFp8GpuNotVerified =
-    "fp8_format: the fp8 training path runs on the CPU reference but has not been verified on a GPU yet (issue 15); "
-    "train with bf16: true and leave fp8_format unset for now";
 inline bool fp8_cpu_reference_requested() {
   const char* value = std::getenv("PRIMUS_FP8_CPU_REFERENCE");
   return value != nullptr && std::string(value) == "1";

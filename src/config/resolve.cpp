@@ -174,8 +174,8 @@ void check_parallel_keys(const ModuleKeys& keys, const Origin& module_origin) {
   }
 }
 
-// Token dropping and the sequence-level aux loss (a MoE model): their keys among themselves, and what the engine
-// does not do with them yet. Kept apart from the general MoE-on-a-GPU refusal so it holds once that is lifted.
+// Token dropping and the sequence-level aux loss (a MoE model): their keys among themselves and with context
+// parallelism (both engines run them).
 void check_capacity_keys(const ModuleKeys& keys, const Origin& module_origin) {
   const ModuleKey& factor = get(keys, "moe_expert_capacity_factor");
   const ModuleKey& policy = get(keys, "moe_token_drop_policy");
@@ -201,20 +201,6 @@ void check_capacity_keys(const ModuleKeys& keys, const Origin& module_origin) {
                  fmt::format("moe_router_load_balancing_type seq_aux_loss with context parallelism ({}) is not "
                              "implemented: each rank holds part of every sequence; use aux_loss",
                              describe(cp)));
-  }
-  const ModuleKey& device = get(keys, "device");
-  if (device.value.s != "cuda") return;
-  if (factor.value.is_set) {
-    config_error(place(factor, module_origin),
-                 fmt::format("moe_expert_capacity_factor (token dropping) runs on the CPU engine only: the CUDA "
-                             "engine has no kernel for it yet ({}); unset it for a dropless MoE",
-                             describe(device)));
-  }
-  if (balancing.value.s == "seq_aux_loss") {
-    config_error(place(balancing, module_origin),
-                 fmt::format("moe_router_load_balancing_type seq_aux_loss runs on the CPU engine only: the CUDA "
-                             "engine does not form it yet ({}); use aux_loss",
-                             describe(device)));
   }
 }
 
@@ -425,19 +411,7 @@ void check_mla_keys(const ModuleKeys& keys, const Origin& module_origin) {
                                describe(key), name));
     }
   }
-  const ModuleKey& device = get(keys, "device");
-  if (device.value.s == "cuda") {
-    config_error(place(mla, module_origin), fmt::format("{} ({})", kMlaGpuNotVerified, describe(device)));
-  }
-}
 
-// Multi-token prediction runs on the CPU engine only (its layouts are checked with the job's: train_step.cpp).
-void check_mtp_keys(const ModuleKeys& keys, const Origin& module_origin) {
-  const ModuleKey& mtp = get(keys, "mtp_num_layers");
-  const ModuleKey& device = get(keys, "device");
-  if (mtp.value.is_set && mtp.value.i > 0 && device.value.s == "cuda") {
-    config_error(place(mtp, module_origin), fmt::format("{} ({})", kMtpCpuOnly, describe(device)));
-  }
 }
 
 // fp8's keys: the recipe keys only with fp8_format (and the delayed ones only with the delayed recipe), the bf16 layers
@@ -503,7 +477,6 @@ void check_fp8_keys(const ModuleKeys& keys, const Origin& module_origin) {
 
 void check_module_keys(const ModuleKeys& keys, const Origin& module_origin) {
   check_model_size(keys, module_origin);
-  check_mtp_keys(keys, module_origin);
   check_parallel_keys(keys, module_origin);
   check_moe_keys(keys, module_origin);
   check_mla_keys(keys, module_origin);

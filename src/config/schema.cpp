@@ -543,7 +543,7 @@ std::vector<KeySpec> build_specs() {
        .why = "sinkhorn is not implemented",
        .help = "aux_loss: the switch load-balancing loss weighted by moe_aux_loss_coeff, over each micro-batch's "
                "tokens; seq_aux_loss: the same loss per sequence of the micro-batch (its own counts and mean "
-               "scores), averaged over the sequences (DeepSeek-V2/V3; CPU engine, not with context parallelism); "
+               "scores), averaged over the sequences (DeepSeek-V2/V3; not with context parallelism); "
                "none: no balancing loss.",
        .apply = model_field<&ModelArgs::moe_router_load_balancing_type>},
       {.name = "moe_router_enable_expert_bias",
@@ -583,7 +583,7 @@ std::vector<KeySpec> build_specs() {
        .help = "Token dropping: each expert computes at most ceil(N x moe_router_topk / num_experts x factor) of the "
                "routing entries of the N tokens one rank routes in one micro-batch (before the all-to-all under "
                "expert parallelism); the others are dropped (the residual carries the token). metrics.jsonl counts "
-               "them (moe dropped_tokens). Unset: dropless. CPU engine only.",
+               "them (moe dropped_tokens). Unset: dropless.",
        .apply = model_field<&ModelArgs::moe_expert_capacity_factor>},
       {.name = "moe_token_drop_policy",
        .type = kString,
@@ -965,8 +965,8 @@ std::vector<KeySpec> build_specs() {
        .choices = {"e4m3", "hybrid"},
        .help = "fp8 training: the GEMMs of the transformer layers read fp8 operands. e4m3: every operand in e4m3; "
                "hybrid: e4m3 forward (activations, weights), e5m2 gradients. On MI300X the fnuz variants of the same "
-               "formats. Unset/null: off. Needs a GPU with fp8 tensor cores; the GPU path has not been verified on one "
-               "yet, so a run on a GPU exits 2 for now (docs/fp8.md).",
+               "formats. Unset/null: off. Needs a GPU with fp8 tensor cores (Hopper sm_90 or newer); on the first GPU "
+               "measurement it was slower than bf16 (docs/perf/fp8.md).",
        .aliases = {"fp8"},
        .apply = train_field<&TrainingArgs::fp8_format>},
       {.name = "fp8_recipe",

@@ -301,16 +301,14 @@ LlamaModel::LlamaModel(const ModelArgs& args, int64_t max_seq_length, Device dev
     throw UsageError("[config] num_experts: MoE on the CPU engine runs in fp32 only; bf16 mixed precision runs on cuda");
   }
   if (args_.mtp_num_layers > 0) {
-    // As MoE and MLA: fp32 on the CPU engine, fp32 or bf16 on CUDA (whether a job may use CUDA yet is the config's
-    // and the trainer's call: kMtpCpuOnly).
+    // As MoE and MLA: fp32 on the CPU engine, fp32 or bf16 on CUDA.
     if (device_.is_cpu() && compute_dtype_ != DType::kF32) {
       throw UsageError("[config] mtp_num_layers: multi-token prediction on the CPU engine runs in fp32 only");
     }
     const std::string why = mtp_layout_refusal(args_, tp_.size(), pipeline_.stages, cp_.size(), false);
     if (!why.empty()) throw UsageError("[config] " + why);
   }
-  // MLA runs on the CPU engine in fp32 and on CUDA in fp32 or bf16 (whether a job may use CUDA yet is the config's
-  // and the trainer's call: kMlaGpuNotVerified).
+  // MLA runs on the CPU engine in fp32 and on CUDA in fp32 or bf16.
   if (args_.multi_latent_attention && device_.is_cpu() && compute_dtype_ != DType::kF32) {
     throw UsageError(
         "[config] multi_latent_attention: MLA on the CPU engine runs in fp32 only; bf16 mixed precision runs on cuda");

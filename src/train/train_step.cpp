@@ -229,17 +229,6 @@ ProcessGroups make_process_groups(std::shared_ptr<Communicator> world, const Mod
 
 std::unique_ptr<Model> make_parallel_model(const ModelArgs& args, const TrainingArgs& t, Device device,
                                            const ProcessGroups& groups) {
-  // Token dropping and the sequence-level aux loss have no CUDA path yet.
-  if (args.num_experts > 0 && !device.is_cpu() && args.moe_expert_capacity_factor > 0.0) {
-    throw UsageError("[config] moe_expert_capacity_factor (token dropping) runs on the CPU engine only");
-  }
-  if (args.num_experts > 0 && !device.is_cpu() && args.moe_router_load_balancing_type == "seq_aux_loss") {
-    throw UsageError("[config] moe_router_load_balancing_type seq_aux_loss runs on the CPU engine only");
-  }
-  if (args.multi_latent_attention && !device.is_cpu()) {
-    throw UsageError(fmt::format("[config] {}", kMlaGpuNotVerified));
-  }
-  if (args.mtp_num_layers > 0 && !device.is_cpu()) throw UsageError(fmt::format("[config] {}", kMtpCpuOnly));
   // The ring runs beside data parallelism's collectives (on another thread or stream), and at dp 1 the cp group may
   // be the very communicator data parallelism reduces on: it gets a communicator of its own.
   ContextParallelGroup cp;
@@ -396,7 +385,6 @@ void refuse_fp8(const TrainingArgs& t, Device device) {
                                  device.str(), info.name, info.compute_major, info.compute_minor));
   }
 #endif
-  throw UsageError(fmt::format("[config] {} (device {})", kFp8GpuNotVerified, device.str()));
 }
 
 }  // namespace

@@ -245,21 +245,15 @@ TEST_F(MoeCliTest, BadMoeConfigsExit2NamingTheKey) {
   const testing::CliResult cuda =
       run({"--", "config", "validate", "--config", write_config("tiny_mixtral", ""), "device=cuda"});
   EXPECT_EQ(cuda.exit_code, 0) << cuda.err;  // the CUDA MoE path passed its GPU tests on an H200 (docs/moe.md)
-  // Token dropping and the sequence-level aux loss have no CUDA path: refused naming their key.
-  const testing::CliResult cuda_capacity = run({"--", "config", "validate", "--config",
-                                                write_config("tiny_mixtral", "      moe_expert_capacity_factor: 1.0\n"),
-                                                "device=cuda"});
-  EXPECT_EQ(cuda_capacity.exit_code, 2) << cuda_capacity.err;
-  EXPECT_NE(cuda_capacity.err.find("moe_expert_capacity_factor (token dropping) runs on the CPU engine only"),
-            std::string::npos)
-      << cuda_capacity.err;
-  const testing::CliResult cuda_seq = run(
-      {"--", "config", "validate", "--config",
-       write_config("tiny_mixtral", "      moe_router_load_balancing_type: seq_aux_loss\n"), "device=cuda"});
-  EXPECT_EQ(cuda_seq.exit_code, 2) << cuda_seq.err;
-  EXPECT_NE(cuda_seq.err.find("moe_router_load_balancing_type seq_aux_loss runs on the CPU engine only"),
-            std::string::npos)
-      << cuda_seq.err;
+  // Token dropping (both policies, padded) and the sequence-level aux loss run on cuda too (moe_gpu_test): accepted.
+  for (const char* extra : {"      moe_expert_capacity_factor: 1.0\n",
+                            "      moe_expert_capacity_factor: 1.25\n      moe_token_drop_policy: position\n"
+                            "      moe_pad_expert_input_to_capacity: true\n",
+                            "      moe_router_load_balancing_type: seq_aux_loss\n"}) {
+    const testing::CliResult on_cuda =
+        run({"--", "config", "validate", "--config", write_config("tiny_mixtral", extra), "device=cuda"});
+    EXPECT_EQ(on_cuda.exit_code, 0) << extra << on_cuda.err;
+  }
   // An MoE key on a dense model would do nothing: refused.
   const testing::CliResult dense =
       run({"--", "config", "validate", "--config", write_config("tiny_llama", "      moe_ffn_hidden_size: 64\n")});

@@ -49,8 +49,6 @@ void encode_map(const wg::OperandMap& m, const bf16* base, const char* operand, 
 
 bool grouped_gemm_take_wgmma(const KernelContext& ctx, const GroupedGemmShape& s, bool operands_aligned) {
   const char* value = std::getenv("PRIMUS_GROUPED_GEMM");
-  // Until the wgmma kernel has passed its GPU tests, leaving the variable unset keeps v1 (auto must be asked for).
-  if (value == nullptr) return false;
   wg::Choice choice = wg::Choice::kAuto;
   if (!wg::parse_choice(value, choice)) {
     throw UsageError(fmt::format("PRIMUS_GROUPED_GEMM={}: expected v1, wgmma or auto (or unset)", value));
