@@ -118,16 +118,23 @@ TEST(MoeGpu, Fp32LossAndGradientsMatchTheCpuEngine) {
   check_against_cpu("deepseek_routed", tiny_deepseek_routed_args(), DType::kF32, 1e-4, 1e-4);
 }
 
+// Each drop policy, padded or not, and the sequence-level aux loss, against the CPU engine in `dtype`.
+void check_capacity_and_seq_aux(DType dtype, double loss_tolerance, double grad_tolerance) {
+  for (const char* policy : {"probs", "position"}) {
+    for (const bool pad : {false, true}) {
+      const std::string name = fmt::format("capacity_{}{}", policy, pad ? "_padded" : "");
+      check_against_cpu(name.c_str(), tiny_capacity_args(policy, pad), dtype, loss_tolerance, grad_tolerance);
+    }
+  }
+  check_against_cpu("seq_aux_loss", tiny_seq_aux_args(), dtype, loss_tolerance, grad_tolerance);
+}
+
 // fp32 with token dropping and with the sequence-level aux loss: the router's weights are the CPU's to ~1e-7 and
 // moe_capacity keeps exactly the CPU's entries for equal weights (op case moe_capacity_*), so the same entries drop
 // and the tolerances stay the dropless ones.
 TEST(MoeGpu, Fp32CapacityAndSeqAuxLossMatchTheCpuEngine) {
   PRIMUS_SKIP_WITHOUT_GPU();
-  check_against_cpu("capacity_probs", tiny_capacity_args("probs", false), DType::kF32, 1e-4, 1e-4);
-  check_against_cpu("capacity_probs_padded", tiny_capacity_args("probs", true), DType::kF32, 1e-4, 1e-4);
-  check_against_cpu("capacity_position", tiny_capacity_args("position", false), DType::kF32, 1e-4, 1e-4);
-  check_against_cpu("capacity_position_padded", tiny_capacity_args("position", true), DType::kF32, 1e-4, 1e-4);
-  check_against_cpu("seq_aux_loss", tiny_seq_aux_args(), DType::kF32, 1e-4, 1e-4);
+  check_capacity_and_seq_aux(DType::kF32, 1e-4, 1e-4);
 }
 
 // bf16 rounds activations and the weight copy to 8 bits of mantissa, as for the dense model (ModelGpu: 1e-2 on the
@@ -147,11 +154,7 @@ TEST(MoeGpu, Bf16LossAndGradientsTrackTheCpuEngine) {
 // variants, which a wrong kept set (a whole expert's rows) exceeds many times over.
 TEST(MoeGpu, Bf16CapacityAndSeqAuxLossTrackTheCpuEngine) {
   PRIMUS_SKIP_WITHOUT_GPU();
-  check_against_cpu("capacity_probs", tiny_capacity_args("probs", false), DType::kBF16, 2e-2, 1e-1);
-  check_against_cpu("capacity_probs_padded", tiny_capacity_args("probs", true), DType::kBF16, 2e-2, 1e-1);
-  check_against_cpu("capacity_position", tiny_capacity_args("position", false), DType::kBF16, 2e-2, 1e-1);
-  check_against_cpu("capacity_position_padded", tiny_capacity_args("position", true), DType::kBF16, 2e-2, 1e-1);
-  check_against_cpu("seq_aux_loss", tiny_seq_aux_args(), DType::kBF16, 2e-2, 1e-1);
+  check_capacity_and_seq_aux(DType::kBF16, 2e-2, 1e-1);
 }
 
 // 30 AdamW steps in bf16 on one batch lower the loss well below where it started, as on the CPU (MoeModel).
