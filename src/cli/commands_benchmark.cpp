@@ -238,6 +238,10 @@ void add_benchmark_commands(CLI::App& root, const LaunchOptions& launch, Action&
   train->add_option("--config", *config_path, "Experiment YAML file")->required()->type_name("FILE");
   train->add_option("--warmup", options->warmup_steps, "Untimed steps first (default 3)")->check(CLI::NonNegativeNumber);
   train->add_option("--steps", options->timed_steps, "Timed steps (default 10)")->check(CLI::PositiveNumber);
+  train->add_option("--trace", options->trace_path,
+                    "After the timed steps, record one more step into a Perfetto trace at FILE (host and device "
+                    "tracks of phases, layers and ops; tools/trace_summary.py sums it)")
+      ->type_name("FILE");
   train->allow_extras();
   train->footer(
       "Overrides: KEY=VALUE as for 'train pretrain' (e.g. micro_batch_size=8). data_path is ignored: the\n"

@@ -12,6 +12,7 @@
 #include "data/loader.h"
 #include "data/tokenizer.h"
 #include "ops/ops.h"
+#include "ops/profile.h"
 #include "train/fp8_training.h"
 #include "train/memory_report.h"
 #include "train/pipeline_step.h"
@@ -70,6 +71,17 @@ BenchmarkResult time_steps(Model& model, AdamW& optimizer, DataParallel& dp, con
   };
   run_phase("benchmark warm-up", options.warmup_steps);
   run_phase("benchmark timed", options.timed_steps);
+  if (!options.trace_path.empty()) {
+    const int64_t timed = static_cast<int64_t>(step_ms.size());
+    ops::Trace::start(device);
+    run_phase("benchmark traced", 1);
+    step_ms.pop_back();  // the traced step pays for its marks: not a timed one
+    PRIMUS_CHECK(static_cast<int64_t>(step_ms.size()) == timed, "benchmark: the traced step was counted");
+    const int64_t scopes = ops::Trace::stop_and_write(options.trace_path);
+    spdlog::info("benchmark: step {} traced ({} scopes) into {} (open in https://ui.perfetto.dev; summary: "
+                 "tools/trace_summary.py)",
+                 step, scopes, options.trace_path);
+  }
   std::sort(step_ms.begin(), step_ms.end());
   result.step_ms = step_ms[step_ms.size() / 2];
   result.step_ms_min = step_ms.front();

@@ -13,6 +13,9 @@ struct BenchmarkOptions {
   int64_t warmup_steps = 3;
   int64_t timed_steps = 10;
   ProgressOutput progress;  // bars for the warm-up and the timed steps; none by default
+  // When set, one more step after the timed ones (so their times are unaffected) is recorded into a Perfetto trace
+  // written here: phases, layers and ops on the host and device tracks (tools/trace_summary.py reads it).
+  std::string trace_path;
 };
 
 struct BenchmarkResult {

@@ -1,6 +1,7 @@
 // Progress bars and the memory table through the binary: `train pretrain` and `benchmark train` run once on a
 // pseudo-terminal (stderr a TTY: bars redrawn with \r, erased before every log line, so no log line shares a
 // line with a bar) and once into files (no \r at all, the log unchanged), each logging the memory table.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <pty.h>
 #include <sys/wait.h>
@@ -10,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "support/cli_process.h"
 #include "support/test_support.h"
@@ -199,6 +201,36 @@ TEST_F(ProgressCli, IntoFilesThereAreNoCarriageReturns) {
   EXPECT_EQ(bench.err.find('\r'), std::string::npos) << bench.err;
   EXPECT_CONTAINS(bench.err, "activations per micro-batch (peak)");
   EXPECT_CONTAINS(bench.out, "benchmark train: tiny_llama on cpu");
+}
+
+// --trace records one step after the timed ones into a Perfetto trace that tools/trace_summary.py reads; the timed
+// steps stay the ones asked for.
+TEST_F(ProgressCli, BenchmarkTraceWritesOneMoreStepThatTheSummaryReads) {
+  const std::string trace = dir_ + "/step.json";
+  testing::CliResult bench = testing::wait_cli(
+      testing::spawn_cli({"--", "benchmark", "train", "--config", config_, "--warmup", "1", "--steps", "2", "--trace",
+                          trace},
+                         dir_),
+      dir_);
+  ASSERT_EQ(bench.exit_code, 0) << bench.err;
+  EXPECT_CONTAINS(bench.err, "benchmark: step 4 traced");
+  const std::string text = testing::read_text(trace);
+  EXPECT_CONTAINS(text, "\"traceEvents\"");
+  EXPECT_CONTAINS(text, "linear_forward");
+  const std::string summary_path = dir_ + "/summary.txt";
+  const std::string command = fmt::format("python3 {}/tools/trace_summary.py {} {} > {} 2>&1", PRIMUS_SOURCE_DIR, trace,
+                                          trace, summary_path);
+  ASSERT_EQ(std::system(command.c_str()), 0) << testing::read_text(summary_path);
+  const std::string summary = testing::read_text(summary_path);
+  EXPECT_CONTAINS(summary, "device busy");
+  // The trace against itself: every difference is zero.
+  EXPECT_CONTAINS(summary, "| linear_forward |");
+  std::istringstream lines(summary);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("| ", 0) == 0 && line.find("scope") == std::string::npos) {
+      EXPECT_NE(line.find("| +0.00 |"), std::string::npos) << line;
+    }
+  }
 }
 
 }  // namespace
