@@ -154,6 +154,29 @@ TEST_F(Fp8GemmGpu, BlockwiseEqualsTensorwiseWhenTheScalesAreEqual) {
   }
 }
 
+// The delayed recipe keeps every tensor's scale in one row per format (Fp8Scaling), so a GEMM's factor is a view at a
+// 4-byte offset; cuBLASLt refused such pointers (CUBLAS_STATUS_NOT_SUPPORTED on the first delayed training run), and
+// the same shape then reached it with aligned and unaligned factors in turn.
+TEST_F(Fp8GemmGpu, TensorwiseFactorsAtAnyOffsetOfAGroup) {
+  Rng rng(22);
+  const Tensor a = spread(256, 512, rng), b = spread(384, 512, rng);
+  const Operand qa = quantise(a, Fp8Format::kE4M3, {0, 0}), qb = quantise(b, Fp8Format::kE5M2, {0, 0});
+  const Tensor want = gemm_on(kCpuDevice, qa, qb);
+  const Tensor ac = ops::to_device(qa.codes, kGpu), bc = ops::to_device(qb.codes, kGpu);
+  for (int64_t column = 0; column < 5; ++column) {
+    Tensor group = Tensor::empty({1, 8}, DType::kF32);  // a group's row of factors, ours at `column`
+    for (int64_t i = 0; i < 8; ++i) group.f32()[i] = 1000.0f + static_cast<float>(i);
+    group.f32()[column] = qa.scale_inv.f32()[0];
+    group.f32()[7 - column] = qb.scale_inv.f32()[0];
+    const Tensor on_gpu = ops::to_device(group, kGpu);
+    const Tensor as = on_gpu.slice_elements(column, {1, 1}), bs = on_gpu.slice_elements(7 - column, {1, 1});
+    Tensor c = Tensor::empty({256, 384}, DType::kF32, kGpu);
+    ops::fp8_gemm({&ac, qa.format, qa.tiling, &as}, {&bc, qb.format, qb.tiling, &bs}, c);
+    testing::expect_close(fmt::format("factors at columns {} and {}", column, 7 - column),
+                          ops::to_device(c, kCpuDevice), want, 5e-4);
+  }
+}
+
 TEST_F(Fp8GemmGpu, FastAccumulationStaysNearTheReference) {
   Rng rng(21);
   const Tensor a = spread(1024, 2048, rng), b = spread(768, 2048, rng);

@@ -5,8 +5,9 @@
 // double: the CPU backend, which dequantises exactly, must equal it up to those f32 roundings (a few f32 steps; none
 // with power-of-two scales) and C's one rounding (f32: 1e-6; bf16: half a bf16 step, 2^-9 per element). A device
 // must equal the CPU up to its fp8 tensor cores' sums (5e-4: they keep about 14 bits inside each MMA, DeepSeek-V3
-// §3.3.2; an H100 measured up to 1.34e-4 in fp8_gemm_gpu_test) or, for bf16 C, a bf16 step on the few elements
-// whose sum lands on the other side of a rounding boundary (2e-3). How far fp8 lies from the unquantised product is checked
+// §3.3.2; an H100 measured up to 1.34e-4 in fp8_gemm_gpu_test) or, for bf16 C, a bf16 step (2^-8, 4e-3) on the
+// elements whose sum lands on the other side of a rounding boundary: at size 32 (2,048 elements) an H100 measured
+// 2.1e-3 for blockwise e4m3 × e5m2 accumulating into bf16. How far fp8 lies from the unquantised product is checked
 // against the bound the formats imply in tests/ops/fp8_ops_test.cpp.
 //
 // Shapes for size n: A [n, 2n + 64], B [n + 32, 2n + 64], so every dimension is awkward at the CPU sizes (partial
@@ -79,7 +80,7 @@ OpCase gemm_case(const GemmCaseSpec& s, bool on_devices = true) {
   c.device_size_reason = "cuBLASLt's fp8 GEMM needs M, N and K multiples of 16 (the CPU reference takes any size)";
   const bool bf16_out = s.c_dtype == DType::kBF16;
   c.reference_tol = bf16_out ? 4e-3 : 1e-6;
-  c.device_tol = {bf16_out ? 2e-3 : 5e-4, 0.0, 0.0};
+  c.device_tol = {bf16_out ? 4e-3 : 5e-4, 0.0, 0.0};
   c.make_inputs = [](int64_t n, Rng& rng) {
     const int64_t m = n, cols = n + 32, k = 2 * n + 64;
     return std::vector<Input>{f32("a", spread_operand(m, k, rng)), f32("b", spread_operand(cols, k, rng)),

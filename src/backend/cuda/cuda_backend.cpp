@@ -858,10 +858,10 @@ void check_fp8_gemm_operand(const char* name, const Tensor& codes, Fp8Format for
 
 }  // namespace
 
-// The fp8 GEMM through cuBLASLt. Tensorwise factors are passed as they are (one f32 on the device). Block factors are
+// The fp8 GEMM through cuBLASLt. Tensorwise factors are passed as they are (one f32 on the device) where aligned. Block factors are
 // rewritten into cuBLASLt's layout (Fp8ScaleLayout) in a scratch buffer by one small kernel: the 1x128 grid [R, K/128]
 // transposed (skipped when K ≤ 128, where the two layouts coincide), the 128x128 grid padded to a multiple of 4
-// columns (skipped when it is one), either copied anyway when not 16-byte aligned. The scratch holds R·K/128 floats,
+// columns (skipped when it is one), any factors copied anyway when not 16-byte aligned. The scratch holds R·K/128 floats,
 // 1/128 of the codes it scales, freed back to the stream-ordered allocator when this returns. fp8_scale keeps writing
 // plain row-major grids, which the CPU reference and the dequantise op share.
 void CudaBackend::fp8_gemm(const Fp8GemmArgs& args) {
@@ -881,8 +881,10 @@ void CudaBackend::fp8_gemm(const Fp8GemmArgs& args) {
     const int64_t rows = scale_inv.dim(0), cols = scale_inv.dim(1);
     const bool transpose = layout == Fp8ScaleLayout::kVec128 && cols > 1 && rows > 1;
     const int64_t padded_cols = layout == Fp8ScaleLayout::kBlock128x128 ? (cols + 3) / 4 * 4 : cols;
-    // cuBLASLt reads block factors in 16-byte pieces: a grid at an odd offset (a view) is copied too.
-    const bool aligned = layout == Fp8ScaleLayout::kTensor || cublaslt::alignment_of(scale_inv.data()) >= 16;
+    // cuBLASLt takes factors only at 16-byte aligned addresses (block grids are read in 16-byte pieces; a tensorwise
+    // factor elsewhere failed with CUBLAS_STATUS_NOT_SUPPORTED): one at another offset (a view, as the delayed
+    // recipe's per-tensor factors in their group's row are) is copied too.
+    const bool aligned = cublaslt::alignment_of(scale_inv.data()) >= 16;
     if (!transpose && padded_cols == cols && aligned) return ptr<float>(scale_inv);
     scratch[which] = Tensor::empty({transpose ? rows * cols : rows * padded_cols}, DType::kF32, device());
     cuda::fp8_scale_layout(state_->ctx, ptr<float>(scale_inv), rows, cols, transpose, padded_cols,

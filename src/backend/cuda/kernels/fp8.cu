@@ -8,6 +8,8 @@
 // codes of x and xᵀ written by one pass over 64×64 tiles through shared memory. A max has no order and each code
 // depends on its element alone, so they give the same bits as the general kernels (one block per tile, one thread per
 // element), which take every other shape.
+#include <cuda_fp8.h>
+
 #include <algorithm>
 
 #include "backend/cuda/kernels/common.cuh"
@@ -21,13 +23,53 @@ constexpr int kThreads = 256;
 
 __device__ __forceinline__ float max_keeping_nan(float m, float v) { return (v > m || v != v) && m == m ? v : m; }
 
-// A matrix [rows, cols] in tiles of tile_rows × tile_cols, the grid row-major.
+// A matrix [rows, cols] in tiles of tile_rows × tile_cols, the grid row-major. tile_of runs once or twice per element
+// in the quantise kernels, where 64-bit divisions (~70 instructions each) would cost more than the encode: a matrix
+// of one tile (tensorwise scaling) needs none, and power-of-two tiles (1 and 128, every recipe's) take shifts. The
+// branches depend only on the kernel's arguments, so every thread of a warp takes the same one.
 struct Grid {
   int64_t rows, cols, tile_rows, tile_cols, grid_cols;
-  __device__ int64_t tile_of(int64_t r, int64_t c) const { return (r / tile_rows) * grid_cols + c / tile_cols; }
+  bool single;                  // one tile covers the matrix
+  int row_shift, column_shift;  // log2 of the tile extents, or -1 when not a power of two
+  __device__ int64_t tile_of(int64_t r, int64_t c) const {
+    if (single) return 0;
+    const int64_t tile_row = row_shift >= 0 ? r >> row_shift : r / tile_rows;
+    const int64_t tile_column = column_shift >= 0 ? c >> column_shift : c / tile_cols;
+    return tile_row * grid_cols + tile_column;
+  }
 };
 
-Grid make_grid(Fp8Tiles t) { return Grid{t.rows, t.cols, t.tile_rows, t.tile_cols, (t.cols + t.tile_cols - 1) / t.tile_cols}; }
+int log2_if_power_of_two(int64_t n) {
+  if (n <= 0 || (n & (n - 1)) != 0) return -1;
+  int shift = 0;
+  while ((int64_t{1} << shift) < n) ++shift;
+  return shift;
+}
+
+Grid make_grid(Fp8Tiles t) {
+  return Grid{t.rows,
+              t.cols,
+              t.tile_rows,
+              t.tile_cols,
+              (t.cols + t.tile_cols - 1) / t.tile_cols,
+              t.tile_rows >= t.rows && t.tile_cols >= t.cols,
+              log2_if_power_of_two(t.tile_rows),
+              log2_if_power_of_two(t.tile_cols)};
+}
+
+// fp8_encode with saturation (core/fp8.h), through the conversion instruction where the GPU has one (sm_89 and
+// newer: cvt.rn.satfinite, round to nearest even, overflow and ±inf to ±max_finite, as fp8_encode). Only NaN's code
+// differs (the instruction writes one NaN pattern), so NaN keeps the reference's. Other formats and GPUs take the
+// reference function itself.
+__device__ __forceinline__ uint8_t encode_saturating(float v, Fp8Format format) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  if (format == Fp8Format::kE4M3 || format == Fp8Format::kE5M2) {
+    if (v != v) return fp8_nan_code(format, static_cast<uint8_t>((__float_as_uint(v) >> 24) & 0x80u));
+    return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, format == Fp8Format::kE4M3 ? __NV_E4M3 : __NV_E5M2);
+  }
+#endif
+  return fp8_encode(v, format, true);
+}
 
 // Block t: amax[t] over tile t of x [rows, cols] (or of xᵀ when transposed: element (i, j) is x[j, i]); with
 // accumulate the max of that and amax[t]'s value (a NaN in either kept). T: float or bf16, read as f32 (exact).
@@ -78,7 +120,7 @@ __global__ void quantize_kernel(const T* __restrict__ x, Grid g, bool transposed
        k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t i = k / g.cols, j = k % g.cols;
     const float v = load(transposed ? x + j * g.rows + i : x + k);
-    codes[k] = fp8_encode(v * scale[g.tile_of(i, j)], format, true);
+    codes[k] = encode_saturating(v * scale[g.tile_of(i, j)], format);
   }
 }
 
@@ -176,42 +218,60 @@ __global__ void amax_column_tiles_kernel(const T* __restrict__ x, Grid g, bool a
   amax[t] = tile != tile ? __uint_as_float(kCanonicalNan) : tile;
 }
 
-// Codes of x [rows, cols] (grid g) and of xᵀ (grid gt) in one pass: a block loads a 64×64 tile of x, four consecutive
-// elements a thread, writes x's codes row by row and xᵀ's through shared memory, also four bytes at a time where
-// the tile is whole and the rows are multiples of 4 (`vector`).
+// Codes of x [rows, cols] (grid g) and of xᵀ (grid gt) in one pass: a block loads a 64×64 tile of x, W consecutive
+// elements a thread (W = 8: one 16-byte load of bf16, two of f32, where the rows allow; else 4 read one by one), writes
+// x's codes row by row and xᵀ's through shared memory, W (plain) and 4 (transposed) bytes at a time where the tile is
+// whole and the rows are multiples of 4 (`vector`).
 constexpr int kPairTile = 64;
 
-template <typename T>
+template <typename T, int W>
 __global__ void quantize_pair_kernel(const T* __restrict__ x, Grid g, Grid gt, const float* __restrict__ scale,
                                      const float* __restrict__ scale_t, Fp8Format format, bool vector,
                                      uint8_t* __restrict__ codes, uint8_t* __restrict__ codes_t) {
+  constexpr int kThreadsPerRow = kPairTile / W, kRowsPerPass = kThreads / kThreadsPerRow;
   __shared__ uint8_t transposed[kPairTile][kPairTile + 4];
   // Row tiles along x (2³¹ − 1 of them), column tiles along y (65,535: 4 M columns).
   const int64_t r0 = blockIdx.x * static_cast<int64_t>(kPairTile), c0 = blockIdx.y * static_cast<int64_t>(kPairTile);
-  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;  // 16 × 16 threads, 4 columns each
-  for (int k = 0; k < kPairTile / 16; ++k) {
-    const int lr = ty + 16 * k, lc = 4 * tx;
+  const int tx = threadIdx.x % kThreadsPerRow, ty = threadIdx.x / kThreadsPerRow;
+  for (int k = 0; k < kPairTile / kRowsPerPass; ++k) {
+    const int lr = ty + kRowsPerPass * k, lc = W * tx;
     const int64_t i = r0 + lr;
-    uint8_t plain[4];
-    for (int e = 0; e < 4; ++e) {
+    if (i >= g.rows) continue;
+    const bool whole = c0 + lc + W <= g.cols;
+    float v[W];
+    if (W == 8 && whole) {
+      load_n<W>(x + i * g.cols + c0 + lc, v);
+    } else {
+      for (int e = 0; e < W; ++e) v[e] = c0 + lc + e < g.cols ? load(x + i * g.cols + c0 + lc + e) : 0.0f;
+    }
+    uint8_t plain[W];
+#pragma unroll
+    for (int e = 0; e < W; ++e) {
       const int64_t j = c0 + lc + e;
-      if (i < g.rows && j < g.cols) {
-        const float v = load(x + i * g.cols + j);
-        plain[e] = fp8_encode(v * scale[g.tile_of(i, j)], format, true);
-        transposed[lc + e][lr] = fp8_encode(v * scale_t[gt.tile_of(j, i)], format, true);
+      if (j < g.cols) {
+        const float s = scale[g.tile_of(i, j)], s_t = scale_t[gt.tile_of(j, i)];
+        plain[e] = encode_saturating(v[e] * s, format);
+        transposed[lc + e][lr] = s_t == s ? plain[e] : encode_saturating(v[e] * s_t, format);  // tensorwise: equal
       }
     }
-    if (i >= g.rows) continue;
-    if (vector && c0 + lc + 4 <= g.cols) {
-      *reinterpret_cast<uint32_t*>(codes + i * g.cols + c0 + lc) =
-          plain[0] | (plain[1] << 8) | (plain[2] << 16) | (static_cast<uint32_t>(plain[3]) << 24);
+    if (vector && whole) {
+      uint32_t word[W / 4] = {};
+#pragma unroll
+      for (int e = 0; e < W; ++e) word[e / 4] |= static_cast<uint32_t>(plain[e]) << (8 * (e % 4));
+      uint8_t* out = codes + i * g.cols + c0 + lc;
+      if constexpr (W == 8) {
+        *reinterpret_cast<uint2*>(out) = make_uint2(word[0], word[1]);
+      } else {
+        *reinterpret_cast<uint32_t*>(out) = word[0];
+      }
     } else {
-      for (int e = 0; e < 4 && c0 + lc + e < g.cols; ++e) codes[i * g.cols + c0 + lc + e] = plain[e];
+      for (int e = 0; e < W && c0 + lc + e < g.cols; ++e) codes[i * g.cols + c0 + lc + e] = plain[e];
     }
   }
   __syncthreads();
+  const int tx4 = threadIdx.x % 16, ty4 = threadIdx.x / 16;  // 16 × 16 threads, 4 bytes each
   for (int k = 0; k < kPairTile / 16; ++k) {
-    const int lj = ty + 16 * k, li = 4 * tx;  // a row of xᵀ (column of x), four of its columns
+    const int lj = ty4 + 16 * k, li = 4 * tx4;  // a row of xᵀ (column of x), four of its columns
     const int64_t j = c0 + lj;
     if (j >= g.cols) continue;
     const uint8_t* b = transposed[lj] + li;
@@ -241,7 +301,7 @@ __global__ void quantize_vector_kernel(const T* __restrict__ x, Grid g, const fl
     uint32_t word[2] = {0, 0};
 #pragma unroll
     for (int e = 0; e < kQuantizeWidth; ++e) {
-      word[e / 4] |= static_cast<uint32_t>(fp8_encode(v[e] * s, format, true)) << (8 * (e % 4));
+      word[e / 4] |= static_cast<uint32_t>(encode_saturating(v[e] * s, format)) << (8 * (e % 4));
     }
     *reinterpret_cast<uint2*>(codes + first) = make_uint2(word[0], word[1]);
   }
@@ -313,8 +373,16 @@ void fp8_quantize_pair(const KernelContext& ctx, const T* x, Fp8Tiles tiles, Fp8
                     static_cast<unsigned>((tiles.cols + kPairTile - 1) / kPairTile));
   const bool vector = tiles.rows % 4 == 0 && tiles.cols % 4 == 0 && reinterpret_cast<uintptr_t>(codes) % 4 == 0 &&
                       reinterpret_cast<uintptr_t>(codes_t) % 4 == 0;
-  quantize_pair_kernel<T><<<blocks, kThreads, 0, ctx.stream>>>(x, make_grid(tiles), make_grid(tiles_t), scale,
-                                                               scale_t, format, vector, codes, codes_t);
+  // Eight columns a thread where the rows are multiples of 8 and x and the codes aligned for 16- and 8-byte accesses.
+  const bool wide = vector && tiles.cols % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+                    reinterpret_cast<uintptr_t>(codes) % 8 == 0;
+  if (wide) {
+    quantize_pair_kernel<T, 8><<<blocks, kThreads, 0, ctx.stream>>>(x, make_grid(tiles), make_grid(tiles_t), scale,
+                                                                    scale_t, format, vector, codes, codes_t);
+  } else {
+    quantize_pair_kernel<T, 4><<<blocks, kThreads, 0, ctx.stream>>>(x, make_grid(tiles), make_grid(tiles_t), scale,
+                                                                    scale_t, format, vector, codes, codes_t);
+  }
   PRIMUS_CUDA_CHECK_LAUNCH();
 }
 
