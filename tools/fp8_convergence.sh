@@ -7,7 +7,8 @@
 #
 # DATA_PREFIX: a Megatron dataset in Llama 3 tokens (primus-cli data preprocess; tools/realtext_jsonl.py makes the
 # real-text corpus); micro-batch 2 × 2048 (MICRO_BATCH, SEQ_LENGTH), lr 3e-4 with 100 warm-up steps, every step
-# logged. RUNS picks the runs (default "bf16 tensorwise delayed blockwise"; bf16 is the baseline of the comparison).
+# logged. RUNS picks the runs (default "bf16 tensorwise delayed blockwise"; bf16 is the baseline of the comparison;
+# each 1B run takes ~24 GB, so an 80 GB GPU holds two at a time).
 # PRIMUS_CLI names the binary (default build/primus-cli). The runs end without writing their 1B checkpoints: each is
 # killed once its last step is in its metrics.jsonl.
 set -euo pipefail
