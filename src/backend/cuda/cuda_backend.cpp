@@ -858,12 +858,12 @@ void check_fp8_gemm_operand(const char* name, const Tensor& codes, Fp8Format for
 
 }  // namespace
 
-// The fp8 GEMM through cuBLASLt. Tensorwise factors are passed as they are (one f32 on the device) where aligned. Block factors are
-// rewritten into cuBLASLt's layout (Fp8ScaleLayout) in a scratch buffer by one small kernel: the 1x128 grid [R, K/128]
-// transposed (skipped when K ≤ 128, where the two layouts coincide), the 128x128 grid padded to a multiple of 4
-// columns (skipped when it is one), any factors copied anyway when not 16-byte aligned. The scratch holds R·K/128 floats,
-// 1/128 of the codes it scales, freed back to the stream-ordered allocator when this returns. fp8_scale keeps writing
-// plain row-major grids, which the CPU reference and the dequantise op share.
+// The fp8 GEMM through cuBLASLt. Tensorwise factors are passed as they are (one f32 on the device) where aligned.
+// Block factors are rewritten into cuBLASLt's layout (Fp8ScaleLayout) in a scratch buffer by one small kernel: the
+// 1x128 grid [R, K/128] transposed (skipped when K ≤ 128, where the two layouts coincide), the 128x128 grid padded to
+// a multiple of 4 columns (skipped when it is one); any factors are copied anyway when not 16-byte aligned. The
+// scratch holds R·K/128 floats, 1/128 of the codes it scales, freed back to the stream-ordered allocator when this
+// returns. fp8_scale keeps writing plain row-major grids, which the CPU reference and the dequantise op share.
 void CudaBackend::fp8_gemm(const Fp8GemmArgs& args) {
   const int64_t m = args.a->dim(0), k = args.a->dim(1), n = args.b->dim(0);
   for (const auto& [dim, value] : {std::pair<const char*, int64_t>{"M (a's rows)", m}, {"N (b's rows)", n},
