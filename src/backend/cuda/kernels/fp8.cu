@@ -11,6 +11,8 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <bit>
+#include <type_traits>
 
 #include "backend/cuda/kernels/common.cuh"
 #include "backend/cuda/kernels/fp8_kernels.h"
@@ -40,10 +42,8 @@ struct Grid {
 };
 
 int log2_if_power_of_two(int64_t n) {
-  if (n <= 0 || (n & (n - 1)) != 0) return -1;
-  int shift = 0;
-  while ((int64_t{1} << shift) < n) ++shift;
-  return shift;
+  const auto u = static_cast<uint64_t>(n);
+  return n > 0 && std::has_single_bit(u) ? std::countr_zero(u) : -1;
 }
 
 Grid make_grid(Fp8Tiles t) {
@@ -376,12 +376,14 @@ void fp8_quantize_pair(const KernelContext& ctx, const T* x, Fp8Tiles tiles, Fp8
   // Eight columns a thread where the rows are multiples of 8 and x and the codes aligned for 16- and 8-byte accesses.
   const bool wide = vector && tiles.cols % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
                     reinterpret_cast<uintptr_t>(codes) % 8 == 0;
+  auto launch = [&](auto width) {
+    quantize_pair_kernel<T, decltype(width)::value><<<blocks, kThreads, 0, ctx.stream>>>(
+        x, make_grid(tiles), make_grid(tiles_t), scale, scale_t, format, vector, codes, codes_t);
+  };
   if (wide) {
-    quantize_pair_kernel<T, 8><<<blocks, kThreads, 0, ctx.stream>>>(x, make_grid(tiles), make_grid(tiles_t), scale,
-                                                                    scale_t, format, vector, codes, codes_t);
+    launch(std::integral_constant<int, 8>{});
   } else {
-    quantize_pair_kernel<T, 4><<<blocks, kThreads, 0, ctx.stream>>>(x, make_grid(tiles), make_grid(tiles_t), scale,
-                                                                    scale_t, format, vector, codes, codes_t);
+    launch(std::integral_constant<int, 4>{});
   }
   PRIMUS_CUDA_CHECK_LAUNCH();
 }
