@@ -10,9 +10,10 @@ Tensor Attention::forward(const Tensor& x, int64_t batch, const RopeTable& rope,
   saved.shape = AttentionShape{batch, x.dim(0) / batch, heads, kv_heads, head_dim};
   const auto [B, T, Hq, Hkv, D] = saved.shape;
   saved.input = x;
-  Tensor q = q_proj->forward(x);  // [N, Hq*D]
-  Tensor k = k_proj->forward(x);  // [N, Hkv*D]
-  Tensor v = v_proj->forward(x);  // [N, Hkv*D]
+  Tensor q = q_proj->forward(x, &saved.qkv_input);  // [N, Hq*D]
+  Tensor k = k_proj->forward(x, &saved.qkv_input);  // [N, Hkv*D]
+  Tensor v = v_proj->forward(x, &saved.qkv_input);  // [N, Hkv*D]
+  saved.qkv_input.end_forward();
   if (qk_norm) {
     q = q_norm.forward(q.reshape({B * T * Hq, D}), saved.q_norm);
     k = k_norm.forward(k.reshape({B * T * Hkv, D}), saved.k_norm);
@@ -30,14 +31,16 @@ Tensor Attention::forward(const Tensor& x, int64_t batch, const RopeTable& rope,
   } else {
     ops::attention_forward(saved.q, saved.k, saved.v, saved.out, saved.lse, packed.segment_start);
   }
-  return o_proj->forward(saved.out.reshape({B * T, Hq * D}));
+  Tensor y = o_proj->forward(saved.out.reshape({B * T, Hq * D}), &saved.o_input);
+  saved.o_input.end_forward();
+  return y;
 }
 
 Tensor Attention::backward(const Tensor& dy, const RopeTable& rope, const PackedSequence& packed, AttentionSaved& saved,
                            const ContextParallelGroup* ring) {
   const auto [B, T, Hq, Hkv, D] = saved.shape;
   Tensor dout;
-  o_proj->backward(saved.out.reshape({B * T, Hq * D}), dy, dout);
+  o_proj->backward(saved.out.reshape({B * T, Hq * D}), dy, dout, &saved.o_input);
   Tensor dq = Tensor::empty({B, T, Hq, D}, dy.dtype(), dy.device());
   Tensor dk = Tensor::empty({B, T, Hkv, D}, dy.dtype(), dy.device());
   Tensor dv = Tensor::empty({B, T, Hkv, D}, dy.dtype(), dy.device());
@@ -56,19 +59,22 @@ Tensor Attention::backward(const Tensor& dy, const RopeTable& rope, const Packed
     dk_flat = k_norm.backward(dk.reshape({B * T * Hkv, D}), saved.k_norm).reshape({B * T, Hkv * D});
   }
   Tensor dx;  // the three projections read the same input: their gradients sum into it
-  q_proj->backward(saved.input, dq_flat, dx);
-  k_proj->backward(saved.input, dk_flat, dx);
-  v_proj->backward(saved.input, dv.reshape({B * T, Hkv * D}), dx);
+  q_proj->backward(saved.input, dq_flat, dx, &saved.qkv_input);
+  k_proj->backward(saved.input, dk_flat, dx, &saved.qkv_input);
+  v_proj->backward(saved.input, dv.reshape({B * T, Hkv * D}), dx, &saved.qkv_input);
   saved = AttentionSaved();
   return dx;
 }
 
 Tensor SwiGluMlp::forward(const Tensor& x, MlpSaved& saved) {
   saved.input = x;
-  saved.gate_up = gate_up_proj->forward(x);
+  saved.gate_up = gate_up_proj->forward(x, &saved.gate_up_input);
+  saved.gate_up_input.end_forward();
   saved.act = Tensor::empty({x.dim(0), down_proj->in_features()}, x.dtype(), x.device());
   ops::swiglu_forward(saved.gate_up, saved.act);
-  Tensor y = down_proj->forward(saved.act);
+  // With recompute_act the product is dropped to save memory: so is what down_proj would keep of it.
+  Tensor y = down_proj->forward(saved.act, recompute_act ? nullptr : &saved.down_input);
+  saved.down_input.end_forward();
   if (recompute_act) saved.act = Tensor();
   return y;
 }
@@ -80,11 +86,11 @@ Tensor SwiGluMlp::backward(const Tensor& dy, MlpSaved& saved) {
     ops::swiglu_forward(saved.gate_up, saved.act);
   }
   Tensor dact;
-  down_proj->backward(saved.act, dy, dact);
+  down_proj->backward(saved.act, dy, dact, &saved.down_input);
   Tensor dgate_up = saved.gate_up;  // the gradient overwrites the pre-activations, which are not needed after
   ops::swiglu_backward(saved.gate_up, dact, dgate_up);
   Tensor dx;
-  gate_up_proj->backward(saved.input, dgate_up, dx);
+  gate_up_proj->backward(saved.input, dgate_up, dx, &saved.gate_up_input);
   saved = MlpSaved();
   return dx;
 }

@@ -34,6 +34,8 @@ struct PackedSequence {
 struct AttentionSaved {
   AttentionShape shape;  // of the forward
   Tensor input;          // [N, C]
+  LinearSaved qkv_input;  // what q/k/v_proj keep of `input`
+  LinearSaved o_input;    // what o_proj keeps of `out`
   Tensor q, k, v;        // [B, T, H, D] after norm and RoPE (what attention consumed)
   Tensor out;            // [B, T, Hq, D]
   Tensor lse;            // [B, Hq, T]
@@ -69,6 +71,7 @@ struct MlpSaved {
   Tensor input;    // [N, C]
   Tensor gate_up;  // [N, 2F] per row the gate then the up projection
   Tensor act;      // [N, F] silu(gate) * up (dropped after forward when recompute_act)
+  LinearSaved gate_up_input, down_input;  // what the two projections keep of `input` and `act`
 };
 
 // SwiGLU MLP: down(silu(gate(x)) * up(x)). gate_proj and up_proj are adjacent in the flat parameter and

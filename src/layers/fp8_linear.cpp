@@ -82,38 +82,84 @@ Quantised quantise(Fp8Scaling& scaling, int handle, Fp8Role role, const Tensor& 
   return q;
 }
 
+// The codes of an input x kept in a LinearSaved: those of x for the forwards of the modules sharing x, those of xᵀ
+// for their backwards. Valid for the x they were made of (the same elements) under the same scaling state and scale
+// (delayed: the input's handle). Holding x keeps its memory from being reused for another tensor meanwhile.
+struct Fp8SavedInput final : LinearInputState {
+  Tensor source;
+  const Fp8Scaling* scaling = nullptr;
+  int handle = -1;
+  Fp8Matrix codes;
+
+  bool made_of(const Tensor& x, const Fp8Scaling* s, int h) const {
+    return source.shares_storage(x) && source.data() == x.data() && source.shape() == x.shape() &&
+           source.dtype() == x.dtype() && scaling == s && handle == h;
+  }
+};
+
+// The codes `slot` keeps of x, or null.
+const Fp8Matrix* saved_codes(const std::shared_ptr<LinearInputState>& slot, const Tensor& x, const Fp8Scaling* scaling,
+                             int handle) {
+  const auto* kept = dynamic_cast<const Fp8SavedInput*>(slot.get());
+  return kept != nullptr && kept->made_of(x, scaling, handle) ? &kept->codes : nullptr;
+}
+
+std::shared_ptr<LinearInputState> keep_codes(const Tensor& x, const Fp8Scaling* scaling, int handle, Fp8Matrix codes) {
+  auto kept = std::make_shared<Fp8SavedInput>();
+  kept->source = x;
+  kept->scaling = scaling;
+  kept->handle = handle;
+  kept->codes = std::move(codes);
+  return kept;
+}
+
 }  // namespace
 
-Fp8Linear::Fp8Linear(const Linear& plain, std::shared_ptr<Fp8Scaling> scaling, const std::string& name)
+Fp8Linear::Fp8Linear(const Linear& plain, std::shared_ptr<Fp8Scaling> scaling, const std::string& name,
+                     const std::string& input_name)
     : Linear(plain.weight(), plain.dweight()), scaling_(std::move(scaling)), name_(name) {
   if (scaling_->recipe().scaling == Scaling::kDelayed) {
-    input_handle_ = scaling_->add_tensor(name + ".input", Fp8Role::kInput);
+    input_handle_ = scaling_->add_tensor(input_name.empty() ? name + ".input" : input_name, Fp8Role::kInput);
     weight_handle_ = scaling_->add_tensor(name + ".weight", Fp8Role::kWeight);
     grad_handle_ = scaling_->add_tensor(name + ".grad_output", Fp8Role::kGradOutput);
   }
 }
 
-Tensor Fp8Linear::forward(const Tensor& x) {
+Tensor Fp8Linear::forward(const Tensor& x, LinearSaved* saved) {
   PRIMUS_CHECK(x.ndim() == 2 && x.dim(1) == in_features(), "[fp8] {}: input {} for a weight {}", name_, x.describe(),
                weight_.describe());
-  const Quantised qx = quantise(*scaling_, input_handle_, Fp8Role::kInput, x, false, true);
+  const Fp8Matrix* x_codes = saved ? saved_codes(saved->forward_only, x, scaling_.get(), input_handle_) : nullptr;
+  Quantised qx;
+  if (x_codes == nullptr) {  // the first module to read x: quantise it (and its transposed copy, to keep)
+    qx = quantise(*scaling_, input_handle_, Fp8Role::kInput, x, saved != nullptr, true);
+    if (saved != nullptr) {
+      saved->forward_only = keep_codes(x, scaling_.get(), input_handle_, qx.plain);
+      saved->for_backward = keep_codes(x, scaling_.get(), input_handle_, qx.transposed);
+    }
+    x_codes = &qx.plain;
+  }
   const Quantised qw = quantise(*scaling_, weight_handle_, Fp8Role::kWeight, weight_, false, true);
   Tensor y = Tensor::empty({x.dim(0), out_features()}, x.dtype(), x.device());
   // One scale per tensor lets the forward GEMM accumulate in the tensor cores' fast mode, as Transformer Engine's
   // forward does; the gradients' GEMMs keep the precise accumulation.
   const bool fast = scaling_->recipe().scaling != Scaling::kBlockwise;
-  ops::fp8_gemm(qx.plain.operand(), qw.plain.operand(), y, {.fast_accumulation = fast});
+  ops::fp8_gemm(x_codes->operand(), qw.plain.operand(), y, {.fast_accumulation = fast});
   return y;
 }
 
-void Fp8Linear::backward(const Tensor& x, const Tensor& dy, Tensor& dx) {
+void Fp8Linear::backward(const Tensor& x, const Tensor& dy, Tensor& dx, LinearSaved* saved) {
   const Quantised qdy = quantise(*scaling_, grad_handle_, Fp8Role::kGradOutput, dy, true, true);
   const Quantised qw = quantise(*scaling_, weight_handle_, Fp8Role::kWeight, weight_, true, false);
   const bool accumulate = dx.defined();
   if (!accumulate) dx = Tensor::empty(x.shape(), x.dtype(), x.device());
   ops::fp8_gemm(qdy.plain.operand(), qw.transposed.operand(), dx, {.accumulate = accumulate});
-  const Quantised qx = quantise(*scaling_, input_handle_, Fp8Role::kInput, x, true, false);
-  ops::fp8_gemm(qdy.transposed.operand(), qx.transposed.operand(), dweight_, {.accumulate = true});
+  const Fp8Matrix* xt_codes = saved ? saved_codes(saved->for_backward, x, scaling_.get(), input_handle_) : nullptr;
+  Quantised qx;
+  if (xt_codes == nullptr) {
+    qx = quantise(*scaling_, input_handle_, Fp8Role::kInput, x, true, false);
+    xt_codes = &qx.transposed;
+  }
+  ops::fp8_gemm(qdy.transposed.operand(), xt_codes->operand(), dweight_, {.accumulate = true});
 }
 
 }  // namespace primus

@@ -3,10 +3,12 @@
 //   forward  y  = x · Wᵀ     x and W quantised in the forward format
 //   dgrad    dx = dy · W     dy in the backward format (e5m2 under hybrid), W through its transposed copy
 //   wgrad    dW += dyᵀ · x   the transposed copies of dy and x; the fp32 gradient accumulates as before
-// Like Linear it keeps nothing per micro-batch: backward quantises x and W again, with the same scales as forward
-// (the delayed recipe's scales change only between steps; current scaling recomputes the same amax from the same
-// values), so recomputation and any number of micro-batches in flight work unchanged. The master weights, the
-// gradients and the optimizer stay fp32; the GEMM outputs have the activations' dtype.
+// Like Linear it keeps nothing per micro-batch itself. Given the caller's LinearSaved for x, the forward quantises x
+// once into both copies and keeps them there: the codes of x for the other modules reading x (q, k and v share
+// one input), the codes of xᵀ for the backwards. Without it (or for an x it did not quantise) backward quantises x
+// again with the same scales as forward (the delayed recipe's scales change only between steps; current scaling
+// recomputes the same amax from the same values), with identical codes. W is quantised again in backward. The
+// master weights, the gradients and the optimizer stay fp32; the GEMM outputs have the activations' dtype.
 #pragma once
 
 #include <memory>
@@ -20,11 +22,13 @@ namespace primus {
 class Fp8Linear : public Linear {
  public:
   // Takes over `plain`'s weight and gradient views; `name` is the module's (Hugging Face) name, for the scaling
-  // state and errors.
-  Fp8Linear(const Linear& plain, std::shared_ptr<Fp8Scaling> scaling, const std::string& name);
+  // state and errors. `input_name` names x's delayed-scaling state ("{name}.input" when empty): modules reading
+  // one input give the same name, so they share its scale and its codes.
+  Fp8Linear(const Linear& plain, std::shared_ptr<Fp8Scaling> scaling, const std::string& name,
+            const std::string& input_name = "");
 
-  Tensor forward(const Tensor& x) override;
-  void backward(const Tensor& x, const Tensor& dy, Tensor& dx) override;
+  Tensor forward(const Tensor& x, LinearSaved* saved = nullptr) override;
+  void backward(const Tensor& x, const Tensor& dy, Tensor& dx, LinearSaved* saved = nullptr) override;
 
  private:
   std::shared_ptr<Fp8Scaling> scaling_;

@@ -18,6 +18,11 @@ int Fp8Scaling::add_tensor(const std::string& name, Fp8Role role) {
   PRIMUS_CHECK(recipe_.scaling == Fp8Recipe::Scaling::kDelayed, "[fp8] {}: only the delayed recipe keeps state", name);
   PRIMUS_CHECK(!allocated_, "[fp8] {} added after the first step", name);
   const int group = role == Fp8Role::kGradOutput ? 1 : 0;
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    if (entries_[i].name != name) continue;
+    PRIMUS_CHECK(entries_[i].group == group, "[fp8] {} added again in another format", name);
+    return static_cast<int>(i);
+  }
   entries_.push_back(Entry{name, group, groups_[group].count++});
   return static_cast<int>(entries_.size()) - 1;
 }

@@ -53,7 +53,7 @@ class Fp8Scaling {
   }
 
   // Delayed recipe: a new tensor's slot, before the first step (its scale starts at 1 and its window at 0, as
-  // Transformer Engine's). Returns its handle.
+  // Transformer Engine's). Returns its handle; a name added before (an input several modules read) returns the same.
   int add_tensor(const std::string& name, Fp8Role role);
   // The step's scale and 1/scale of tensor `handle` ([1, 1] views, valid until end_step writes the next ones).
   Tensor scale(int handle) const;

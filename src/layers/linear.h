@@ -6,9 +6,27 @@
 // can be in flight.
 #pragma once
 
+#include <memory>
+
 #include "core/tensor.h"
 
 namespace primus {
+
+// What a module derived from Linear keeps of one input (its own kind of state, opaque to the layers).
+struct LinearInputState {
+  virtual ~LinearInputState() = default;
+};
+
+// What the Linear modules reading one input keep of it for one micro-batch, besides the input itself (which the
+// caller keeps): nothing for a plain Linear; one on fp8 GEMMs keeps the input's codes, so that projections sharing
+// an input quantise it once and their backwards do not quantise it again. The layer holds one per input in its
+// saved state, passes it to every forward and backward reading that input, and calls end_forward() after the last
+// of those forwards (freeing what only the forwards read).
+struct LinearSaved {
+  std::shared_ptr<LinearInputState> forward_only;
+  std::shared_ptr<LinearInputState> for_backward;
+  void end_forward() { forward_only.reset(); }
+};
 
 class Linear {
  public:
@@ -16,11 +34,12 @@ class Linear {
   Linear(Tensor weight, Tensor dweight) : weight_(std::move(weight)), dweight_(std::move(dweight)) {}
   virtual ~Linear() = default;
 
-  // x [N, in] -> [N, out].
-  virtual Tensor forward(const Tensor& x);
+  // x [N, in] -> [N, out]. `saved` (optional): x's state for this micro-batch, shared by the modules reading x.
+  virtual Tensor forward(const Tensor& x, LinearSaved* saved = nullptr);
   // dweight += dyᵀ · x; dy · W goes into dx: assigned when dx is undefined, accumulated by the GEMM otherwise (a
-  // layer input that feeds several projections sums their gradients). x [N, in] as given to forward, dy [N, out].
-  virtual void backward(const Tensor& x, const Tensor& dy, Tensor& dx);
+  // layer input that feeds several projections sums their gradients). x [N, in] and `saved` as given to forward,
+  // dy [N, out].
+  virtual void backward(const Tensor& x, const Tensor& dy, Tensor& dx, LinearSaved* saved = nullptr);
 
   const Tensor& weight() const { return weight_; }    // [out, in]
   const Tensor& dweight() const { return dweight_; }  // [out, in]

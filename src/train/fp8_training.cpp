@@ -16,6 +16,18 @@ int64_t layer_index(const std::string& name) {
   return std::stoll(name.substr(prefix.size()));
 }
 
+// The name of a module's input in the delayed recipe's state: q, k and v_proj read one input (Attention passes them
+// one LinearSaved), so they share q_proj's, as they share its codes.
+std::string input_name(const std::string& module) {
+  for (const char* sibling : {".self_attn.k_proj", ".self_attn.v_proj"}) {
+    const std::string suffix = sibling;
+    if (module.size() > suffix.size() && module.compare(module.size() - suffix.size(), suffix.size(), suffix) == 0) {
+      return module.substr(0, module.size() - suffix.size()) + ".self_attn.q_proj.input";
+    }
+  }
+  return module + ".input";
+}
+
 }  // namespace
 
 Fp8Recipe fp8_recipe(const TrainingArgs& t) {
@@ -68,7 +80,7 @@ std::shared_ptr<Fp8Scaling> enable_fp8(Model& model, const TrainingArgs& t, Devi
       ++kept;
       return;
     }
-    slot = std::make_unique<Fp8Linear>(*slot, scaling, name);
+    slot = std::make_unique<Fp8Linear>(*slot, scaling, name, input_name(name));
     ++fp8_modules;
   });
   spdlog::info("fp8: {} recipe, {} forward / {} gradients; {} Linear modules on fp8 GEMMs, {} kept in {}{}",

@@ -176,13 +176,13 @@ class CountingLinear final : public Linear {
  public:
   CountingLinear(std::unique_ptr<Linear> inner, std::map<std::string, int>& calls, std::string name)
       : Linear(inner->weight(), inner->dweight()), inner_(std::move(inner)), calls_(calls), name_(std::move(name)) {}
-  Tensor forward(const Tensor& x) override {
+  Tensor forward(const Tensor& x, LinearSaved* saved = nullptr) override {
     ++calls_[name_ + " forward"];
-    return inner_->forward(x);
+    return inner_->forward(x, saved);
   }
-  void backward(const Tensor& x, const Tensor& dy, Tensor& dx) override {
+  void backward(const Tensor& x, const Tensor& dy, Tensor& dx, LinearSaved* saved = nullptr) override {
     ++calls_[name_ + " backward"];
-    inner_->backward(x, dy, dx);
+    inner_->backward(x, dy, dx, saved);
   }
 
  private:

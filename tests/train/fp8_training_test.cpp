@@ -133,6 +133,63 @@ TEST(Fp8Linear, DelayedScalingStartsAtScaleOne) {
   check_linear({Fp8Recipe{.scaling = Scaling::kDelayed, .backward_format = Fp8Format::kE5M2}, "delayed hybrid"});
 }
 
+// Two projections reading one input through one LinearSaved (as q and k_proj do) give what each gives alone, bit for
+// bit; the codes the first forward keeps are what the backwards read (x overwritten after the forwards leaves the
+// weight gradients unchanged); another input handed the same LinearSaved is quantised afresh.
+void check_shared_input(const Fp8Recipe& recipe, const std::string& label) {
+  SCOPED_TRACE(label);
+  const int64_t n = 40, in = 160, out = 64;
+  const std::vector<float> x = random_values(n * in, 11, 1.5f), other = random_values(n * in, 12, 0.7f);
+  struct Module {
+    Tensor weight, dweight;
+    std::unique_ptr<Fp8Linear> linear;
+  };
+  // One pair of modules sharing a LinearSaved, one pair run alone: the same weights, their own gradients and state.
+  auto make = [&](const std::shared_ptr<Fp8Scaling>& scaling, const std::string& proj, uint64_t seed) {
+    Module m{host_tensor(random_values(out * in, seed, 0.05f), {out, in}), Tensor::zeros({out, in}, DType::kF32), {}};
+    m.linear = std::make_unique<Fp8Linear>(Linear(m.weight, m.dweight), scaling, "model.layers.0.self_attn." + proj,
+                                           "model.layers.0.self_attn.q_proj.input");
+    return m;
+  };
+  auto shared_scaling = std::make_shared<Fp8Scaling>(recipe, kCpuDevice);
+  auto alone_scaling = std::make_shared<Fp8Scaling>(recipe, kCpuDevice);
+  Module q = make(shared_scaling, "q_proj", 21), k = make(shared_scaling, "k_proj", 22);
+  Module q_alone = make(alone_scaling, "q_proj", 21), k_alone = make(alone_scaling, "k_proj", 22);
+  const std::vector<float> dy_q = random_values(n * out, 31, 1e-3f), dy_k = random_values(n * out, 32, 1e-3f);
+
+  Tensor shared_x = host_tensor(x, {n, in});
+  LinearSaved saved;
+  const Tensor yq = q.linear->forward(shared_x, &saved);
+  ASSERT_NE(saved.forward_only, nullptr);
+  ASSERT_NE(saved.for_backward, nullptr);
+  const Tensor yk = k.linear->forward(shared_x, &saved);
+  saved.end_forward();
+  EXPECT_EQ(values_of(yq), values_of(q_alone.linear->forward(host_tensor(x, {n, in}))));
+  EXPECT_EQ(values_of(yk), values_of(k_alone.linear->forward(host_tensor(x, {n, in}))));
+
+  std::copy(other.begin(), other.end(), shared_x.f32());  // the backwards must not read x again
+  Tensor dx, dx_alone;
+  q.linear->backward(shared_x, host_tensor(dy_q, {n, out}), dx, &saved);
+  k.linear->backward(shared_x, host_tensor(dy_k, {n, out}), dx, &saved);
+  q_alone.linear->backward(host_tensor(x, {n, in}), host_tensor(dy_q, {n, out}), dx_alone);
+  k_alone.linear->backward(host_tensor(x, {n, in}), host_tensor(dy_k, {n, out}), dx_alone);
+  EXPECT_EQ(values_of(q.dweight), values_of(q_alone.dweight));
+  EXPECT_EQ(values_of(k.dweight), values_of(k_alone.dweight));
+  EXPECT_EQ(values_of(dx), values_of(dx_alone));
+
+  // A LinearSaved holding x's codes, handed another input: that input's own codes.
+  LinearSaved stale;
+  q.linear->forward(host_tensor(x, {n, in}), &stale);
+  EXPECT_EQ(values_of(k.linear->forward(host_tensor(other, {n, in}), &stale)),
+            values_of(k_alone.linear->forward(host_tensor(other, {n, in}))));
+}
+
+TEST(Fp8Linear, ProjectionsSharingAnInputQuantiseItOnceAndBackwardReadsTheForwardsCodes) {
+  check_shared_input(Fp8Recipe{.scaling = Scaling::kTensorwise, .backward_format = Fp8Format::kE5M2}, "tensorwise");
+  check_shared_input(Fp8Recipe{.scaling = Scaling::kBlockwise, .backward_format = Fp8Format::kE5M2}, "blockwise");
+  check_shared_input(Fp8Recipe{.scaling = Scaling::kDelayed, .backward_format = Fp8Format::kE5M2}, "delayed");
+}
+
 // The device state of the delayed recipe against Fp8AmaxHistory, the host model of one tensor's window: several
 // steps of two micro-batches each, amaxes of several magnitudes, a NaN in one step; then the state through records()
 // and restore() into a fresh one continues identically.
@@ -273,11 +330,12 @@ TEST_F(Fp8Training, ResumedDelayedScalingRunRepeatsTheUninterruptedOneBitForBit)
   ASSERT_EQ(run_pretrain(whole, {}), 0);
   ExperimentConfig part = config("part", 7);
   ASSERT_EQ(run_pretrain(part, {}), 0);
-  // The checkpoint holds every quantised tensor's window: 2 layers × 6 modules × (input, weight, gradient).
+  // The checkpoint holds every quantised tensor's window: 2 layers × 6 modules × (input, weight, gradient), less the
+  // inputs k_proj and v_proj share with q_proj.
   const nlohmann::json state =
       nlohmann::json::parse(read_file(part.run_dir() + "/checkpoints/iter_0000007/trainer_state.json"));
   ASSERT_TRUE(state.contains("fp8_scaling"));
-  EXPECT_EQ(state["fp8_scaling"].size(), 2u * 6u * 3u);
+  EXPECT_EQ(state["fp8_scaling"].size(), 2u * (6u * 3u - 2u));
   EXPECT_EQ(state["fp8_scaling"][0]["amax_history"].size(), 3u);
   part.train.train_iters = 12;
   ASSERT_EQ(run_pretrain(part, {}), 0);
@@ -298,7 +356,7 @@ TEST_F(Fp8Training, FirstAndLastLayersInBf16KeepTheirModules) {
   const nlohmann::json state =
       nlohmann::json::parse(read_file(c.run_dir() + "/checkpoints/iter_0000001/trainer_state.json"));
   ASSERT_TRUE(state.contains("fp8_scaling"));
-  ASSERT_EQ(state["fp8_scaling"].size(), 6u * 3u);  // layer 1 only
+  ASSERT_EQ(state["fp8_scaling"].size(), 6u * 3u - 2u);  // layer 1 only (k and v_proj read q_proj's input)
   for (const auto& record : state["fp8_scaling"]) {
     EXPECT_EQ(record["name"].get<std::string>().rfind("model.layers.1.", 0), 0u) << record["name"];
   }

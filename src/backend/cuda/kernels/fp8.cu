@@ -233,6 +233,11 @@ __global__ void quantize_pair_kernel(const T* __restrict__ x, Grid g, Grid gt, c
   // Row tiles along x (2³¹ − 1 of them), column tiles along y (65,535: 4 M columns).
   const int64_t r0 = blockIdx.x * static_cast<int64_t>(kPairTile), c0 = blockIdx.y * static_cast<int64_t>(kPairTile);
   const int tx = threadIdx.x % kThreadsPerRow, ty = threadIdx.x / kThreadsPerRow;
+  // One scale each for x and xᵀ (tensorwise and delayed scaling): read once, not twice an element. Elements past the
+  // last column then encode the zeros they were loaded as, into bytes nothing stores.
+  const bool uniform = g.single && gt.single;
+  const float s_whole = uniform ? scale[0] : 0.0f, s_t_whole = uniform ? scale_t[0] : 0.0f;
+  const bool same_scales = s_whole == s_t_whole;
   for (int k = 0; k < kPairTile / kRowsPerPass; ++k) {
     const int lr = ty + kRowsPerPass * k, lc = W * tx;
     const int64_t i = r0 + lr;
@@ -245,13 +250,21 @@ __global__ void quantize_pair_kernel(const T* __restrict__ x, Grid g, Grid gt, c
       for (int e = 0; e < W; ++e) v[e] = c0 + lc + e < g.cols ? load(x + i * g.cols + c0 + lc + e) : 0.0f;
     }
     uint8_t plain[W];
+    if (uniform) {
 #pragma unroll
-    for (int e = 0; e < W; ++e) {
-      const int64_t j = c0 + lc + e;
-      if (j < g.cols) {
-        const float s = scale[g.tile_of(i, j)], s_t = scale_t[gt.tile_of(j, i)];
-        plain[e] = encode_saturating(v[e] * s, format);
-        transposed[lc + e][lr] = s_t == s ? plain[e] : encode_saturating(v[e] * s_t, format);  // tensorwise: equal
+      for (int e = 0; e < W; ++e) {
+        plain[e] = encode_saturating(v[e] * s_whole, format);
+        transposed[lc + e][lr] = same_scales ? plain[e] : encode_saturating(v[e] * s_t_whole, format);
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < W; ++e) {
+        const int64_t j = c0 + lc + e;
+        if (j < g.cols) {
+          const float s = scale[g.tile_of(i, j)], s_t = scale_t[gt.tile_of(j, i)];
+          plain[e] = encode_saturating(v[e] * s, format);
+          transposed[lc + e][lr] = s_t == s ? plain[e] : encode_saturating(v[e] * s_t, format);
+        }
       }
     }
     if (vector && whole) {
