@@ -115,6 +115,19 @@ std::shared_ptr<LinearInputState> keep_codes(const Tensor& x, const Fp8Scaling* 
 
 }  // namespace
 
+struct Fp8Linear::WeightCodes {
+  uint64_t generation = 0;
+  Quantised codes;  // W [out, in] and Wᵀ
+};
+
+const Fp8Linear::WeightCodes& Fp8Linear::weight_codes() {
+  if (weight_codes_ == nullptr || weight_codes_->generation != scaling_->weights_generation()) {
+    weight_codes_ = std::make_shared<WeightCodes>(WeightCodes{
+        scaling_->weights_generation(), quantise(*scaling_, weight_handle_, Fp8Role::kWeight, weight_, true, true)});
+  }
+  return *weight_codes_;
+}
+
 Fp8Linear::Fp8Linear(const Linear& plain, std::shared_ptr<Fp8Scaling> scaling, const std::string& name,
                      const std::string& input_name)
     : Linear(plain.weight(), plain.dweight()), scaling_(std::move(scaling)), name_(name) {
@@ -138,7 +151,7 @@ Tensor Fp8Linear::forward(const Tensor& x, LinearSaved* saved) {
     }
     x_codes = &qx.plain;
   }
-  const Quantised qw = quantise(*scaling_, weight_handle_, Fp8Role::kWeight, weight_, false, true);
+  const Quantised& qw = weight_codes().codes;
   Tensor y = Tensor::empty({x.dim(0), out_features()}, x.dtype(), x.device());
   // One scale per tensor lets the forward GEMM accumulate in the tensor cores' fast mode, as Transformer Engine's
   // forward does; the gradients' GEMMs keep the precise accumulation.
@@ -149,7 +162,7 @@ Tensor Fp8Linear::forward(const Tensor& x, LinearSaved* saved) {
 
 void Fp8Linear::backward(const Tensor& x, const Tensor& dy, Tensor& dx, LinearSaved* saved) {
   const Quantised qdy = quantise(*scaling_, grad_handle_, Fp8Role::kGradOutput, dy, true, true);
-  const Quantised qw = quantise(*scaling_, weight_handle_, Fp8Role::kWeight, weight_, true, false);
+  const Quantised& qw = weight_codes().codes;
   const bool accumulate = dx.defined();
   if (!accumulate) dx = Tensor::empty(x.shape(), x.dtype(), x.device());
   ops::fp8_gemm(qdy.plain.operand(), qw.transposed.operand(), dx, {.accumulate = accumulate});

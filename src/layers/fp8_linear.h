@@ -7,10 +7,13 @@
 // once into both copies and keeps them there: the codes of x for the other modules reading x (q, k and v share
 // one input), the codes of xᵀ for the backwards. Without it (or for an x it did not quantise) backward quantises x
 // again with the same scales as forward (the delayed recipe's scales change only between steps; current scaling
-// recomputes the same amax from the same values), with identical codes. W is quantised again in backward. The
-// master weights, the gradients and the optimizer stay fp32; the GEMM outputs have the activations' dtype.
+// recomputes the same amax from the same values), with identical codes. W's two copies are quantised once a step,
+// at its first forward, and kept for every micro-batch's GEMMs until the optimizer changes the weights
+// (Fp8Scaling::weights_generation). The master weights, the gradients and the optimizer stay fp32; the GEMM outputs
+// have the activations' dtype.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -31,8 +34,12 @@ class Fp8Linear : public Linear {
   void backward(const Tensor& x, const Tensor& dy, Tensor& dx, LinearSaved* saved = nullptr) override;
 
  private:
+  struct WeightCodes;  // fp8_linear.cpp
+  const WeightCodes& weight_codes();
+
   std::shared_ptr<Fp8Scaling> scaling_;
   std::string name_;
+  std::shared_ptr<WeightCodes> weight_codes_;  // this step's, or stale (generation below the scaling's)
   int input_handle_ = -1, weight_handle_ = -1, grad_handle_ = -1;  // delayed recipe: the tensors' handles in scaling_
 };
 

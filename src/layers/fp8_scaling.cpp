@@ -68,6 +68,7 @@ void Fp8Scaling::record_amax(int handle, const Tensor& x) {
 }
 
 void Fp8Scaling::end_step(const std::function<void(Tensor&)>& reduce_max) {
+  ++weights_generation_;
   if (recipe_.scaling != Fp8Recipe::Scaling::kDelayed || entries_.empty()) return;
   allocate();
   for (Group& g : groups_) {
@@ -126,6 +127,7 @@ std::vector<Fp8ScalingRecord> Fp8Scaling::records() const {
 }
 
 void Fp8Scaling::restore(const std::vector<Fp8ScalingRecord>& records) {
+  ++weights_generation_;
   if (records.size() != entries_.size()) {
     throw RuntimeError(fmt::format("[fp8] the checkpoint holds the scaling state of {} tensors, the model quantises {}",
                                    records.size(), entries_.size()));

@@ -64,6 +64,9 @@ class Fp8Scaling {
   // The end of an optimizer step: every slot combined by `reduce_max` (an in-place max over the data-parallel
   // ranks; null at one rank), then the next step's scales and the window moved on. Collective when reduce_max is.
   void end_step(const std::function<void(Tensor&)>& reduce_max);
+  // Moves on at every end_step (which follows the optimizer's step) and restore: the weights' codes made before
+  // are stale (the weights or their scales changed). Any recipe.
+  uint64_t weights_generation() const { return weights_generation_; }
 
   // Tiles whose amax was NaN or ±inf since the last call (a scale kept its previous value, or became 1 under current
   // scaling), then zeroed. Reads the device: call where the step is waited for anyway.
@@ -100,6 +103,7 @@ class Fp8Scaling {
   std::vector<Entry> entries_;
   int64_t head_ = 0;           // the history row of the step in progress
   bool allocated_ = false;
+  uint64_t weights_generation_ = 0;
   Tensor non_finite_;          // [1] i32
 };
 

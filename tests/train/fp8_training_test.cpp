@@ -190,6 +190,34 @@ TEST(Fp8Linear, ProjectionsSharingAnInputQuantiseItOnceAndBackwardReadsTheForwar
   check_shared_input(Fp8Recipe{.scaling = Scaling::kDelayed, .backward_format = Fp8Format::kE5M2}, "delayed");
 }
 
+// W's codes are made at the first forward of a step and serve its micro-batches until the step ends: the weights
+// changed in place (as the optimizer changes them) are seen only after end_step, and then exactly.
+TEST(Fp8Linear, WeightCodesLastUntilTheStepEnds) {
+  for (const Scaling recipe : {Scaling::kTensorwise, Scaling::kDelayed, Scaling::kBlockwise}) {
+    SCOPED_TRACE(static_cast<int>(recipe));
+    const int64_t n = 24, in = 128, out = 32;
+    const std::vector<float> x = random_values(n * in, 41, 1.0f), w = random_values(out * in, 42, 0.05f),
+                             w_next = random_values(out * in, 43, 0.08f);
+    Tensor weight = host_tensor(w, {out, in});
+    auto scaling = std::make_shared<Fp8Scaling>(Fp8Recipe{.scaling = recipe}, kCpuDevice);
+    Fp8Linear linear(Linear(weight, Tensor::zeros({out, in}, DType::kF32)), scaling, "model.layers.0.mlp.down_proj");
+    const std::vector<float> first = values_of(linear.forward(host_tensor(x, {n, in})));
+    std::copy(w_next.begin(), w_next.end(), weight.f32());
+    EXPECT_EQ(values_of(linear.forward(host_tensor(x, {n, in}))), first) << "within the step";
+    scaling->end_step({});
+    // The next step against a module made on the new weights, whose (delayed) scales have moved on the same way.
+    auto fresh_scaling = std::make_shared<Fp8Scaling>(Fp8Recipe{.scaling = recipe}, kCpuDevice);
+    Fp8Linear fresh(Linear(host_tensor(w, {out, in}), Tensor::zeros({out, in}, DType::kF32)), fresh_scaling,
+                    "model.layers.0.mlp.down_proj");
+    fresh.forward(host_tensor(x, {n, in}));
+    fresh_scaling->end_step({});
+    std::copy(w_next.begin(), w_next.end(), fresh.weight().f32());
+    const std::vector<float> next = values_of(linear.forward(host_tensor(x, {n, in})));
+    EXPECT_NE(next, first);
+    EXPECT_EQ(next, values_of(fresh.forward(host_tensor(x, {n, in})))) << "after end_step";
+  }
+}
+
 // The device state of the delayed recipe against Fp8AmaxHistory, the host model of one tensor's window: several
 // steps of two micro-batches each, amaxes of several magnitudes, a NaN in one step; then the state through records()
 // and restore() into a fresh one continues identically.
