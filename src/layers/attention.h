@@ -34,8 +34,8 @@ struct PackedSequence {
 struct AttentionSaved {
   AttentionShape shape;  // of the forward
   Tensor input;          // [N, C]
-  LinearSaved qkv_input;  // what q/k/v_proj keep of `input`
-  LinearSaved o_input;    // what o_proj keeps of `out`
+  // What q/k/v_proj keep of `input` and o_proj of `out` (linear.h).
+  LinearSaved qkv_input, o_input;
   Tensor q, k, v;        // [B, T, H, D] after norm and RoPE (what attention consumed)
   Tensor out;            // [B, T, Hq, D]
   Tensor lse;            // [B, Hq, T]
