@@ -72,6 +72,45 @@ ParameterCount parameter_count(const ModelArgs& args, int64_t ep) {
   return count;
 }
 
+// fp8 (memory_report.h): the codes of the fp8 Linear weights (those enable_fp8 replaces: the `_proj` modules of the
+// transformer layers outside first_last_layers_bf16, routed experts excepted) and the inputs' codes one micro-batch
+// keeps for backward.
+void plan_fp8_codes(MemoryPlan& plan, const ModelArgs& m, const TrainingArgs& t, const RecomputeConfig& recompute,
+                    int64_t tokens) {
+  if (t.fp8_format.empty()) return;
+  const int64_t first = t.first_last_layers_bf16 ? t.num_layers_at_start_in_bf16 : 0;
+  const int64_t end = m.num_layers - (t.first_last_layers_bf16 ? t.num_layers_at_end_in_bf16 : 0);
+  auto fp8_layer = [&](const std::string& name) -> bool {
+    const std::string prefix = "model.layers.";
+    if (name.rfind(prefix, 0) != 0) return false;
+    const int64_t layer = std::stoll(name.substr(prefix.size()));
+    return layer >= first && layer < end;
+  };
+  const std::string suffix = "_proj.weight";
+  for (const ParamSpec& spec : model_family(m).param_specs(m)) {
+    const bool linear = spec.name.size() > suffix.size() &&
+                        spec.name.compare(spec.name.size() - suffix.size(), suffix.size(), suffix) == 0;
+    if (linear && fp8_layer(spec.name) && !is_routed_expert(spec.name)) {
+      plan.fp8_weight_codes_bytes += 2 * shape_numel(spec.shape);
+    }
+  }
+  const bool selective = recompute.granularity == RecomputeConfig::Granularity::kSelective;
+  int64_t largest = 0, all = 0;
+  for (int64_t i = first; i < end; ++i) {
+    int64_t per_token = m.multi_latent_attention ? 0 : m.hidden_size + m.num_attention_heads * m.kv_channels;
+    if (!m.is_moe_layer(i)) {
+      per_token += m.hidden_size + (selective ? 0 : m.ffn_hidden_size);
+    } else if (m.moe_shared_expert_intermediate_size > 0) {
+      per_token += m.hidden_size + (selective ? 0 : m.moe_shared_expert_intermediate_size);
+    }
+    largest = std::max(largest, per_token);
+    all += per_token;
+  }
+  const bool full = recompute.granularity == RecomputeConfig::Granularity::kFull;
+  const int64_t per_micro_batch = full ? std::min(recompute.num_layers, end - first) * largest : all;
+  plan.fp8_input_codes_bytes = std::max<int64_t>(0, per_micro_batch) * tokens * plan.micro_batches_in_flight;
+}
+
 }  // namespace
 
 std::string format_memory_bytes(int64_t bytes) {
@@ -372,6 +411,7 @@ MemoryPlan plan_memory(const ModelArgs& whole, const TrainingArgs& t, Device dev
     // The units' buffers peak in backward, after the loss's transients are gone: the two peaks do not add up.
     plan.not_at_once_bytes =
         std::min(units_released_at_loss, plan.activations.peak_bytes - plan.activations.saved_bytes);
+    plan_fp8_codes(plan, args, t, recompute, plan.activations.tokens);
     return plan;
   }
   // A stage's layers, with the output layer's loss counted as if every stage had it (an overestimate off the last
@@ -396,6 +436,7 @@ MemoryPlan plan_memory(const ModelArgs& whole, const TrainingArgs& t, Device dev
   const int64_t extra = (virtual_in_flight - v) * plan.activations.layers_saved_bytes / v;
   plan.activations.saved_bytes += extra;
   plan.activations.peak_bytes += extra;
+  plan_fp8_codes(plan, args, t, recompute, plan.activations.tokens);
   return plan;
 }
 
@@ -488,6 +529,10 @@ std::vector<std::string> format_memory_table(const MemoryPlan& p) {
                           ? fmt::format(", of it multi-token prediction {}", format_memory_bytes(p.activations.mtp_bytes))
                           : std::string(),
                       format_memory_bytes(p.activations.logits_chunk_bytes))));
+  if (p.fp8_weight_codes_bytes > 0) lines.push_back(row("fp8 codes of the weights (W, W^T)", p.fp8_weight_codes_bytes));
+  if (p.fp8_input_codes_bytes > 0) {
+    lines.push_back(row("fp8 codes of the inputs (x^T)", p.fp8_input_codes_bytes, "(kept for backward)"));
+  }
   if (p.not_at_once_bytes > 0) {
     lines.push_back(row("not held at once", -p.not_at_once_bytes, "(units' buffers peak after the loss's transients)"));
   }

@@ -31,6 +31,11 @@
 //     peak        the larger of: everything saved plus the output layer's transients at the loss; with full
 //                 recompute, the layers below a chunk plus the chunk's layers whole while backward recomputes
 //                 it (or forward builds it).
+//   fp8 (fp8_format; docs/fp8.md), on top: the codes of every fp8 Linear weight, W and Wᵀ, 2·P_fp8 (kept for the
+//                 step); and per micro-batch one byte per element of each fp8 Linear input, xᵀ's codes kept for backward:
+//                 N·(C + Hq·D) a layer for attention (not MLA, whose projections keep none), N·(C + F) for the dense
+//                 MLP or N·(C + S) for a MoE layer's shared expert of S (F or S left out under selective recompute);
+//                 under full recompute only one chunk's layers hold them.
 // Not counted: the gradient temporaries of one layer's backward (a few [N, C] and [N, F] tensors), cuBLASLt
 // and cuDNN workspaces, the RoPE table, token ids, the CUDA context, and the caching allocator's rounding (up
 // to 25% of a request).
@@ -99,9 +104,16 @@ struct MemoryPlan {
   // FSDP: of the units' buffers above, what is released while the activations peak (at the loss), so that the peak
   // of the whole is less than the sum of the rows' peaks.
   int64_t not_at_once_bytes = 0;
+  // fp8 (above): the weights' codes, and the inputs' codes kept for backward by the micro-batches in flight.
+  int64_t fp8_weight_codes_bytes = 0;
+  int64_t fp8_input_codes_bytes = 0;
 
-  int64_t static_bytes() const { return param_bytes + compute_copy_bytes + grad_bytes + optimizer_bytes + comm_bytes; }
-  int64_t total_bytes() const { return static_bytes() + activations.peak_bytes - not_at_once_bytes; }
+  int64_t static_bytes() const {
+    return param_bytes + compute_copy_bytes + grad_bytes + optimizer_bytes + comm_bytes + fp8_weight_codes_bytes;
+  }
+  int64_t total_bytes() const {
+    return static_bytes() + activations.peak_bytes + fp8_input_codes_bytes - not_at_once_bytes;
+  }
 };
 
 // `args.vocab_size` must be resolved. A pure estimate: the device is only named (see add_device_memory). At

@@ -269,6 +269,48 @@ TEST(MemoryPlan, TableRowsForFp32AndMixedPrecision) {
   EXPECT_EQ(format_memory_bytes(12 * (int64_t{1} << 20)), "12.00 MiB");
 }
 
+// fp8 keeps the codes of its weights (W and Wᵀ, 2 bytes a parameter of its Linear modules) and of its inputs (xᵀ, a
+// byte an element, per micro-batch). On the llama3.2_1B shape at micro-batch 4 × 4096 that is 1.81 + 3.50 GiB: an
+// H100 measured fp8's peak 5.31 GiB above bf16's (46.16 against 40.85 GiB, docs/perf/fp8.md).
+TEST(MemoryPlan, Fp8CountsTheCodesOfItsWeightsAndOfItsInputs) {
+  ModelArgs args = testing::tiny_llama_args();
+  args.num_layers = 16;
+  args.hidden_size = 2048;
+  args.ffn_hidden_size = 8192;
+  args.num_attention_heads = 32;
+  args.num_query_groups = 8;
+  args.kv_channels = 64;
+  TrainingArgs t;
+  t.micro_batch_size = 4;
+  t.seq_length = 4096;
+  const MemoryPlan bf16 = plan_memory(args, t, kCpuDevice, DType::kBF16);
+  EXPECT_EQ(bf16.fp8_weight_codes_bytes, 0);
+  EXPECT_EQ(bf16.fp8_input_codes_bytes, 0);
+
+  t.fp8_format = "hybrid";
+  t.fp8_recipe = "tensorwise";
+  const int64_t layer_weights = 2 * 2048 * 2048 + 2 * 512 * 2048 + 3 * 8192 * 2048;  // q, o; k, v; gate, up, down
+  const int64_t layer_inputs = 2048 + 2048 + 2048 + 8192;  // q/k/v's, o's, gate_up's, down's, per token
+  const MemoryPlan fp8 = plan_memory(args, t, kCpuDevice, DType::kBF16);
+  EXPECT_EQ(fp8.fp8_weight_codes_bytes, 2 * 16 * layer_weights);
+  EXPECT_EQ(fp8.fp8_input_codes_bytes, 16 * layer_inputs * 4 * 4096);
+  EXPECT_NEAR(static_cast<double>(fp8.total_bytes() - bf16.total_bytes()) / (1 << 30), 5.31, 0.01);
+  const std::vector<std::string> lines = format_memory_table(fp8);
+  EXPECT_NE(std::find(lines.begin(), lines.end(), "  fp8 codes of the weights (W, W^T)       1.81 GiB"), lines.end());
+  EXPECT_NE(std::find(lines.begin(), lines.end(),
+                      "  fp8 codes of the inputs (x^T)           3.50 GiB  (kept for backward)"),
+            lines.end());
+
+  // Layers kept in bf16 keep no codes; selective recompute drops the SwiGLU output and so down_proj's codes of it.
+  t.first_last_layers_bf16 = true;
+  t.num_layers_at_start_in_bf16 = 1;
+  t.num_layers_at_end_in_bf16 = 1;
+  t.recompute_granularity = "selective";
+  const MemoryPlan kept = plan_memory(args, t, kCpuDevice, DType::kBF16);
+  EXPECT_EQ(kept.fp8_weight_codes_bytes, 2 * 14 * layer_weights);
+  EXPECT_EQ(kept.fp8_input_codes_bytes, 14 * (layer_inputs - 8192) * 4 * 4096);
+}
+
 // The distributed optimizer keeps 1/dp of the AdamW state per rank (its shards of every bucket), plus the staging
 // buffer of the one bucket dp does not divide; the table says which.
 // Issue 12 hole 13: a huge micro-batch (or model) ran into bad_alloc after tens of seconds; a plan that cannot fit
