@@ -19,16 +19,20 @@ int64_t layer_index(const std::string& name) {
 // The name of a module's input in the delayed recipe's state: q, k and v_proj read one input (Attention passes them
 // one LinearSaved), so they share q_proj's, as they share its codes.
 std::string input_name(const std::string& module) {
-  for (const char* sibling : {".self_attn.k_proj", ".self_attn.v_proj"}) {
-    const std::string suffix = sibling;
-    if (module.size() > suffix.size() && module.compare(module.size() - suffix.size(), suffix.size(), suffix) == 0) {
-      return module.substr(0, module.size() - suffix.size()) + ".self_attn.q_proj.input";
-    }
+  for (const std::string suffix : {".self_attn.k_proj", ".self_attn.v_proj"}) {
+    if (module.ends_with(suffix)) return module.substr(0, module.size() - suffix.size()) + ".self_attn.q_proj.input";
   }
   return module + ".input";
 }
 
 }  // namespace
+
+bool in_fp8_layer(const std::string& name, int64_t num_layers, const TrainingArgs& t) {
+  const int64_t layer = layer_index(name);
+  const int64_t bf16_start = t.first_last_layers_bf16 ? t.num_layers_at_start_in_bf16 : 0;
+  const int64_t bf16_end = t.first_last_layers_bf16 ? t.num_layers_at_end_in_bf16 : 0;
+  return layer >= bf16_start && layer < num_layers - bf16_end;
+}
 
 Fp8Recipe fp8_recipe(const TrainingArgs& t) {
   Fp8Recipe r;
@@ -74,9 +78,8 @@ std::shared_ptr<Fp8Scaling> enable_fp8(Model& model, const TrainingArgs& t, Devi
   const int64_t bf16_end = t.first_last_layers_bf16 ? t.num_layers_at_end_in_bf16 : 0;
   int64_t fp8_modules = 0, kept = 0;
   model.for_each_linear([&](const std::string& name, std::unique_ptr<Linear>& slot) {
-    const int64_t layer = layer_index(name);
     // Multi-token prediction's modules (layers num_layers and above) stay in the compute dtype with the output layer.
-    if (layer < bf16_start || layer >= layers - bf16_end) {
+    if (!in_fp8_layer(name, layers, t)) {
       ++kept;
       return;
     }

@@ -20,6 +20,10 @@ Fp8Recipe fp8_recipe(const TrainingArgs& t);
 // Why fp8 cannot run under this layout yet (UsageError text naming the key), or "" when it can.
 std::string fp8_layout_refusal(const TrainingArgs& t);
 
+// Whether a module or parameter named "model.layers.{i}.…" belongs to a layer enable_fp8 puts on fp8 GEMMs: a
+// transformer layer outside first_last_layers_bf16 (multi-token prediction's, numbered from num_layers, excepted).
+bool in_fp8_layer(const std::string& name, int64_t num_layers, const TrainingArgs& t);
+
 // With fp8_format set: every Linear module of the transformer layers outside the bf16 ones becomes an Fp8Linear
 // sharing the returned state; null when fp8 is off. Call after weights_ready (FSDP rebinds the modules) and before
 // the first step. Throws UsageError for a layout fp8_layout_refusal names.

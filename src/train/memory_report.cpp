@@ -11,6 +11,7 @@
 #include "layers/basic_layers.h"
 #include "parallel/grad_reducer.h"
 #include "parallel/parallel_dims.h"
+#include "train/fp8_training.h"
 #include "train/train_step.h"
 #if PRIMUS_WITH_CUDA
 #include "backend/cuda/device_memory.h"
@@ -80,17 +81,9 @@ void plan_fp8_codes(MemoryPlan& plan, const ModelArgs& m, const TrainingArgs& t,
   if (t.fp8_format.empty()) return;
   const int64_t first = t.first_last_layers_bf16 ? t.num_layers_at_start_in_bf16 : 0;
   const int64_t end = m.num_layers - (t.first_last_layers_bf16 ? t.num_layers_at_end_in_bf16 : 0);
-  auto fp8_layer = [&](const std::string& name) -> bool {
-    const std::string prefix = "model.layers.";
-    if (name.rfind(prefix, 0) != 0) return false;
-    const int64_t layer = std::stoll(name.substr(prefix.size()));
-    return layer >= first && layer < end;
-  };
-  const std::string suffix = "_proj.weight";
   for (const ParamSpec& spec : model_family(m).param_specs(m)) {
-    const bool linear = spec.name.size() > suffix.size() &&
-                        spec.name.compare(spec.name.size() - suffix.size(), suffix.size(), suffix) == 0;
-    if (linear && fp8_layer(spec.name) && !is_routed_expert(spec.name)) {
+    if (spec.name.ends_with("_proj.weight") && in_fp8_layer(spec.name, m.num_layers, t) &&
+        !is_routed_expert(spec.name)) {
       plan.fp8_weight_codes_bytes += 2 * shape_numel(spec.shape);
     }
   }
