@@ -272,17 +272,36 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
   // aligned and wholly inside or outside.
   Out* c = static_cast<Out*>(p.c) + (rows_split(kForm) ? span.expert_begin * p.ldc : span.expert * p.expert_stride);
   const int64_t row0 = span.row_begin + consumer * 64;
-#pragma unroll
-  for (int i = 0; i < kAccumulators; i += 2) {
+  const auto pair_at = [&](int i) -> Out* {
     const int64_t row = row0 + accumulator_row(thread, i), col = span.col_begin + accumulator_col(thread, i);
-    if (row >= span.row_end || col >= span.col_end) continue;
-    Out* at = c + row * p.ldc + col;
-    if constexpr (sizeof(Out) == 4) {
-      const float2 old = *reinterpret_cast<const float2*>(at);
-      *reinterpret_cast<float2*>(at) = make_float2(old.x + d[i], old.y + d[i + 1]);
-    } else {
-      *reinterpret_cast<uint32_t*>(at) =
-          static_cast<uint32_t>(f32_to_bf16(d[i])) | (static_cast<uint32_t>(f32_to_bf16(d[i + 1])) << 16);
+    return row < span.row_end && col < span.col_end ? c + row * p.ldc + col : nullptr;
+  };
+  if constexpr (sizeof(Out) == 4) {
+    // wgrad adds into dw: the loads of a batch of pairs are all issued before any of its stores. Pair by pair, each
+    // load would wait for the store before it (the compiler cannot tell the addresses apart), 64 round trips to
+    // memory in a row while the SM computes nothing.
+    constexpr int kBatch = 16;  // pairs: 32 more registers beside the 128 accumulators
+#pragma unroll
+    for (int first = 0; first < kAccumulators; first += 2 * kBatch) {
+      float2 old[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const Out* at = pair_at(first + 2 * j);
+        old[j] = at != nullptr ? *reinterpret_cast<const float2*>(at) : make_float2(0.0f, 0.0f);
+      }
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const int i = first + 2 * j;
+        if (Out* at = pair_at(i)) *reinterpret_cast<float2*>(at) = make_float2(old[j].x + d[i], old[j].y + d[i + 1]);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kAccumulators; i += 2) {
+      if (Out* at = pair_at(i)) {
+        *reinterpret_cast<uint32_t*>(at) =
+            static_cast<uint32_t>(f32_to_bf16(d[i])) | (static_cast<uint32_t>(f32_to_bf16(d[i + 1])) << 16);
+      }
     }
   }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
