@@ -16,6 +16,12 @@ The formula assumes stages of equal compute. When they differ (the first stage h
 output layer and loss), the pipeline runs at the pace of the heaviest stage and the lighter ones idle for the
 difference as well: that is imbalance, not the schedule's bubble. So the schedule is judged on the stage with the
 most compute, and the other stages' compute is printed relative to it.
+
+With --stages, the step is also replayed: each rank's computations in the order they ran, with their measured
+durations, each started as soon as its rank is free and its input computed, transfers taking no time. The replay's
+bubble is what the measured compute explains (unequal stages, a slow micro-batch); the run's flush over the replay's
+is what the transfers and the host's gaps between computations add. (The schedules' compute orders themselves have
+exactly the formulas' bubble when replayed with equal stages: tests/parallel/pipeline_schedule_test.cpp.)
 """
 import argparse
 import glob
@@ -25,11 +31,12 @@ import re
 import statistics
 import sys
 
-STAGE_SPAN = re.compile(r"^stage \d+ (forward|backward) micro-batch \d+ chunk \d+$")
+STAGE_SPAN = re.compile(r"^stage (\d+) (forward|backward) micro-batch (\d+) chunk (\d+)$")
 
 
 def steps_of(path):
-    """[(begin, end, compute)] per profiled step, in µs on the host's monotonic clock."""
+    """[(begin, end, compute, spans)] per profiled step, in µs on the host's monotonic clock; spans are the step's
+    computations in the order they ran: (duration, backward, stage, micro-batch, chunk)."""
     doc = json.load(open(path))
     origin = float(doc.get("otherData", {}).get("host_monotonic_origin_us", "nan"))
     if origin != origin:
@@ -38,11 +45,46 @@ def steps_of(path):
     out = []
     for step in sorted((e for e in events if e["name"] == "pipeline"), key=lambda e: e["ts"]):
         begin, end = step["ts"], step["ts"] + step["dur"]
-        compute = sum(e["dur"] for e in events
-                      if STAGE_SPAN.match(e["name"]) and begin <= e["ts"] and e["ts"] + e["dur"] <= end)
+        spans = []
+        for e in sorted(events, key=lambda e: e["ts"]):
+            match = STAGE_SPAN.match(e["name"])
+            if match and begin <= e["ts"] and e["ts"] + e["dur"] <= end:
+                spans.append((e["dur"], match.group(2) == "backward", int(match.group(1)), int(match.group(3)),
+                              int(match.group(4))))
+        compute = sum(span[0] for span in spans)
         if compute > 0:
-            out.append((origin + begin, origin + end, compute))
+            out.append((origin + begin, origin + end, compute, spans))
     return out
+
+
+def replay(step_spans, stages, chunks):
+    """The flush the ranks' computations would take if each ran as soon as its rank was free and its input had
+    arrived, transfers taking no time, in the order and with the durations measured: what the measured compute alone
+    explains (stages of unequal compute, a slow micro-batch), without communication or the host's gaps."""
+    last = stages * chunks - 1
+    queues = [list(spans) for spans in step_spans]
+    finished, free_at, position = {}, [0.0] * len(queues), [0] * len(queues)
+    moved = True
+    while moved:
+        moved = False
+        for r, queue in enumerate(queues):
+            while position[r] < len(queue):
+                duration, backward, stage, micro_batch, chunk = queue[position[r]]
+                k = chunk * stages + stage
+                ready = 0.0
+                if backward or k > 0:
+                    source = ((micro_batch, k - 1, False) if not backward else
+                              (micro_batch, k + 1, True) if k < last else (micro_batch, k, False))
+                    if source not in finished:
+                        break
+                    ready = finished[source]
+                free_at[r] = max(free_at[r], ready) + duration
+                finished[(micro_batch, k, backward)] = free_at[r]
+                position[r] += 1
+                moved = True
+    if any(position[r] < len(q) for r, q in enumerate(queues)):
+        sys.exit("replay: a computation's input never ran (traces cut short, or --stages/--virtual wrong)")
+    return max(free_at)
 
 
 def main():
@@ -74,6 +116,12 @@ def main():
     print(f"mean over ranks: {mean:.3f}; compute of each rank relative to the heaviest: "
           f"{', '.join(f'{c / computes[heaviest]:.3f}' for c in computes)}")
     print(f"bubble of the heaviest stage (rank {heaviest}): {means[heaviest]:.3f}")
+    if args.stages:
+        replayed = [replay([r[k][3] for r in ranks], args.stages, args.virtual) for k in range(steps)]
+        explained = statistics.mean((replayed[k] - ranks[heaviest][k][2]) / ranks[heaviest][k][2] for k in range(steps))
+        print(f"replayed with the measured compute and free transfers: bubble of the heaviest stage {explained:.3f}; "
+              f"the run's flush / the replay's = {statistics.mean(flush[k] / replayed[k] for k in range(steps)):.3f} "
+              f"(the rest: transfers and the host's gaps)")
     if args.stages and args.micro_batches:
         expected = (args.stages - 1) / (args.virtual * args.micro_batches)
         print(f"formula (p-1)/(v m) = ({args.stages}-1)/({args.virtual}*{args.micro_batches}) = {expected:.3f}; "

@@ -5,6 +5,7 @@
 // ticks) is what the formulas say. Bad layouts exit 2 (UsageError) naming the keys.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <tuple>
@@ -126,6 +127,56 @@ TEST(PipelineSchedule, InterleavedRunsEveryLayoutWithASmallerBubble) {
         // (the lockstep's one tick of latency per hop back from the last stage to the first).
         EXPECT_LT(sim.ticks, static_cast<size_t>(v * 2 * (m + p - 1)));
         EXPECT_LE(sim.ticks, static_cast<size_t>(2 * (m * v + p - 1) + 2 * (p - 1)));
+      }
+    }
+  }
+}
+
+// Each stage runs its compute order (pipeline_compute_order) as train/pipeline_step.cpp does, every computation as soon
+// as the stage is free and its input has arrived, ticks ignored; transfers take no time, a chunk's forward 1/v and its
+// backward 2/v. Returns the bubble: (the last finish − the m · 3 of compute a stage does) / that compute.
+double as_soon_as_ready_bubble(const PipelineScheduleSpec& spec) {
+  const int p = spec.stages, v = spec.chunks, last_virtual = p * v - 1;
+  std::vector<std::vector<PipelineCompute>> order(p);
+  for (int s = 0; s < p; ++s) order[s] = pipeline_compute_order(spec, s);
+  std::map<std::tuple<int, int, bool>, double> finished;  // (micro-batch, virtual stage, backward) -> time
+  std::vector<size_t> next(p, 0);
+  std::vector<double> free_at(p, 0.0);
+  for (bool moved = true; moved;) {
+    moved = false;
+    for (int s = 0; s < p; ++s) {
+      for (; next[s] < order[s].size(); ++next[s], moved = true) {
+        const PipelineCompute c = order[s][next[s]];
+        const int k = c.chunk * p + s;
+        double ready = 0.0;
+        if (c.backward || k > 0) {  // the input: the activation from k − 1, or the gradient from k + 1 (the loss: k's)
+          const auto input = !c.backward ? std::tuple{c.micro_batch, k - 1, false}
+                             : k < last_virtual ? std::tuple{c.micro_batch, k + 1, true}
+                                                : std::tuple{c.micro_batch, k, false};
+          const auto it = finished.find(input);
+          if (it == finished.end()) break;  // not yet computed: the stage waits
+          ready = it->second;
+        }
+        free_at[s] = std::max(free_at[s], ready) + (c.backward ? 2.0 : 1.0) / v;
+        finished[{c.micro_batch, k, c.backward}] = free_at[s];
+      }
+    }
+  }
+  for (int s = 0; s < p; ++s) EXPECT_EQ(next[s], order[s].size()) << "stage " << s << " never finished: a deadlock";
+  const double compute = 3.0 * spec.micro_batches;
+  return (*std::max_element(free_at.begin(), free_at.end()) - compute) / compute;
+}
+
+// The compute orders alone, without the ticks' lockstep, have exactly the formulas' bubble: (p − 1)/m for 1F1B and
+// (p − 1)/(v·m) interleaved. A measured bubble above them is the run's (transfers, stages of unequal compute, noise),
+// not the order's (docs/perf/pipeline-bubble.md).
+TEST(PipelineSchedule, ComputeOrdersRunAsSoonAsReadyHaveTheFormulasBubble) {
+  for (int p = 1; p <= 4; ++p) {
+    for (int v = 1; v <= 3; ++v) {
+      for (int m = 1; m <= 12; ++m) {
+        if (v > 1 && (p == 1 || m % p != 0)) continue;
+        SCOPED_TRACE(::testing::Message() << p << " stages, " << v << " chunks, " << m << " micro-batches");
+        EXPECT_NEAR(as_soon_as_ready_bubble({p, v, m, false}), (p - 1.0) / (v * m), 1e-9);
       }
     }
   }
