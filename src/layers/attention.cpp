@@ -14,6 +14,7 @@ Tensor Attention::forward(const Tensor& x, int64_t batch, const RopeTable& rope,
   Tensor k = k_proj->forward(x, &saved.qkv_input);  // [N, Hkv*D]
   Tensor v = v_proj->forward(x, &saved.qkv_input);  // [N, Hkv*D]
   saved.qkv_input.end_forward();
+  if (drop_unread_input(x, saved.qkv_input, {q_proj.get(), k_proj.get(), v_proj.get()})) saved.input = Tensor();
   if (qk_norm) {
     q = q_norm.forward(q.reshape({B * T * Hq, D}), saved.q_norm);
     k = k_norm.forward(k.reshape({B * T * Hkv, D}), saved.k_norm);
@@ -70,17 +71,18 @@ Tensor SwiGluMlp::forward(const Tensor& x, MlpSaved& saved) {
   saved.input = x;
   saved.gate_up = gate_up_proj->forward(x, &saved.gate_up_input);
   saved.gate_up_input.end_forward();
+  if (drop_unread_input(x, saved.gate_up_input, {gate_up_proj.get()})) saved.input = Tensor();
   saved.act = Tensor::empty({x.dim(0), down_proj->in_features()}, x.dtype(), x.device());
   ops::swiglu_forward(saved.gate_up, saved.act);
   // With recompute_act the product is dropped to save memory: so is what down_proj would keep of it.
   Tensor y = down_proj->forward(saved.act, recompute_act ? nullptr : &saved.down_input);
   saved.down_input.end_forward();
-  if (recompute_act) saved.act = Tensor();
+  if (recompute_act || drop_unread_input(saved.act, saved.down_input, {down_proj.get()})) saved.act = Tensor();
   return y;
 }
 
 Tensor SwiGluMlp::backward(const Tensor& dy, MlpSaved& saved) {
-  if (!saved.act.defined()) {  // dropped after forward (recompute_act): the same kernel on the same inputs
+  if (!saved.act.defined() && !saved.down_input.input_dropped) {  // dropped for recompute_act: the same kernel again
     saved.act = Tensor::empty({saved.gate_up.dim(0), down_proj->in_features()}, saved.gate_up.dtype(),
                               saved.gate_up.device());
     ops::swiglu_forward(saved.gate_up, saved.act);

@@ -33,7 +33,7 @@ struct PackedSequence {
 // What one micro-batch's forward keeps for its backward.
 struct AttentionSaved {
   AttentionShape shape;  // of the forward
-  Tensor input;          // [N, C]
+  Tensor input;          // [N, C]; undefined after forward when what q/k/v_proj keep of it stands in for it (fp8)
   // What q/k/v_proj keep of `input` and o_proj of `out` (linear.h).
   LinearSaved qkv_input, o_input;
   Tensor q, k, v;        // [B, T, H, D] after norm and RoPE (what attention consumed)
@@ -68,9 +68,9 @@ struct Attention {
 };
 
 struct MlpSaved {
-  Tensor input;    // [N, C]
+  Tensor input;    // [N, C]; undefined after forward when what gate_up_proj keeps of it stands in for it (fp8)
   Tensor gate_up;  // [N, 2F] per row the gate then the up projection
-  Tensor act;      // [N, F] silu(gate) * up (dropped after forward when recompute_act)
+  Tensor act;      // [N, F] silu(gate) * up (dropped after forward when recompute_act, or when down_proj's codes do)
   LinearSaved gate_up_input, down_input;  // what the two projections keep of `input` and `act`
 };
 

@@ -86,15 +86,19 @@ Quantised quantise(Fp8Scaling& scaling, int handle, Fp8Role role, const Tensor& 
 // for their backwards. Valid for the x they were made of (the same elements) under the same scaling state and scale
 // (delayed: the input's handle). Holding x keeps its memory from being reused for another tensor meanwhile.
 struct Fp8SavedInput final : LinearInputState {
-  Tensor source;
+  Tensor source;  // held, so that its memory cannot become another tensor's meanwhile; undefined once forgotten
   const Fp8Scaling* scaling = nullptr;
   int handle = -1;
   Fp8Matrix codes;
 
+  // After forget_input the codes stand for the input the layer dropped: they answer an undefined x only.
   bool made_of(const Tensor& x, const Fp8Scaling* s, int h) const {
-    return source.shares_storage(x) && source.data() == x.data() && source.shape() == x.shape() &&
-           source.dtype() == x.dtype() && scaling == s && handle == h;
+    if (scaling != s || handle != h) return false;
+    if (!source.defined()) return !x.defined();
+    return x.defined() && source.shares_storage(x) && source.data() == x.data() && source.shape() == x.shape() &&
+           source.dtype() == x.dtype();
   }
+  void forget_input() override { source = Tensor(); }
 };
 
 // The codes `slot` keeps of x, or null.
@@ -161,18 +165,23 @@ Tensor Fp8Linear::forward(const Tensor& x, LinearSaved* saved) {
 }
 
 void Fp8Linear::backward(const Tensor& x, const Tensor& dy, Tensor& dx, LinearSaved* saved) {
+  const Fp8Matrix* xt_codes = saved ? saved_codes(saved->for_backward, x, scaling_.get(), input_handle_) : nullptr;
+  PRIMUS_CHECK(x.defined() || xt_codes != nullptr, "[fp8] {}: backward without its input or codes of it", name_);
   const Quantised qdy = quantise(*scaling_, grad_handle_, Fp8Role::kGradOutput, dy, true, true);
   const Quantised& qw = weight_codes().codes;
   const bool accumulate = dx.defined();
-  if (!accumulate) dx = Tensor::empty(x.shape(), x.dtype(), x.device());
+  if (!accumulate) dx = Tensor::empty({dy.dim(0), in_features()}, dy.dtype(), dy.device());
   ops::fp8_gemm(qdy.plain.operand(), qw.transposed.operand(), dx, {.accumulate = accumulate});
-  const Fp8Matrix* xt_codes = saved ? saved_codes(saved->for_backward, x, scaling_.get(), input_handle_) : nullptr;
   Quantised qx;
   if (xt_codes == nullptr) {
     qx = quantise(*scaling_, input_handle_, Fp8Role::kInput, x, true, false);
     xt_codes = &qx.transposed;
   }
   ops::fp8_gemm(qdy.transposed.operand(), xt_codes->operand(), dweight_, {.accumulate = true});
+}
+
+bool Fp8Linear::backward_reads_input(const Tensor& x, const LinearSaved* saved) const {
+  return saved == nullptr || saved_codes(saved->for_backward, x, scaling_.get(), input_handle_) == nullptr;
 }
 
 }  // namespace primus

@@ -5,7 +5,9 @@
 //   wgrad    dW += dyᵀ · x   the transposed copies of dy and x; the fp32 gradient accumulates as before
 // Like Linear it keeps nothing per micro-batch itself. Given the caller's LinearSaved for x, the forward quantises x
 // once into both copies and keeps them there: the codes of x for the other modules reading x (q, k and v share
-// one input), the codes of xᵀ for the backwards. Without it (or for an x it did not quantise) backward quantises x
+// one input), the codes of xᵀ for the backwards, which then need no x: the layer frees its bf16 x after the forwards
+// (drop_unread_input) and hands backward an undefined one. Without it (or for an x it did not quantise) backward
+// quantises x
 // again with the same scales as forward (the delayed recipe's scales change only between steps; current scaling
 // recomputes the same amax from the same values), with identical codes. W's two copies are quantised once a step,
 // at its first forward, and kept for every micro-batch's GEMMs until the optimizer changes the weights
@@ -32,6 +34,8 @@ class Fp8Linear : public Linear {
 
   Tensor forward(const Tensor& x, LinearSaved* saved = nullptr) override;
   void backward(const Tensor& x, const Tensor& dy, Tensor& dx, LinearSaved* saved = nullptr) override;
+  // False once `saved` holds the codes of x's transpose this module's backward reads.
+  bool backward_reads_input(const Tensor& x, const LinearSaved* saved) const override;
 
  private:
   struct WeightCodes;  // fp8_linear.cpp

@@ -6,6 +6,7 @@
 // can be in flight.
 #pragma once
 
+#include <initializer_list>
 #include <memory>
 
 #include "core/tensor.h"
@@ -15,6 +16,8 @@ namespace primus {
 // What a module derived from Linear keeps of one input (its own kind of state, opaque to the layers).
 struct LinearInputState {
   virtual ~LinearInputState() = default;
+  // The layer lets the input go (LinearSaved::drop_input): let go of any reference to it too.
+  virtual void forget_input() {}
 };
 
 // What the Linear modules reading one input keep of it for one micro-batch, besides the input itself (which the
@@ -22,9 +25,12 @@ struct LinearInputState {
 // an input quantise it once and their backwards do not quantise it again. The layer holds one per input in its
 // saved state, passes it to every forward and backward reading that input, and calls end_forward() after the last
 // of those forwards (freeing what only the forwards read).
+// When what the modules keep stands in for the input in every backward (Linear::backward_reads_input false for each
+// module reading it), the layer may free the input after the forwards: drop_unread_input below.
 struct LinearSaved {
   std::shared_ptr<LinearInputState> forward_only;
   std::shared_ptr<LinearInputState> for_backward;
+  bool input_dropped = false;  // the backwards get an undefined input
   void end_forward() { forward_only.reset(); }
 };
 
@@ -40,6 +46,9 @@ class Linear {
   // layer input that feeds several projections sums their gradients). x [N, in] and `saved` as given to forward,
   // dy [N, out].
   virtual void backward(const Tensor& x, const Tensor& dy, Tensor& dx, LinearSaved* saved = nullptr);
+  // Whether backward reads x itself, given what `saved` keeps of it after the forwards (false: an undefined x will
+  // do). A plain Linear always does: its weight gradient is dyᵀ · x.
+  virtual bool backward_reads_input(const Tensor& x, const LinearSaved* saved) const;
 
   const Tensor& weight() const { return weight_; }    // [out, in]
   const Tensor& dweight() const { return dweight_; }  // [out, in]
@@ -50,5 +59,10 @@ class Linear {
   Tensor weight_;   // the compute weights (a bf16 copy in mixed precision, else the master weights)
   Tensor dweight_;  // fp32 gradient
 };
+
+// After the last forward reading x (and saved.end_forward()): when none of `readers` reads x in its backward, marks
+// `saved` so (their backwards then get an undefined x) and returns true, and the layer drops its own reference to x.
+// An fp8 layer's inputs then live on as their 1-byte transposed codes only, instead of beside them in bf16.
+bool drop_unread_input(const Tensor& x, LinearSaved& saved, std::initializer_list<const Linear*> readers);
 
 }  // namespace primus

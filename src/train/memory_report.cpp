@@ -74,8 +74,8 @@ ParameterCount parameter_count(const ModelArgs& args, int64_t ep) {
 }
 
 // fp8 (memory_report.h): the codes of the fp8 Linear weights (those enable_fp8 replaces: the `_proj` modules of the
-// transformer layers outside first_last_layers_bf16, routed experts excepted) and the inputs' codes one micro-batch
-// keeps for backward.
+// transformer layers outside first_last_layers_bf16, routed experts excepted), the inputs' codes one micro-batch
+// keeps for backward, and the bf16 inputs those codes replace (layers/attention.cpp: drop_unread_input).
 void plan_fp8_codes(MemoryPlan& plan, const ModelArgs& m, const TrainingArgs& t, const RecomputeConfig& recompute,
                     int64_t tokens) {
   if (t.fp8_format.empty()) return;
@@ -88,20 +88,31 @@ void plan_fp8_codes(MemoryPlan& plan, const ModelArgs& m, const TrainingArgs& t,
     }
   }
   const bool selective = recompute.granularity == RecomputeConfig::Granularity::kSelective;
-  int64_t largest = 0, all = 0;
+  // Per token of a layer: the elements whose codes are kept, and the bf16 elements freed for them (attention's and
+  // the dense MLP's inputs, the SwiGLU product; a MoE layer's input stays, its router reads it).
+  int64_t largest_codes = 0, all_codes = 0, largest_freed = 0, all_freed = 0;
   for (int64_t i = first; i < end; ++i) {
-    int64_t per_token = m.multi_latent_attention ? 0 : m.hidden_size + m.num_attention_heads * m.kv_channels;
+    int64_t codes = m.multi_latent_attention ? 0 : m.hidden_size + m.num_attention_heads * m.kv_channels;
+    int64_t freed = m.multi_latent_attention ? 0 : m.hidden_size;
     if (!m.is_moe_layer(i)) {
-      per_token += m.hidden_size + (selective ? 0 : m.ffn_hidden_size);
+      codes += m.hidden_size + (selective ? 0 : m.ffn_hidden_size);
+      freed += m.hidden_size + (selective ? 0 : m.ffn_hidden_size);
     } else if (m.moe_shared_expert_intermediate_size > 0) {
-      per_token += m.hidden_size + (selective ? 0 : m.moe_shared_expert_intermediate_size);
+      codes += m.hidden_size + (selective ? 0 : m.moe_shared_expert_intermediate_size);
+      freed += selective ? 0 : m.moe_shared_expert_intermediate_size;
     }
-    largest = std::max(largest, per_token);
-    all += per_token;
+    largest_codes = std::max(largest_codes, codes);
+    all_codes += codes;
+    largest_freed = std::max(largest_freed, freed);
+    all_freed += freed;
   }
   const bool full = recompute.granularity == RecomputeConfig::Granularity::kFull;
-  const int64_t per_micro_batch = full ? std::min(recompute.num_layers, end - first) * largest : all;
-  plan.fp8_input_codes_bytes = std::max<int64_t>(0, per_micro_batch) * tokens * plan.micro_batches_in_flight;
+  const int64_t chunk_layers = std::min(recompute.num_layers, end - first);
+  const int64_t codes = full ? chunk_layers * largest_codes : all_codes;
+  const int64_t freed = full ? chunk_layers * largest_freed : all_freed;
+  plan.fp8_input_codes_bytes = std::max<int64_t>(0, codes) * tokens * plan.micro_batches_in_flight;
+  plan.fp8_freed_inputs_bytes = std::max<int64_t>(0, freed) * static_cast<int64_t>(dtype_size(plan.activation_dtype)) * tokens *
+                                plan.micro_batches_in_flight;
 }
 
 }  // namespace
@@ -525,6 +536,9 @@ std::vector<std::string> format_memory_table(const MemoryPlan& p) {
   if (p.fp8_weight_codes_bytes > 0) lines.push_back(row("fp8 codes of the weights (W, W^T)", p.fp8_weight_codes_bytes));
   if (p.fp8_input_codes_bytes > 0) {
     lines.push_back(row("fp8 codes of the inputs (x^T)", p.fp8_input_codes_bytes, "(kept for backward)"));
+  }
+  if (p.fp8_freed_inputs_bytes > 0) {
+    lines.push_back(row("inputs not kept in bf16", -p.fp8_freed_inputs_bytes, "(their fp8 codes stand in)"));
   }
   if (p.not_at_once_bytes > 0) {
     lines.push_back(row("not held at once", -p.not_at_once_bytes, "(units' buffers peak after the loss's transients)"));

@@ -35,7 +35,9 @@
 //                 step); and per micro-batch one byte per element of each fp8 Linear input, xᵀ's codes kept for backward:
 //                 N·(C + Hq·D) a layer for attention (not MLA, whose projections keep none), N·(C + F) for the dense
 //                 MLP or N·(C + S) for a MoE layer's shared expert of S (F or S left out under selective recompute);
-//                 under full recompute only one chunk's layers hold them.
+//                 under full recompute only one chunk's layers hold them. Those codes replace bf16 copies: the
+//                 activations above lose N·a·C for attention's input and N·a·(C + F) for the dense MLP's input and
+//                 SwiGLU output, N·a·S for a shared expert's product (its input stays: the router reads it).
 // Not counted: the gradient temporaries of one layer's backward (a few [N, C] and [N, F] tensors), cuBLASLt
 // and cuDNN workspaces, the RoPE table, token ids, the CUDA context, and the caching allocator's rounding (up
 // to 25% of a request).
@@ -107,12 +109,14 @@ struct MemoryPlan {
   // fp8 (above): the weights' codes, and the inputs' codes kept for backward by the micro-batches in flight.
   int64_t fp8_weight_codes_bytes = 0;
   int64_t fp8_input_codes_bytes = 0;
+  int64_t fp8_freed_inputs_bytes = 0;  // of activations.peak_bytes, the bf16 inputs those codes replace
 
   int64_t static_bytes() const {
     return param_bytes + compute_copy_bytes + grad_bytes + optimizer_bytes + comm_bytes + fp8_weight_codes_bytes;
   }
   int64_t total_bytes() const {
-    return static_bytes() + activations.peak_bytes + fp8_input_codes_bytes - not_at_once_bytes;
+    return static_bytes() + activations.peak_bytes + fp8_input_codes_bytes - fp8_freed_inputs_bytes -
+           not_at_once_bytes;
   }
 };
 

@@ -16,6 +16,7 @@
 #include "checkpoint/checkpoint.h"
 #include "core/file_io.h"
 #include "core/fp8.h"
+#include "layers/attention.h"
 #include "layers/fp8_linear.h"
 #include "ops/ops.h"
 #include "support/fp8_reference.h"
@@ -188,6 +189,79 @@ TEST(Fp8Linear, ProjectionsSharingAnInputQuantiseItOnceAndBackwardReadsTheForwar
   check_shared_input(Fp8Recipe{.scaling = Scaling::kTensorwise, .backward_format = Fp8Format::kE5M2}, "tensorwise");
   check_shared_input(Fp8Recipe{.scaling = Scaling::kBlockwise, .backward_format = Fp8Format::kE5M2}, "blockwise");
   check_shared_input(Fp8Recipe{.scaling = Scaling::kDelayed, .backward_format = Fp8Format::kE5M2}, "delayed");
+}
+
+// A SwiGLU MLP on fp8 modules keeps neither its input nor the SwiGLU output in bf16 after forward (the modules' codes of
+// their transposes stand in for them), and its outputs and gradients equal the same modules' run step by step without
+// LinearSaved, which quantises x and the product again in backward, bit for bit. x overwritten after forward changes
+// nothing. With selective recompute the product is recomputed as before; plain Linears keep their inputs.
+void check_mlp_drops_inputs(const Fp8Recipe& recipe, bool recompute_act, const std::string& label) {
+  SCOPED_TRACE(label + (recompute_act ? ", recompute_act" : ""));
+  const int64_t n = 32, c = 128, f = 160;
+  const std::vector<float> x = random_values(n * c, 51, 1.2f), dy = random_values(n * c, 52, 1e-3f);
+  const std::vector<float> w_gate_up = random_values(2 * f * c, 53, 0.05f), w_down = random_values(c * f, 54, 0.05f);
+  struct Modules {
+    Tensor gate_up_grad = Tensor::zeros({2 * 160, 128}, DType::kF32), down_grad = Tensor::zeros({128, 160}, DType::kF32);
+    std::unique_ptr<Linear> gate_up, down;
+  };
+  auto make = [&](bool fp8) {
+    Modules m;
+    const Linear gate_up(host_tensor(w_gate_up, {2 * f, c}), m.gate_up_grad), down(host_tensor(w_down, {c, f}), m.down_grad);
+    if (!fp8) {
+      m.gate_up = std::make_unique<Linear>(gate_up);
+      m.down = std::make_unique<Linear>(down);
+      return m;
+    }
+    auto scaling = std::make_shared<Fp8Scaling>(recipe, kCpuDevice);
+    m.gate_up = std::make_unique<Fp8Linear>(gate_up, scaling, "model.layers.0.mlp.gate_up_proj");
+    m.down = std::make_unique<Fp8Linear>(down, scaling, "model.layers.0.mlp.down_proj");
+    return m;
+  };
+
+  Modules layer_modules = make(true);
+  SwiGluMlp mlp{std::move(layer_modules.gate_up), std::move(layer_modules.down), recompute_act};
+  Tensor layer_x = host_tensor(x, {n, c});
+  MlpSaved saved;
+  const Tensor y = mlp.forward(layer_x, saved);
+  EXPECT_FALSE(saved.input.defined()) << "the input kept in bf16 beside its codes";
+  EXPECT_FALSE(saved.act.defined()) << "the SwiGLU output kept in bf16";
+  EXPECT_TRUE(saved.gate_up.defined());
+  std::fill(layer_x.f32(), layer_x.f32() + layer_x.numel(), 1e6f);  // backward must not read it
+  const Tensor dx = mlp.backward(host_tensor(dy, {n, c}), saved);
+
+  // The same modules step by step, no LinearSaved: every backward quantises its input again from the values.
+  Modules alone = make(true);
+  const Tensor ax = host_tensor(x, {n, c});
+  const Tensor gate_up = alone.gate_up->forward(ax);
+  Tensor act = Tensor::empty({n, f}, DType::kF32);
+  ops::swiglu_forward(gate_up, act);
+  EXPECT_EQ(values_of(y), values_of(alone.down->forward(act)));
+  Tensor dact, dx_alone;
+  alone.down->backward(act, host_tensor(dy, {n, c}), dact);
+  Tensor dgate_up = Tensor::empty(gate_up.shape(), DType::kF32);
+  ops::swiglu_backward(gate_up, dact, dgate_up);
+  alone.gate_up->backward(ax, dgate_up, dx_alone);
+  EXPECT_EQ(values_of(dx), values_of(dx_alone));
+  EXPECT_EQ(values_of(layer_modules.gate_up_grad), values_of(alone.gate_up_grad));
+  EXPECT_EQ(values_of(layer_modules.down_grad), values_of(alone.down_grad));
+
+  Modules plain = make(false);
+  SwiGluMlp plain_mlp{std::move(plain.gate_up), std::move(plain.down), recompute_act};
+  MlpSaved plain_saved;
+  plain_mlp.forward(host_tensor(x, {n, c}), plain_saved);
+  EXPECT_TRUE(plain_saved.input.defined());
+  EXPECT_EQ(plain_saved.act.defined(), !recompute_act);
+}
+
+TEST(Fp8Linear, AnMlpKeepsItsInputsOnlyAsCodes) {
+  for (const bool recompute_act : {false, true}) {
+    check_mlp_drops_inputs(Fp8Recipe{.scaling = Scaling::kTensorwise, .backward_format = Fp8Format::kE5M2},
+                           recompute_act, "tensorwise");
+    check_mlp_drops_inputs(Fp8Recipe{.scaling = Scaling::kBlockwise, .backward_format = Fp8Format::kE5M2},
+                           recompute_act, "blockwise");
+    check_mlp_drops_inputs(Fp8Recipe{.scaling = Scaling::kDelayed, .backward_format = Fp8Format::kE5M2},
+                           recompute_act, "delayed");
+  }
 }
 
 // W's codes are made at the first forward of a step and serve its micro-batches until the step ends: the weights

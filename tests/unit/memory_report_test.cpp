@@ -294,14 +294,22 @@ TEST(MemoryPlan, Fp8CountsTheCodesOfItsWeightsAndOfItsInputs) {
   const MemoryPlan fp8 = plan_memory(args, t, kCpuDevice, DType::kBF16);
   EXPECT_EQ(fp8.fp8_weight_codes_bytes, 2 * 16 * layer_weights);
   EXPECT_EQ(fp8.fp8_input_codes_bytes, 16 * layer_inputs * 4 * 4096);
-  EXPECT_NEAR(static_cast<double>(fp8.total_bytes() - bf16.total_bytes()) / (1 << 30), 5.31, 0.01);
+  // The bf16 copies the codes replace: attention's and the MLP's inputs and the SwiGLU output (o_proj's input, the
+  // attention output, stays: attention's backward reads it).
+  const int64_t layer_freed = 2048 + 2048 + 8192;
+  EXPECT_EQ(fp8.fp8_freed_inputs_bytes, 16 * layer_freed * 2 * 4 * 4096);
+  EXPECT_NEAR(static_cast<double>(fp8.total_bytes() - bf16.total_bytes()) / (1 << 30), 1.81 + 3.50 - 6.00, 0.01);
   const std::vector<std::string> lines = format_memory_table(fp8);
   EXPECT_NE(std::find(lines.begin(), lines.end(), "  fp8 codes of the weights (W, W^T)       1.81 GiB"), lines.end());
   EXPECT_NE(std::find(lines.begin(), lines.end(),
                       "  fp8 codes of the inputs (x^T)           3.50 GiB  (kept for backward)"),
             lines.end());
+  EXPECT_NE(std::find(lines.begin(), lines.end(),
+                      "  inputs not kept in bf16                -6.00 GiB  (their fp8 codes stand in)"),
+            lines.end());
 
-  // Layers kept in bf16 keep no codes; selective recompute drops the SwiGLU output and so down_proj's codes of it.
+  // Layers kept in bf16 keep no codes; selective recompute drops the SwiGLU output and so down_proj's codes of it (and
+  // it frees no bf16 product for them).
   t.first_last_layers_bf16 = true;
   t.num_layers_at_start_in_bf16 = 1;
   t.num_layers_at_end_in_bf16 = 1;
@@ -309,6 +317,7 @@ TEST(MemoryPlan, Fp8CountsTheCodesOfItsWeightsAndOfItsInputs) {
   const MemoryPlan kept = plan_memory(args, t, kCpuDevice, DType::kBF16);
   EXPECT_EQ(kept.fp8_weight_codes_bytes, 2 * 14 * layer_weights);
   EXPECT_EQ(kept.fp8_input_codes_bytes, 14 * (layer_inputs - 8192) * 4 * 4096);
+  EXPECT_EQ(kept.fp8_freed_inputs_bytes, 14 * (layer_freed - 8192) * 2 * 4 * 4096);
 }
 
 // The distributed optimizer keeps 1/dp of the AdamW state per rank (its shards of every bucket), plus the staging
