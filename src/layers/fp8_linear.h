@@ -7,10 +7,9 @@
 // once into both copies and keeps them there: the codes of x for the other modules reading x (q, k and v share
 // one input), the codes of xᵀ for the backwards, which then need no x: the layer frees its bf16 x after the forwards
 // (drop_unread_input) and hands backward an undefined one. Without it (or for an x it did not quantise) backward
-// quantises x
-// again with the same scales as forward (the delayed recipe's scales change only between steps; current scaling
-// recomputes the same amax from the same values), with identical codes. W's two copies are quantised once a step,
-// at its first forward, and kept for every micro-batch's GEMMs until the optimizer changes the weights
+// quantises x again with the same scales as forward (the delayed recipe's scales change only between steps; current
+// scaling recomputes the same amax from the same values), with identical codes. W's two copies are quantised once a
+// step, at its first forward, and kept for every micro-batch's GEMMs until the optimizer changes the weights
 // (Fp8Scaling::weights_generation). The master weights, the gradients and the optimizer stay fp32; the GEMM outputs
 // have the activations' dtype.
 #pragma once

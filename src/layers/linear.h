@@ -16,7 +16,7 @@ namespace primus {
 // What a module derived from Linear keeps of one input (its own kind of state, opaque to the layers).
 struct LinearInputState {
   virtual ~LinearInputState() = default;
-  // The layer lets the input go (LinearSaved::drop_input): let go of any reference to it too.
+  // The layer lets the input go (drop_unread_input): let go of any reference to it too.
   virtual void forget_input() {}
 };
 

@@ -111,8 +111,8 @@ void plan_fp8_codes(MemoryPlan& plan, const ModelArgs& m, const TrainingArgs& t,
   const int64_t codes = full ? chunk_layers * largest_codes : all_codes;
   const int64_t freed = full ? chunk_layers * largest_freed : all_freed;
   plan.fp8_input_codes_bytes = std::max<int64_t>(0, codes) * tokens * plan.micro_batches_in_flight;
-  plan.fp8_freed_inputs_bytes = std::max<int64_t>(0, freed) * static_cast<int64_t>(dtype_size(plan.activation_dtype)) * tokens *
-                                plan.micro_batches_in_flight;
+  plan.fp8_freed_inputs_bytes = std::max<int64_t>(0, freed) * static_cast<int64_t>(dtype_size(plan.activation_dtype)) *
+                                tokens * plan.micro_batches_in_flight;
 }
 
 }  // namespace

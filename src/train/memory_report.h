@@ -32,11 +32,11 @@
 //                 recompute, the layers below a chunk plus the chunk's layers whole while backward recomputes
 //                 it (or forward builds it).
 //   fp8 (fp8_format; docs/fp8.md), on top: the codes of every fp8 Linear weight, W and Wᵀ, 2·P_fp8 (kept for the
-//                 step); and per micro-batch one byte per element of each fp8 Linear input, xᵀ's codes kept for backward:
-//                 N·(C + Hq·D) a layer for attention (not MLA, whose projections keep none), N·(C + F) for the dense
-//                 MLP or N·(C + S) for a MoE layer's shared expert of S (F or S left out under selective recompute);
-//                 under full recompute only one chunk's layers hold them. Those codes replace bf16 copies: the
-//                 activations above lose N·a·C for attention's input and N·a·(C + F) for the dense MLP's input and
+//                 step); and per micro-batch one byte per element of each fp8 Linear input, xᵀ's codes kept for
+//                 backward: N·(C + Hq·D) a layer for attention (not MLA, whose projections keep none), N·(C + F) for
+//                 the dense MLP or N·(C + S) for a MoE layer's shared expert of S (F or S left out under selective
+//                 recompute); under full recompute only one chunk's layers hold them. Those codes replace bf16 copies:
+//                 the activations above lose N·a·C for attention's input and N·a·(C + F) for the dense MLP's input and
 //                 SwiGLU output, N·a·S for a shared expert's product (its input stays: the router reads it).
 // Not counted: the gradient temporaries of one layer's backward (a few [N, C] and [N, F] tensors), cuBLASLt
 // and cuDNN workspaces, the RoPE table, token ids, the CUDA context, and the caching allocator's rounding (up
@@ -115,8 +115,7 @@ struct MemoryPlan {
     return param_bytes + compute_copy_bytes + grad_bytes + optimizer_bytes + comm_bytes + fp8_weight_codes_bytes;
   }
   int64_t total_bytes() const {
-    return static_bytes() + activations.peak_bytes + fp8_input_codes_bytes - fp8_freed_inputs_bytes -
-           not_at_once_bytes;
+    return static_bytes() + activations.peak_bytes + fp8_input_codes_bytes - fp8_freed_inputs_bytes - not_at_once_bytes;
   }
 };
 

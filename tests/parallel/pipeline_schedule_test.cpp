@@ -150,7 +150,7 @@ double as_soon_as_ready_bubble(const PipelineScheduleSpec& spec) {
         const int k = c.chunk * p + s;
         double ready = 0.0;
         if (c.backward || k > 0) {  // the input: the activation from k − 1, or the gradient from k + 1 (the loss: k's)
-          const auto input = !c.backward ? std::tuple{c.micro_batch, k - 1, false}
+          const auto input = !c.backward        ? std::tuple{c.micro_batch, k - 1, false}
                              : k < last_virtual ? std::tuple{c.micro_batch, k + 1, true}
                                                 : std::tuple{c.micro_batch, k, false};
           const auto it = finished.find(input);

@@ -4,6 +4,8 @@
 // follows a tiny Llama's fp32 loss curve on real text within 1%, a resumed delayed-scaling run
 // repeats the uninterrupted one bit for bit, first_last_layers_bf16 keeps those layers' modules, and the layouts fp8
 // does not run under yet exit 2 naming the key.
+#include "train/fp8_training.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -22,7 +24,6 @@
 #include "support/fp8_reference.h"
 #include "support/test_support.h"
 #include "support/tiny_models.h"
-#include "train/fp8_training.h"
 #include "train/pretrain.h"
 #include "train/train_step.h"
 
@@ -191,22 +192,24 @@ TEST(Fp8Linear, ProjectionsSharingAnInputQuantiseItOnceAndBackwardReadsTheForwar
   check_shared_input(Fp8Recipe{.scaling = Scaling::kDelayed, .backward_format = Fp8Format::kE5M2}, "delayed");
 }
 
-// A SwiGLU MLP on fp8 modules keeps neither its input nor the SwiGLU output in bf16 after forward (the modules' codes of
-// their transposes stand in for them), and its outputs and gradients equal the same modules' run step by step without
-// LinearSaved, which quantises x and the product again in backward, bit for bit. x overwritten after forward changes
-// nothing. With selective recompute the product is recomputed as before; plain Linears keep their inputs.
+// A SwiGLU MLP on fp8 modules keeps neither its input nor the SwiGLU output in bf16 after forward (the modules' codes
+// of their transposes stand in for them), and its outputs and gradients equal the same modules' run step by step
+// without LinearSaved, which quantises x and the product again in backward, bit for bit. x overwritten after forward
+// changes nothing. With selective recompute the product is recomputed as before; plain Linears keep their inputs.
 void check_mlp_drops_inputs(const Fp8Recipe& recipe, bool recompute_act, const std::string& label) {
   SCOPED_TRACE(label + (recompute_act ? ", recompute_act" : ""));
   const int64_t n = 32, c = 128, f = 160;
   const std::vector<float> x = random_values(n * c, 51, 1.2f), dy = random_values(n * c, 52, 1e-3f);
   const std::vector<float> w_gate_up = random_values(2 * f * c, 53, 0.05f), w_down = random_values(c * f, 54, 0.05f);
   struct Modules {
-    Tensor gate_up_grad = Tensor::zeros({2 * 160, 128}, DType::kF32), down_grad = Tensor::zeros({128, 160}, DType::kF32);
+    Tensor gate_up_grad = Tensor::zeros({2 * 160, 128}, DType::kF32),
+           down_grad = Tensor::zeros({128, 160}, DType::kF32);
     std::unique_ptr<Linear> gate_up, down;
   };
   auto make = [&](bool fp8) {
     Modules m;
-    const Linear gate_up(host_tensor(w_gate_up, {2 * f, c}), m.gate_up_grad), down(host_tensor(w_down, {c, f}), m.down_grad);
+    const Linear gate_up(host_tensor(w_gate_up, {2 * f, c}), m.gate_up_grad),
+        down(host_tensor(w_down, {c, f}), m.down_grad);
     if (!fp8) {
       m.gate_up = std::make_unique<Linear>(gate_up);
       m.down = std::make_unique<Linear>(down);
@@ -259,8 +262,8 @@ TEST(Fp8Linear, AnMlpKeepsItsInputsOnlyAsCodes) {
                            recompute_act, "tensorwise");
     check_mlp_drops_inputs(Fp8Recipe{.scaling = Scaling::kBlockwise, .backward_format = Fp8Format::kE5M2},
                            recompute_act, "blockwise");
-    check_mlp_drops_inputs(Fp8Recipe{.scaling = Scaling::kDelayed, .backward_format = Fp8Format::kE5M2},
-                           recompute_act, "delayed");
+    check_mlp_drops_inputs(Fp8Recipe{.scaling = Scaling::kDelayed, .backward_format = Fp8Format::kE5M2}, recompute_act,
+                           "delayed");
   }
 }
 
