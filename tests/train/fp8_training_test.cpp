@@ -20,6 +20,7 @@
 #include "core/fp8.h"
 #include "layers/attention.h"
 #include "layers/fp8_linear.h"
+#include "layers/rope_table.h"
 #include "ops/ops.h"
 #include "support/fp8_reference.h"
 #include "support/test_support.h"
@@ -264,6 +265,54 @@ TEST(Fp8Linear, AnMlpKeepsItsInputsOnlyAsCodes) {
                            recompute_act, "blockwise");
     check_mlp_drops_inputs(Fp8Recipe{.scaling = Scaling::kDelayed, .backward_format = Fp8Format::kE5M2}, recompute_act,
                            "delayed");
+  }
+}
+
+// Attention on fp8 modules keeps its input only as q/k/v's codes, while o_proj's input (the attention output, which
+// attention's backward reads) stays: saved.input is gone after forward, and x overwritten then changes no gradient.
+TEST(Fp8Linear, AttentionKeepsItsInputOnlyAsCodes) {
+  const int64_t batch = 2, seq = 16, c = 128, heads = 4, kv_heads = 2, d = 32;
+  const std::vector<float> x = random_values(batch * seq * c, 61, 1.0f), dy = random_values(batch * seq * c, 62, 1e-3f);
+  struct Run {
+    std::vector<Tensor> grads;
+    Tensor dx;
+  };
+  auto run = [&](bool overwrite_x) {
+    auto scaling = std::make_shared<Fp8Scaling>(Fp8Recipe{.scaling = Scaling::kTensorwise}, kCpuDevice);
+    Run r;
+    auto module = [&](const std::string& proj, int64_t out, int64_t in, uint64_t seed) {
+      r.grads.push_back(Tensor::zeros({out, in}, DType::kF32));
+      const Linear plain(host_tensor(random_values(out * in, seed, 0.05f), {out, in}), r.grads.back());
+      return std::make_unique<Fp8Linear>(plain, scaling, "model.layers.0.self_attn." + proj,
+                                         "model.layers.0.self_attn.q_proj.input");
+    };
+    Attention attention;
+    attention.q_proj = module("q_proj", heads * d, c, 63);
+    attention.k_proj = module("k_proj", kv_heads * d, c, 64);
+    attention.v_proj = module("v_proj", kv_heads * d, c, 65);
+    r.grads.push_back(Tensor::zeros({c, heads * d}, DType::kF32));
+    attention.o_proj = std::make_unique<Fp8Linear>(
+        Linear(host_tensor(random_values(c * heads * d, 66, 0.05f), {c, heads * d}), r.grads.back()), scaling,
+        "model.layers.0.self_attn.o_proj");
+    attention.heads = heads;
+    attention.kv_heads = kv_heads;
+    attention.head_dim = d;
+    const RopeTable rope = make_rope_table(d, seq, RopeConfig{});
+    Tensor input = host_tensor(x, {batch * seq, c});
+    AttentionSaved saved;
+    attention.forward(input, batch, rope, PackedSequence{}, saved);
+    EXPECT_FALSE(saved.input.defined()) << "the input kept in bf16 beside its codes";
+    EXPECT_TRUE(saved.qkv_input.input_dropped);
+    EXPECT_FALSE(saved.o_input.input_dropped) << "the attention output is attention's backward's too";
+    EXPECT_TRUE(saved.out.defined());
+    if (overwrite_x) std::fill(input.f32(), input.f32() + input.numel(), 1e6f);
+    r.dx = attention.backward(host_tensor(dy, {batch * seq, c}), rope, PackedSequence{}, saved);
+    return r;
+  };
+  const Run kept = run(false), overwritten = run(true);
+  EXPECT_EQ(values_of(overwritten.dx), values_of(kept.dx));
+  for (size_t i = 0; i < kept.grads.size(); ++i) {
+    EXPECT_EQ(values_of(overwritten.grads[i]), values_of(kept.grads[i])) << "gradient " << i;
   }
 }
 
