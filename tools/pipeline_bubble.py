@@ -42,15 +42,12 @@ def steps_of(path):
     if origin != origin:
         sys.exit(f"{path}: no otherData.host_monotonic_origin_us (a trace from before it was recorded)")
     events = [e for e in doc["traceEvents"] if e.get("ph") == "X" and e.get("pid") == 1]
+    computations = sorted(((e, m) for e in events if (m := STAGE_SPAN.match(e["name"]))), key=lambda pair: pair[0]["ts"])
     out = []
     for step in sorted((e for e in events if e["name"] == "pipeline"), key=lambda e: e["ts"]):
         begin, end = step["ts"], step["ts"] + step["dur"]
-        spans = []
-        for e in sorted(events, key=lambda e: e["ts"]):
-            match = STAGE_SPAN.match(e["name"])
-            if match and begin <= e["ts"] and e["ts"] + e["dur"] <= end:
-                spans.append((e["dur"], match.group(2) == "backward", int(match.group(1)), int(match.group(3)),
-                              int(match.group(4))))
+        spans = [(e["dur"], match.group(2) == "backward", int(match.group(1)), int(match.group(3)), int(match.group(4)))
+                 for e, match in computations if begin <= e["ts"] and e["ts"] + e["dur"] <= end]
         compute = sum(span[0] for span in spans)
         if compute > 0:
             out.append((origin + begin, origin + end, compute, spans))
@@ -62,7 +59,7 @@ def replay(step_spans, stages, chunks):
     arrived, transfers taking no time, in the order and with the durations measured: what the measured compute alone
     explains (stages of unequal compute, a slow micro-batch), without communication or the host's gaps."""
     last = stages * chunks - 1
-    queues = [list(spans) for spans in step_spans]
+    queues = step_spans
     finished, free_at, position = {}, [0.0] * len(queues), [0] * len(queues)
     moved = True
     while moved:
