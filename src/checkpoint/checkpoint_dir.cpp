@@ -80,16 +80,18 @@ std::string trainer_state_text(const TrainerState& state, int format_version) {
                   {"consumed_train_samples", state.consumed_train_samples},
                   {"optimizer_steps", state.optimizer_steps},
                   {"seed", state.seed}};
-  if (!state.fp8_scaling.empty()) {
-    json records = json::array();
-    for (const Fp8ScalingRecord& r : state.fp8_scaling) {
-      json history = json::array();
-      for (const float v : r.amax_history) history.push_back(std::isnan(v) ? json(nullptr) : json(v));
-      records.push_back({{"name", r.name}, {"amax_history", history}, {"scale", r.scale}});
-    }
-    trainer["fp8_scaling"] = records;
-  }
+  if (!state.fp8_scaling.empty()) trainer["fp8_scaling"] = json::parse(fp8_scaling_text(state.fp8_scaling));
   return trainer.dump(2) + "\n";
+}
+
+std::string fp8_scaling_text(const std::vector<Fp8ScalingRecord>& records) {
+  json out = json::array();
+  for (const Fp8ScalingRecord& r : records) {
+    json history = json::array();
+    for (const float v : r.amax_history) history.push_back(std::isnan(v) ? json(nullptr) : json(v));
+    out.push_back({{"name", r.name}, {"amax_history", history}, {"scale", r.scale}});
+  }
+  return out.dump();
 }
 
 std::string hf_config_json_text(const ModelArgs& args) { return hf_config_from_model(args).dump(2) + "\n"; }

@@ -59,6 +59,10 @@ class ManifestFiles {
 };
 
 std::string trainer_state_text(const TrainerState& state, int format_version);
+// trainer_state.json's fp8_scaling, a JSON array of {name, amax_history: [amax or null for NaN, ...], scale}, and
+// back: every field checked (RuntimeError naming `where` and the entry). Pipeline stages exchange theirs so too.
+std::string fp8_scaling_text(const std::vector<Fp8ScalingRecord>& records);
+std::vector<Fp8ScalingRecord> parse_fp8_scaling(const std::string& text, const std::string& where);
 // config.json beside fp32 weights: the Hugging Face config of `args`, pretty-printed.
 std::string hf_config_json_text(const ModelArgs& args);
 // Every field range-checked (checkpoint_verify.cpp): RuntimeError naming the file and the key.

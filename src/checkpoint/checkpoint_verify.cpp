@@ -207,7 +207,6 @@ void verify_checkpoint(const std::string& checkpoint_dir, const CheckpointProgre
 
 namespace {
 
-// trainer_state.json's fp8_scaling: [{name, amax_history: [amax or null for NaN, ...], scale}, ...].
 std::vector<Fp8ScalingRecord> read_fp8_scaling(const json& records, const std::string& file) {
   if (!records.is_array()) throw RuntimeError(fmt::format("{}: fp8_scaling must be a JSON array", file));
   std::vector<Fp8ScalingRecord> out;
@@ -240,6 +239,12 @@ std::vector<Fp8ScalingRecord> read_fp8_scaling(const json& records, const std::s
 }
 
 }  // namespace
+
+std::vector<Fp8ScalingRecord> parse_fp8_scaling(const std::string& text, const std::string& where) {
+  const json records = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (records.is_discarded()) throw RuntimeError(fmt::format("{}: fp8_scaling is not JSON", where));
+  return read_fp8_scaling(records, where);
+}
 
 TrainerState read_trainer_state(const std::string& checkpoint_dir) {
   const std::string state_file = checkpoint_dir + "/trainer_state.json";

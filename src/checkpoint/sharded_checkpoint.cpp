@@ -3,7 +3,6 @@
 #include "checkpoint/sharded_checkpoint.h"
 
 #include <algorithm>
-#include <cstring>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -14,6 +13,7 @@
 #include "checkpoint/tensor_catalog.h"
 #include "core/error.h"
 #include "ops/ops.h"
+#include "parallel/gather_text.h"
 
 namespace primus {
 
@@ -23,21 +23,7 @@ using json = nlohmann::json;
 namespace {
 
 // Fields of the record each rank all_gathers after writing its shard.
-enum RecordField : int64_t { kOk, kBytes, kCrc32c, kDescriptionBytes, kRecordFields };
-
-// Collectives on host vectors; the communicator's buffers live on its device.
-std::vector<int64_t> all_gather_i64(Communicator& group, const std::vector<int64_t>& mine) {
-  const auto n = static_cast<int64_t>(mine.size());
-  Tensor host = Tensor::empty({n}, DType::kI64);
-  std::copy(mine.begin(), mine.end(), static_cast<int64_t*>(host.data()));
-  const Tensor in = ops::to_device(host, group.device());
-  Tensor out = Tensor::empty({n * group.size()}, DType::kI64, group.device());
-  group.all_gather(in, out);
-  if (!group.device().is_cpu()) ops::synchronize(group.device());
-  const Tensor back = ops::to_device(out, kCpuDevice);
-  const auto* values = static_cast<const int64_t*>(back.data());
-  return std::vector<int64_t>(values, values + n * group.size());
-}
+enum RecordField : int64_t { kOk, kBytes, kCrc32c, kRecordFields };
 
 int64_t broadcast_i64(Communicator& group, int64_t value, int root) {
   Tensor host = Tensor::empty({1}, DType::kI64);
@@ -165,20 +151,6 @@ std::vector<PieceRecord> parse_description(const std::string& text) {
                                   p[5].get<int64_t>(), p[6].get<std::string>()});
   }
   return records;
-}
-
-// Text through an int64 all_gather: each rank's bytes packed into `words` words (the longest rank's count).
-std::vector<std::string> all_gather_text(Communicator& group, const std::string& mine, int64_t words,
-                                         const std::vector<int64_t>& lengths) {
-  std::vector<int64_t> packed(static_cast<size_t>(words), 0);
-  std::memcpy(packed.data(), mine.data(), mine.size());
-  const std::vector<int64_t> all = all_gather_i64(group, packed);
-  std::vector<std::string> texts;
-  for (int r = 0; r < group.size(); ++r) {
-    const char* bytes = reinterpret_cast<const char*>(all.data() + static_cast<size_t>(r * words));
-    texts.emplace_back(bytes, static_cast<size_t>(lengths[static_cast<size_t>(r)]));
-  }
-  return texts;
 }
 
 // Every tensor's pieces over the ranks, by name.
@@ -368,22 +340,17 @@ int64_t CheckpointSave::finish() {
     throw abandon(error);
   }
 
-  // Every rank learns how every rank fared, and how long its description of its pieces is.
+  // Every rank learns how every rank fared.
   Communicator& group = *group_;
   const std::string description = describe(piece_records(params, pieces_));
   const DataFile shard = written_ok_ ? written_.front() : DataFile{};
   const std::vector<int64_t> records =
-      all_gather_i64(group, {ok, static_cast<int64_t>(shard.bytes), static_cast<int64_t>(shard.crc32c),
-                             static_cast<int64_t>(description.size())});
+      all_gather_i64(group, {ok, static_cast<int64_t>(shard.bytes), static_cast<int64_t>(shard.crc32c)});
   auto field = [&](int r, RecordField f) { return records[static_cast<size_t>(r * kRecordFields + f)]; };
   std::vector<int> failed;
-  int64_t max_words = 0;
   int64_t total_bytes = 0;
-  std::vector<int64_t> lengths;
   for (int r = 0; r < size; ++r) {
     if (field(r, kOk) == 0) failed.push_back(r);
-    lengths.push_back(field(r, kDescriptionBytes));
-    max_words = std::max(max_words, (lengths.back() + 7) / 8);
     total_bytes += field(r, kBytes);
   }
   if (!failed.empty()) {
@@ -393,7 +360,7 @@ int64_t CheckpointSave::finish() {
   }
 
   // Every rank's pieces: rank 0 indexes them, and every rank checks that they hold every tensor's elements once.
-  const std::vector<std::string> descriptions = all_gather_text(group, description, max_words, lengths);
+  const std::vector<std::string> descriptions = all_gather_text(group, description);
   TensorPieces tensors;
   bool boxes = false;
   for (int r = 0; r < size; ++r) {

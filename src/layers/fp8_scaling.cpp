@@ -23,7 +23,7 @@ int Fp8Scaling::add_tensor(const std::string& name, Fp8Role role) {
     PRIMUS_CHECK(entries_[i].group == group, "[fp8] {} added again in another format", name);
     return static_cast<int>(i);
   }
-  entries_.push_back(Entry{name, group, groups_[group].count++});
+  entries_.push_back(Entry{name, group, groups_[group].count++, role});
   return static_cast<int>(entries_.size()) - 1;
 }
 
@@ -62,6 +62,7 @@ Tensor Fp8Scaling::scale_inv(int handle) const {
 }
 
 void Fp8Scaling::record_amax(int handle, const Tensor& x) {
+  if (inputs_paused_ && entries_[handle].role == Fp8Role::kInput) return;
   Group& g = group_of(handle);
   Tensor slot = g.step_amax.slice_elements(entries_[handle].column, {1, 1});
   ops::fp8_amax(x, Fp8Tiling{}, slot, /*transposed=*/false, /*accumulate=*/true);
@@ -145,8 +146,8 @@ void Fp8Scaling::restore(const std::vector<Fp8ScalingRecord>& records) {
     const Entry& e = entries_[i];
     const Fp8ScalingRecord& r = records[i];
     if (r.name != e.name) {
-      throw RuntimeError(fmt::format("[fp8] the checkpoint's scaling state {} is {} here (another model?)", i, e.name,
-                                     r.name));
+      throw RuntimeError(
+          fmt::format("[fp8] the checkpoint's scaling state {} is {}, here {} (another model?)", i, r.name, e.name));
     }
     if (static_cast<int64_t>(r.amax_history.size()) != len) {
       throw RuntimeError(fmt::format("[fp8] {}: the checkpoint's amax history holds {} steps but fp8_amax_history_len "

@@ -58,8 +58,12 @@ class Fp8Scaling {
   // The step's scale and 1/scale of tensor `handle` ([1, 1] views, valid until end_step writes the next ones).
   Tensor scale(int handle) const;
   Tensor scale_inv(int handle) const;
-  // The step's slot of `handle` ← max(slot, amax of x [R, C]).
+  // The step's slot of `handle` ← max(slot, amax of x [R, C]); for an input, nothing while inputs are paused.
   void record_amax(int handle, const Tensor& x);
+  // Evaluation's forwards run with the inputs' recording paused: evaluating must not change how the run trains (a
+  // run resumed from a checkpoint written after an evaluation would otherwise scale its next step differently). The
+  // weights' amaxes are still recorded: their codes made there serve the next training step.
+  void pause_input_recording(bool paused) { inputs_paused_ = paused; }
 
   // The end of an optimizer step: every slot combined by `reduce_max` (an in-place max over the data-parallel
   // ranks; null at one rank), then the next step's scales and the window moved on. Collective when reduce_max is.
@@ -92,6 +96,7 @@ class Fp8Scaling {
     std::string name;
     int group = 0;
     int64_t column = 0;
+    Fp8Role role = Fp8Role::kInput;
   };
   Group& group_of(int handle);
   const Group& group_of(int handle) const;
@@ -103,6 +108,7 @@ class Fp8Scaling {
   std::vector<Entry> entries_;
   int64_t head_ = 0;           // the history row of the step in progress
   bool allocated_ = false;
+  bool inputs_paused_ = false;
   uint64_t weights_generation_ = 0;
   Tensor non_finite_;          // [1] i32
 };

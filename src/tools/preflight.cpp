@@ -16,6 +16,7 @@
 #include "ops/ops.h"
 #include "parallel/comm_benchmark.h"
 #include "parallel/distributed_env.h"
+#include "parallel/gather_text.h"
 #include "tools/build_info.h"
 #include "tools/preflight_checks.h"
 
@@ -85,37 +86,6 @@ PreflightCheck check_from_json(const nlohmann::json& j) {
   c.rank = j.at("rank");
   c.host = j.at("host");
   return c;
-}
-
-// Every rank's text, in rank order, on every rank: lengths first, then the bytes (one per i32 element, the
-// communicators' smallest integer type; reports are a few KiB) padded to the longest.
-std::vector<std::string> all_gather_text(Communicator& comm, const std::string& text) {
-  const int n = comm.size();
-  const Device device = comm.device();
-  auto gather = [&](const Tensor& host_in, DType dtype, int64_t count) {
-    Tensor in = ops::to_device(host_in, device);
-    Tensor out = ops::zeros({count * n}, dtype, device);
-    comm.all_gather(in, out);
-    return ops::to_device(out, kCpuDevice);
-  };
-  Tensor length = Tensor::empty({1}, DType::kI64);
-  *static_cast<int64_t*>(length.data()) = static_cast<int64_t>(text.size());
-  Tensor lengths = gather(length, DType::kI64, 1);
-  const int64_t* ls = static_cast<const int64_t*>(lengths.data());
-  int64_t longest = 1;
-  for (int r = 0; r < n; ++r) longest = std::max(longest, ls[r]);
-  Tensor bytes = Tensor::empty({longest}, DType::kI32);
-  int32_t* b = static_cast<int32_t*>(bytes.data());
-  for (int64_t i = 0; i < longest; ++i) {
-    b[i] = i < static_cast<int64_t>(text.size()) ? static_cast<unsigned char>(text[static_cast<size_t>(i)]) : 0;
-  }
-  Tensor all = gather(bytes, DType::kI32, longest);
-  const int32_t* a = static_cast<const int32_t*>(all.data());
-  std::vector<std::string> texts(static_cast<size_t>(n));
-  for (int r = 0; r < n; ++r) {
-    for (int64_t i = 0; i < ls[r]; ++i) texts[r].push_back(static_cast<char>(a[r * longest + i]));
-  }
-  return texts;
 }
 
 // nccl-tests' all-reduce over the world at one size (comm_benchmark), as one check.

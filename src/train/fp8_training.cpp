@@ -2,19 +2,22 @@
 
 #include <spdlog/spdlog.h>
 
+#include <map>
+
+#include "checkpoint/checkpoint_dir.h"
 #include "core/error.h"
 #include "layers/fp8_linear.h"
+#include "parallel/gather_text.h"
 
 namespace primus {
 
-namespace {
-
-// The transformer layer index in a module name "model.layers.{i}.…", or -1.
-int64_t layer_index(const std::string& name) {
+int64_t transformer_layer_index(const std::string& name) {
   const std::string prefix = "model.layers.";
   if (name.rfind(prefix, 0) != 0) return -1;
   return std::stoll(name.substr(prefix.size()));
 }
+
+namespace {
 
 // The name of a module's input in the delayed recipe's state: q, k and v_proj read one input (Attention passes them
 // one LinearSaved), so they share q_proj's, as they share its codes.
@@ -28,7 +31,7 @@ std::string input_name(const std::string& module) {
 }  // namespace
 
 bool in_fp8_layer(const std::string& name, int64_t num_layers, const TrainingArgs& t) {
-  const int64_t layer = layer_index(name);
+  const int64_t layer = transformer_layer_index(name);
   const int64_t bf16_start = t.first_last_layers_bf16 ? t.num_layers_at_start_in_bf16 : 0;
   const int64_t bf16_end = t.first_last_layers_bf16 ? t.num_layers_at_end_in_bf16 : 0;
   return layer >= bf16_start && layer < num_layers - bf16_end;
@@ -49,16 +52,16 @@ Fp8Recipe fp8_recipe(const TrainingArgs& t) {
 
 std::string fp8_layout_refusal(const TrainingArgs& t) {
   if (t.fp8_format.empty()) return "";
-  // Under these the amaxes of one tensor are split over ranks (tp, cp, ep) or the layers' scaling state over stages
-  // (pp, whose checkpoint the first stage writes) or the modules rebound per unit (FSDP); not combined yet.
+  // Under these the amaxes of one tensor are split over ranks (tp, cp, ep) or the modules rebound per unit (FSDP);
+  // not combined yet. Pipeline stages hold whole layers, so each quantises its own tensors as one rank would.
   for (const auto& [size, key] : {std::pair{t.tensor_model_parallel_size, "tensor_model_parallel_size"},
-                                  std::pair{t.pipeline_model_parallel_size, "pipeline_model_parallel_size"},
                                   std::pair{t.context_parallel_size, "context_parallel_size"},
                                   std::pair{t.expert_model_parallel_size, "expert_model_parallel_size"}}) {
     if (size > 1) {
-      return fmt::format("fp8_format {} with {} {}: fp8 runs with data parallelism (and the distributed optimizer) "
-                         "only so far; set {}: 1 or leave fp8_format unset",
-                         t.fp8_format, key, size, key);
+      return fmt::format(
+          "fp8_format {} with {} {}: fp8 runs with data parallelism (and the distributed optimizer) "
+          "and pipeline parallelism only so far; set {}: 1 or leave fp8_format unset",
+          t.fp8_format, key, size, key);
     }
   }
   if (t.use_megatron_fsdp) {
@@ -93,7 +96,8 @@ std::shared_ptr<Fp8Scaling> enable_fp8(Model& model, const TrainingArgs& t, Devi
   return scaling;
 }
 
-void restore_fp8_scaling(Fp8Scaling* scaling, const std::vector<Fp8ScalingRecord>& records, bool resumed) {
+void restore_fp8_scaling(Fp8Scaling* scaling, const std::vector<Fp8ScalingRecord>& records, bool resumed,
+                         bool whole_model) {
   const bool keeps_state = scaling != nullptr && scaling->tensor_count() > 0;
   if (!records.empty() && !keeps_state) {
     spdlog::info("fp8: the checkpoint's delayed-scaling state ({} tensors) is not used: this run {}", records.size(),
@@ -105,8 +109,36 @@ void restore_fp8_scaling(Fp8Scaling* scaling, const std::vector<Fp8ScalingRecord
     if (resumed) spdlog::info("fp8: the checkpoint has no delayed-scaling state; the scales start at 1");
     return;
   }
-  scaling->restore(records);
-  spdlog::info("fp8: delayed-scaling state of {} tensors restored from the checkpoint", records.size());
+  if (whole_model && records.size() != static_cast<size_t>(scaling->tensor_count())) {
+    throw RuntimeError(fmt::format("[fp8] the checkpoint holds the scaling state of {} tensors, the model quantises {}",
+                                   records.size(), scaling->tensor_count()));
+  }
+  // Each tensor's record by name: the checkpoint lists them in the order of the stages that wrote it, and a pipeline
+  // stage (not `whole_model`) finds its own among every stage's.
+  std::map<std::string, const Fp8ScalingRecord*> by_name;
+  for (const Fp8ScalingRecord& r : records) by_name[r.name] = &r;
+  std::vector<Fp8ScalingRecord> mine;
+  for (const Fp8ScalingRecord& own : scaling->records()) {
+    const auto it = by_name.find(own.name);
+    if (it == by_name.end()) {
+      throw RuntimeError(fmt::format("[fp8] the checkpoint holds no scaling state for {} (another model?)", own.name));
+    }
+    mine.push_back(*it->second);
+  }
+  scaling->restore(mine);
+  spdlog::info("fp8: delayed-scaling state of {} tensors restored from the checkpoint", scaling->tensor_count());
+}
+
+std::vector<Fp8ScalingRecord> fp8_records_of_all_stages(const Fp8Scaling& scaling, Communicator& pp) {
+  std::vector<Fp8ScalingRecord> all = scaling.records();
+  if (pp.size() == 1) return all;
+  all.clear();
+  for (const std::string& text : all_gather_text(pp, fp8_scaling_text(scaling.records()))) {
+    for (Fp8ScalingRecord& r : parse_fp8_scaling(text, "a pipeline stage's fp8 scaling state")) {
+      all.push_back(std::move(r));
+    }
+  }
+  return all;
 }
 
 void fp8_end_step(Fp8Scaling* scaling, DataParallel& dp) {

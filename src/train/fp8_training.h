@@ -20,6 +20,9 @@ Fp8Recipe fp8_recipe(const TrainingArgs& t);
 // Why fp8 cannot run under this layout yet (UsageError text naming the key), or "" when it can.
 std::string fp8_layout_refusal(const TrainingArgs& t);
 
+// The transformer layer index in a module or parameter name "model.layers.{i}.…", or -1.
+int64_t transformer_layer_index(const std::string& name);
+
 // Whether a module or parameter named "model.layers.{i}.…" belongs to a layer enable_fp8 puts on fp8 GEMMs: a
 // transformer layer outside first_last_layers_bf16 (multi-token prediction's, numbered from num_layers, excepted).
 bool in_fp8_layer(const std::string& name, int64_t num_layers, const TrainingArgs& t);
@@ -31,8 +34,14 @@ std::shared_ptr<Fp8Scaling> enable_fp8(Model& model, const TrainingArgs& t, Devi
 
 // After enable_fp8, on a resumed run: the checkpoint's delayed-scaling state (empty when it has none: a bf16
 // checkpoint, or a current-scaling recipe) set into `scaling`, or why it is not, logged. RuntimeError when the
-// checkpoint's tensors or window lengths differ from this run's.
-void restore_fp8_scaling(Fp8Scaling* scaling, const std::vector<Fp8ScalingRecord>& records, bool resumed);
+// checkpoint's tensors or window lengths differ from this run's. A pipeline stage (not `whole_model`) takes the
+// records of its own tensors by name (a checkpoint holds every stage's, whatever layout wrote it).
+void restore_fp8_scaling(Fp8Scaling* scaling, const std::vector<Fp8ScalingRecord>& records, bool resumed,
+                         bool whole_model);
+
+// What a checkpoint stores: the delayed-scaling state of every stage's tensors, in stage order (gathered over `pp`,
+// this rank's pipeline group; the rank's own at pp 1). Collective over pp.
+std::vector<Fp8ScalingRecord> fp8_records_of_all_stages(const Fp8Scaling& scaling, Communicator& pp);
 
 // The end of an optimizer step: the delayed recipe's amaxes combined over the data-parallel group and its next
 // scales set (nothing for the current-scaling recipes). Collective over dp.

@@ -75,23 +75,27 @@ ParameterCount parameter_count(const ModelArgs& args, int64_t ep) {
 
 // fp8 (memory_report.h): the codes of the fp8 Linear weights (those enable_fp8 replaces: the `_proj` modules of the
 // transformer layers outside first_last_layers_bf16, routed experts excepted), the inputs' codes one micro-batch
-// keeps for backward, and the bf16 inputs those codes replace (layers/attention.cpp: drop_unread_input).
+// keeps for backward, and the bf16 inputs those codes replace (layers/attention.cpp: drop_unread_input). Of the layers
+// this rank holds: `held` by whole-model index (a pipeline stage's), empty for all.
 void plan_fp8_codes(MemoryPlan& plan, const ModelArgs& m, const TrainingArgs& t, const RecomputeConfig& recompute,
-                    int64_t tokens) {
+                    int64_t tokens, const std::vector<bool>& held = {}) {
   if (t.fp8_format.empty()) return;
   const int64_t first = t.first_last_layers_bf16 ? t.num_layers_at_start_in_bf16 : 0;
   const int64_t end = m.num_layers - (t.first_last_layers_bf16 ? t.num_layers_at_end_in_bf16 : 0);
+  auto holds = [&](int64_t layer) { return held.empty() || held[static_cast<size_t>(layer)]; };
   for (const ParamSpec& spec : model_family(m).param_specs(m)) {
     if (spec.name.ends_with("_proj.weight") && in_fp8_layer(spec.name, m.num_layers, t) &&
-        !is_routed_expert(spec.name)) {
+        holds(transformer_layer_index(spec.name)) && !is_routed_expert(spec.name)) {
       plan.fp8_weight_codes_bytes += 2 * shape_numel(spec.shape);
     }
   }
   const bool selective = recompute.granularity == RecomputeConfig::Granularity::kSelective;
   // Per token of a layer: the elements whose codes are kept, and the bf16 elements freed for them (attention's and
   // the dense MLP's inputs, the SwiGLU product; a MoE layer's input stays, its router reads it).
-  int64_t largest_codes = 0, all_codes = 0, largest_freed = 0, all_freed = 0;
+  int64_t largest_codes = 0, all_codes = 0, largest_freed = 0, all_freed = 0, layers = 0;
   for (int64_t i = first; i < end; ++i) {
+    if (!holds(i)) continue;
+    ++layers;
     int64_t codes = m.multi_latent_attention ? 0 : m.hidden_size + m.num_attention_heads * m.kv_channels;
     int64_t freed = m.multi_latent_attention ? 0 : m.hidden_size;
     if (!m.is_moe_layer(i)) {
@@ -107,7 +111,7 @@ void plan_fp8_codes(MemoryPlan& plan, const ModelArgs& m, const TrainingArgs& t,
     all_freed += freed;
   }
   const bool full = recompute.granularity == RecomputeConfig::Granularity::kFull;
-  const int64_t chunk_layers = std::min(recompute.num_layers, end - first);
+  const int64_t chunk_layers = std::min(recompute.num_layers, layers);
   const int64_t codes = full ? chunk_layers * largest_codes : all_codes;
   const int64_t freed = full ? chunk_layers * largest_freed : all_freed;
   plan.fp8_input_codes_bytes = std::max<int64_t>(0, codes) * tokens * plan.micro_batches_in_flight;
@@ -285,6 +289,7 @@ struct StageShare {
   int64_t expert_parameters = 0;  // of them, routed experts
   int64_t layers = 0;
   std::vector<int64_t> moe_layers;  // per layer held, in order: 1 when it is a MoE layer
+  std::vector<bool> held;           // by the whole model's layer index
   int chunks = 1;
   std::string description;
 };
@@ -301,7 +306,8 @@ StageShare stage_share(const ModelArgs& args, const TrainingArgs& t, int stage) 
                                                                     t.decoder_last_pipeline_num_layers});
   StageShare share;
   share.chunks = vpp;
-  std::vector<bool> held(static_cast<size_t>(args.num_layers), false);
+  std::vector<bool>& held = share.held;
+  held.assign(static_cast<size_t>(args.num_layers), false);
   std::string ranges;
   for (int v = 0; v < vpp; ++v) {
     const LayerRange r = layout[static_cast<size_t>(v * pp + stage)];
@@ -318,8 +324,7 @@ StageShare stage_share(const ModelArgs& args, const TrainingArgs& t, int stage) 
   const bool mtp = args.mtp_num_layers > 0;
   for (const ParamSpec& spec : model_family(args).param_specs(args)) {
     bool mine;
-    if (spec.name.rfind("model.layers.", 0) == 0) {
-      const int64_t layer = std::stoll(spec.name.substr(13));
+    if (const int64_t layer = transformer_layer_index(spec.name); layer >= 0) {
       mine = layer < args.num_layers ? held[static_cast<size_t>(layer)] : last;  // beyond: the modules
     } else if (spec.name == "model.embed_tokens.weight") {
       mine = first || (last && (tied || mtp));
@@ -440,7 +445,7 @@ MemoryPlan plan_memory(const ModelArgs& whole, const TrainingArgs& t, Device dev
   const int64_t extra = (virtual_in_flight - v) * plan.activations.layers_saved_bytes / v;
   plan.activations.saved_bytes += extra;
   plan.activations.peak_bytes += extra;
-  plan_fp8_codes(plan, args, t, recompute, plan.activations.tokens);
+  plan_fp8_codes(plan, args, t, recompute, plan.activations.tokens, share->held);
   return plan;
 }
 

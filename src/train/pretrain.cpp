@@ -280,7 +280,7 @@ int run_training(const ExperimentConfig& config, const RunOptions& options, std:
   broadcast_tied_embedding(model, pipeline);  // the last stage's copy starts as the first stage's embedding
   weights_ready(model, *dp);
   const std::shared_ptr<Fp8Scaling> fp8 = enable_fp8(model, t, device);
-  restore_fp8_scaling(fp8.get(), state.fp8_scaling, latest.has_value());
+  restore_fp8_scaling(fp8.get(), state.fp8_scaling, latest.has_value(), !pipeline.active());
   spdlog::info("model: {} layers, hidden {}, heads {}/{} (q/kv), head dim {}, ffn {}, vocab {}, {} parameters",
                model_args.num_layers, model_args.hidden_size, model_args.num_attention_heads,
                model_args.num_query_groups, model_args.kv_channels, model_args.ffn_hidden_size, model_args.vocab_size,
@@ -343,7 +343,7 @@ int run_training(const ExperimentConfig& config, const RunOptions& options, std:
     }
     state.consumed_train_samples = loader.consumed_samples();
     state.optimizer_steps = optimizer.steps_taken();
-    state.fp8_scaling = fp8 ? fp8->records() : std::vector<Fp8ScalingRecord>();
+    state.fp8_scaling = fp8 ? fp8_records_of_all_stages(*fp8, *groups.pp) : std::vector<Fp8ScalingRecord>();
     // Every rank writes its pieces in parallel (its data-parallel shard of its tensor-parallel part); rank 0
     // commits once all are on disk (a world of one writes the single-file format Hugging Face reads).
     saver.save(state);
@@ -404,7 +404,9 @@ int run_training(const ExperimentConfig& config, const RunOptions& options, std:
 
     std::optional<double> eval_loss;
     if (when.eval_at(step)) {
+      if (fp8) fp8->pause_input_recording(true);
       eval_loss = evaluate(model, *dp, *data.valid, t, split, packing, &pipeline);
+      if (fp8) fp8->pause_input_recording(false);
     }
     if (log_step || eval_loss) {
       StepMetrics m;

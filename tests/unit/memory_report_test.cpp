@@ -318,6 +318,17 @@ TEST(MemoryPlan, Fp8CountsTheCodesOfItsWeightsAndOfItsInputs) {
   EXPECT_EQ(kept.fp8_weight_codes_bytes, 2 * 14 * layer_weights);
   EXPECT_EQ(kept.fp8_input_codes_bytes, 14 * (layer_inputs - 8192) * 4 * 4096);
   EXPECT_EQ(kept.fp8_freed_inputs_bytes, 14 * (layer_freed - 8192) * 2 * 4 * 4096);
+
+  // A pipeline stage counts its own layers' codes: at pp 2 (8 micro-batches a step) stage 0 holds layers 0-7 (1-7 in
+  // fp8) and keeps 2 micro-batches in flight, stage 1 layers 8-15 (8-14 in fp8) and one.
+  t.pipeline_model_parallel_size = 2;
+  t.global_batch_size = 32;
+  for (const auto& [stage, in_flight] : {std::pair{0, 2}, std::pair{1, 1}}) {
+    const MemoryPlan staged = plan_memory(args, t, kCpuDevice, DType::kBF16, stage);
+    ASSERT_EQ(staged.micro_batches_in_flight, in_flight) << "stage " << stage;
+    EXPECT_EQ(staged.fp8_weight_codes_bytes, 2 * 7 * layer_weights) << "stage " << stage;
+    EXPECT_EQ(staged.fp8_input_codes_bytes, 7 * (layer_inputs - 8192) * 4 * 4096 * in_flight) << "stage " << stage;
+  }
 }
 
 // The distributed optimizer keeps 1/dp of the AdamW state per rank (its shards of every bucket), plus the staging
