@@ -52,15 +52,16 @@ Fp8Recipe fp8_recipe(const TrainingArgs& t) {
 
 std::string fp8_layout_refusal(const TrainingArgs& t) {
   if (t.fp8_format.empty()) return "";
-  // Under these the amaxes of one tensor are split over ranks (tp, cp, ep) or the modules rebound per unit (FSDP);
-  // not combined yet. Pipeline stages hold whole layers, so each quantises its own tensors as one rank would.
+  // Under these the amaxes of one tensor are split over ranks (tp, cp) or the modules rebound per unit (FSDP); not
+  // combined yet. Pipeline stages hold whole layers, so each quantises its own tensors as one rank would; expert
+  // parallelism splits only the routed experts, which stay in the compute dtype, and the delayed recipe's amaxes are
+  // combined over every data-parallel rank, expert-parallel ones included.
   for (const auto& [size, key] : {std::pair{t.tensor_model_parallel_size, "tensor_model_parallel_size"},
-                                  std::pair{t.context_parallel_size, "context_parallel_size"},
-                                  std::pair{t.expert_model_parallel_size, "expert_model_parallel_size"}}) {
+                                  std::pair{t.context_parallel_size, "context_parallel_size"}}) {
     if (size > 1) {
       return fmt::format(
-          "fp8_format {} with {} {}: fp8 runs with data parallelism (and the distributed optimizer) "
-          "and pipeline parallelism only so far; set {}: 1 or leave fp8_format unset",
+          "fp8_format {} with {} {}: fp8 runs with data parallelism (and the distributed optimizer), "
+          "pipeline and expert parallelism only so far; set {}: 1 or leave fp8_format unset",
           t.fp8_format, key, size, key);
     }
   }

@@ -100,5 +100,22 @@ TEST_F(Fp8DataParallel, DelayedScalingStateResumesAcrossPipelineLayouts) {
   testing::expect_resumes("fp8_pp_from_one", shape, 1, {}, {{2, kTwoStages}});
 }
 
+// Expert parallelism splits the routed experts, which stay in bf16; attention and the dense MLPs on fp8 see each
+// rank's own micro-batches, as under data parallelism, and the delayed amaxes combine over all the ranks.
+TEST_F(Fp8DataParallel, ExpertParallelismScalesAsOneRank) {
+  // Mixtral-style: 4 layers, every other one MoE (4 experts, top 2), the others dense.
+  const std::vector<std::string> moe{
+      "num_layers=4",           "vocab_size=384",   "num_experts=4",          "moe_router_topk=2",
+      "moe_ffn_hidden_size=48", "moe_layer_freq=2", "moe_aux_loss_coeff=0.0", "lr=1.0e-3"};
+  const std::vector<std::string> tensorwise{"fp8_format=hybrid", "fp8_recipe=tensorwise"};
+  for (const auto& [name, recipe] : {std::pair{"delayed", kDelayed}, std::pair{"tensorwise", tensorwise}}) {
+    const RunResult one = train(fmt::format("fp8_ep_one_{}", name), 1, with(moe, recipe));
+    if (HasFatalFailure()) return;
+    expect_same_fp8_run(
+        one, train(fmt::format("fp8_ep2_{}", name), 2, with(moe, with(recipe, {"expert_model_parallel_size=2"}))),
+        fmt::format("fp8 {}, ep 2", name));
+  }
+}
+
 }  // namespace
 }  // namespace primus
