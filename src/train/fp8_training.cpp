@@ -52,18 +52,20 @@ Fp8Recipe fp8_recipe(const TrainingArgs& t) {
 
 std::string fp8_layout_refusal(const TrainingArgs& t) {
   if (t.fp8_format.empty()) return "";
-  // Under these the amaxes of one tensor are split over ranks (tp, cp) or the modules rebound per unit (FSDP); not
-  // combined yet. Pipeline stages hold whole layers, so each quantises its own tensors as one rank would; expert
-  // parallelism splits only the routed experts, which stay in the compute dtype, and the delayed recipe's amaxes are
-  // combined over every data-parallel rank, expert-parallel ones included.
-  for (const auto& [size, key] : {std::pair{t.tensor_model_parallel_size, "tensor_model_parallel_size"},
-                                  std::pair{t.context_parallel_size, "context_parallel_size"}}) {
-    if (size > 1) {
-      return fmt::format(
-          "fp8_format {} with {} {}: fp8 runs with data parallelism (and the distributed optimizer), "
-          "pipeline and expert parallelism only so far; set {}: 1 or leave fp8_format unset",
-          t.fp8_format, key, size, key);
-    }
+  // Pipeline stages hold whole layers, so each quantises its own tensors as one rank would; expert parallelism splits
+  // only the routed experts, which stay in the compute dtype; the delayed recipe's amaxes are combined over every
+  // data-parallel rank, expert- and context-parallel ones included (DataParallel spans dp × cp). Not yet: tensor
+  // parallelism (its column- and row-parallel modules would need fp8 counterparts) and FSDP (it rebinds the modules).
+  if (t.tensor_model_parallel_size > 1) {
+    return fmt::format("fp8_format {} with tensor_model_parallel_size {}: fp8 runs with data, pipeline, expert and "
+                       "context parallelism only so far; set tensor_model_parallel_size: 1 or leave fp8_format unset",
+                       t.fp8_format, t.tensor_model_parallel_size);
+  }
+  if (t.context_parallel_size > 1 && t.fp8_recipe != "delayed") {
+    return fmt::format("fp8_recipe {} with context_parallel_size {}: current scaling would scale each rank's chunk of "
+                       "the sequence on its own amax, unlike one rank; use fp8_recipe: delayed (its amaxes are "
+                       "combined over the context-parallel ranks) or context_parallel_size: 1",
+                       t.fp8_recipe, t.context_parallel_size);
   }
   if (t.use_megatron_fsdp) {
     return fmt::format("fp8_format {} with use_megatron_fsdp: fp8 does not run under FSDP yet; use "

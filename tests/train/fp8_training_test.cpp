@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
+#include <tuple>
 
 #include "checkpoint/checkpoint.h"
 #include "core/file_io.h"
@@ -517,12 +518,15 @@ TEST_F(Fp8Training, FirstAndLastLayersInBf16KeepTheirModules) {
 }
 
 TEST_F(Fp8Training, LayoutsNotYetCombinedExitTwoNamingTheKey) {
-  for (const auto& [key, set] : std::vector<std::pair<std::string, std::function<void(TrainingArgs&)>>>{
-           {"tensor_model_parallel_size", [](TrainingArgs& t) { t.tensor_model_parallel_size = 2; }},
-           {"context_parallel_size", [](TrainingArgs& t) { t.context_parallel_size = 2; }},
-           {"use_megatron_fsdp", [](TrainingArgs& t) { t.use_megatron_fsdp = true; }}}) {
+  // The layout's key and the fp8 key to change; context parallelism refuses the current-scaling recipes only.
+  for (const auto& [key, fp8_key, set] :
+       std::vector<std::tuple<std::string, std::string, std::function<void(TrainingArgs&)>>>{
+           {"tensor_model_parallel_size", "fp8_format", [](TrainingArgs& t) { t.tensor_model_parallel_size = 2; }},
+           {"context_parallel_size", "fp8_recipe", [](TrainingArgs& t) { t.context_parallel_size = 2; }},
+           {"use_megatron_fsdp", "fp8_format", [](TrainingArgs& t) { t.use_megatron_fsdp = true; }}}) {
     TrainingArgs t;
     t.fp8_format = "hybrid";
+    t.fp8_recipe = "tensorwise";
     set(t);
     try {
       compute_dtype(t, kCpuDevice);
@@ -530,14 +534,18 @@ TEST_F(Fp8Training, LayoutsNotYetCombinedExitTwoNamingTheKey) {
     } catch (const UsageError& e) {
       EXPECT_EQ(e.exit_code(), kExitUsage);
       EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
-      EXPECT_NE(std::string(e.what()).find("fp8_format"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(fp8_key), std::string::npos) << e.what();
     }
   }
-  TrainingArgs pipelined;  // pipeline stages hold whole layers, ep splits the bf16 experts: fp8_parallel_test.cpp
-  pipelined.fp8_format = "hybrid";
-  pipelined.pipeline_model_parallel_size = 2;
-  pipelined.expert_model_parallel_size = 2;
-  EXPECT_EQ(fp8_layout_refusal(pipelined), "");
+  // Pipeline stages hold whole layers, ep splits the bf16 experts, the delayed amaxes combine over cp:
+  // fp8_parallel_test.cpp.
+  TrainingArgs accepted;
+  accepted.fp8_format = "hybrid";
+  accepted.fp8_recipe = "delayed";
+  accepted.pipeline_model_parallel_size = 2;
+  accepted.expert_model_parallel_size = 2;
+  accepted.context_parallel_size = 2;
+  EXPECT_EQ(fp8_layout_refusal(accepted), "");
 }
 
 }  // namespace
