@@ -140,7 +140,10 @@ void DataParallel::sum_losses(Tensor& loss_sum) {
   control_->all_reduce(loss_sum, ReduceOp::kSum);
 }
 
-void DataParallel::max_in_place(Tensor& values) { control_->all_reduce(values, ReduceOp::kMax); }
+void DataParallel::max_in_place(Tensor& values) {
+  if (control_->size() > 1) control_->all_reduce(values, ReduceOp::kMax);
+  if (options_.tp && options_.tp->size() > 1) options_.tp->all_reduce(values, ReduceOp::kMax);
+}
 
 void DataParallel::wait_for_communication() {
   if (reducer_) reducer_->wait_all_gathered();

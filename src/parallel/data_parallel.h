@@ -84,7 +84,9 @@ class DataParallel final : public ParamUnitHooks {
   double sum(double local);
   // loss_sum [1] f32 on the group's device: summed over the group in place.
   void sum_losses(Tensor& loss_sum);
-  // A small f32 tensor on the group's device: the element-wise max over the group in place (fp8's amaxes).
+  // A small f32 tensor on the group's device: the element-wise max in place over the group and, under tensor
+  // parallelism, the tensor-parallel group too: every rank holding rows or slices of the same layers' tensors (fp8's
+  // amaxes). Nothing at one rank.
   void max_in_place(Tensor& values);
   // True on every rank (of the job) when `flag` is true on any (a stop signal seen by one rank stops all at one
   // step).

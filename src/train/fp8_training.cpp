@@ -53,19 +53,18 @@ Fp8Recipe fp8_recipe(const TrainingArgs& t) {
 std::string fp8_layout_refusal(const TrainingArgs& t) {
   if (t.fp8_format.empty()) return "";
   // Pipeline stages hold whole layers, so each quantises its own tensors as one rank would; expert parallelism splits
-  // only the routed experts, which stay in the compute dtype; the delayed recipe's amaxes are combined over every
-  // data-parallel rank, expert- and context-parallel ones included (DataParallel spans dp × cp). Not yet: tensor
-  // parallelism (its column- and row-parallel modules would need fp8 counterparts) and FSDP (it rebinds the modules).
-  if (t.tensor_model_parallel_size > 1) {
-    return fmt::format("fp8_format {} with tensor_model_parallel_size {}: fp8 runs with data, pipeline, expert and "
-                       "context parallelism only so far; set tensor_model_parallel_size: 1 or leave fp8_format unset",
-                       t.fp8_format, t.tensor_model_parallel_size);
-  }
-  if (t.context_parallel_size > 1 && t.fp8_recipe != "delayed") {
-    return fmt::format("fp8_recipe {} with context_parallel_size {}: current scaling would scale each rank's chunk of "
-                       "the sequence on its own amax, unlike one rank; use fp8_recipe: delayed (its amaxes are "
-                       "combined over the context-parallel ranks) or context_parallel_size: 1",
-                       t.fp8_recipe, t.context_parallel_size);
+  // only the routed experts, which stay in the compute dtype. Under tensor and context parallelism a tensor's rows or
+  // slices lie on several ranks: the delayed recipe combines their amaxes at the step's end (DataParallel: over
+  // dp × cp and tp), so each rank scales with the whole tensor's, as one rank does; current scaling would scale each
+  // part on its own amax. FSDP rebinds the modules fp8 replaces.
+  for (const auto& [size, key] : {std::pair{t.tensor_model_parallel_size, "tensor_model_parallel_size"},
+                                  std::pair{t.context_parallel_size, "context_parallel_size"}}) {
+    if (size > 1 && t.fp8_recipe != "delayed") {
+      return fmt::format("fp8_recipe {} with {} {}: current scaling would scale each rank's part of a tensor on its "
+                         "own amax, unlike one rank; use fp8_recipe: delayed (its amaxes are combined over the ranks) "
+                         "or {}: 1",
+                         t.fp8_recipe, key, size, key);
+    }
   }
   if (t.use_megatron_fsdp) {
     return fmt::format("fp8_format {} with use_megatron_fsdp: fp8 does not run under FSDP yet; use "
@@ -146,9 +145,7 @@ std::vector<Fp8ScalingRecord> fp8_records_of_all_stages(const Fp8Scaling& scalin
 
 void fp8_end_step(Fp8Scaling* scaling, DataParallel& dp) {
   if (scaling == nullptr) return;
-  std::function<void(Tensor&)> reduce_max;
-  if (dp.size() > 1) reduce_max = [&dp](Tensor& amaxes) { dp.max_in_place(amaxes); };
-  scaling->end_step(reduce_max);
+  scaling->end_step([&dp](Tensor& amaxes) { dp.max_in_place(amaxes); });
 }
 
 }  // namespace primus

@@ -43,8 +43,9 @@ void restore_fp8_scaling(Fp8Scaling* scaling, const std::vector<Fp8ScalingRecord
 // this rank's pipeline group; the rank's own at pp 1). Collective over pp.
 std::vector<Fp8ScalingRecord> fp8_records_of_all_stages(const Fp8Scaling& scaling, Communicator& pp);
 
-// The end of an optimizer step: the delayed recipe's amaxes combined over the data-parallel group and its next
-// scales set (nothing for the current-scaling recipes). Collective over dp.
+// The end of an optimizer step: the delayed recipe's amaxes combined over the data-, context- and tensor-parallel
+// ranks (DataParallel::max_in_place) and its next scales set (nothing for the current-scaling recipes). Collective
+// over those groups.
 void fp8_end_step(Fp8Scaling* scaling, DataParallel& dp);
 
 }  // namespace primus

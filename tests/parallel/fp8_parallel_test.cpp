@@ -126,5 +126,20 @@ TEST_F(Fp8DataParallel, DelayedScalingUnderContextParallelismEqualsOneRank) {
                       "fp8 delayed, cp 2");
 }
 
+// Tensor parallelism with the delayed recipe: the row-parallel projections' inputs, the weights' slices and the
+// column-parallel gradients' slices have their amaxes combined over the tp ranks, so every rank scales with the whole
+// tensor's, as one rank does; with sequence parallelism the column-parallel inputs are the gathered rows.
+TEST_F(Fp8DataParallel, DelayedScalingUnderTensorParallelismEqualsOneRank) {
+  const std::vector<std::string> shape = with(kFourLayers, {"num_query_groups=4", "vocab_size=384"});
+  const RunResult one = train("fp8_tp_one", 1, with(shape, kDelayed));
+  if (HasFatalFailure()) return;
+  const std::vector<std::string> tp2{"tensor_model_parallel_size=2"};
+  expect_same_fp8_run(one, train("fp8_tp2", 2, with(shape, with(kDelayed, tp2))), "fp8 delayed, tp 2");
+  expect_same_fp8_run(one, train("fp8_tp2_sp", 2, with(shape, with(kDelayed, with(tp2, {"sequence_parallel=true"})))),
+                      "fp8 delayed, tp 2, sequence parallel");
+  expect_same_fp8_run(one, train("fp8_tp2_pp2", 4, with(shape, with(kDelayed, with(tp2, kTwoStages)))),
+                      "fp8 delayed, tp 2 × pp 2");
+}
+
 }  // namespace
 }  // namespace primus
