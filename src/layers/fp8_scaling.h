@@ -65,8 +65,9 @@ class Fp8Scaling {
   // weights' amaxes are still recorded: their codes made there serve the next training step.
   void pause_input_recording(bool paused) { inputs_paused_ = paused; }
 
-  // The end of an optimizer step: every slot combined by `reduce_max` (an in-place max over the data-parallel
-  // ranks; null at one rank), then the next step's scales and the window moved on. Collective when reduce_max is.
+  // The end of an optimizer step: every slot combined by `reduce_max` (an in-place max over the ranks holding parts
+  // of the same tensors; null: none), then the next step's scales and the window moved on. Collective when
+  // reduce_max is.
   void end_step(const std::function<void(Tensor&)>& reduce_max);
   // Moves on at every end_step (which follows the optimizer's step) and restore: the weights' codes made before
   // are stale (the weights or their scales changed). Any recipe.
