@@ -41,6 +41,7 @@ void current_scales(const Fp8Scaling& scaling, const Tensor& x, Fp8Format format
                                 : ops::fp8_tile_grid(x.dim(0), x.dim(1), tiling);
   Tensor amax = Tensor::empty(grid, DType::kF32, x.device());
   ops::fp8_amax(x, tiling, amax, transposed);
+  if (tiling.rows == 0 && tiling.cols == 0) scaling.combine_current_amax(amax);
   scale = Tensor::empty(grid, DType::kF32, x.device());
   scale_inv = Tensor::empty(grid, DType::kF32, x.device());
   // Power-of-two block scales keep every dequantised product exact, as Transformer Engine's block recipe does.

@@ -18,6 +18,7 @@
 #include "core/fp8.h"
 #include "core/fp8_amax_history.h"
 #include "core/tensor.h"
+#include "layers/tensor_parallel.h"
 
 namespace primus {
 
@@ -65,6 +66,15 @@ class Fp8Scaling {
   // weights' amaxes are still recorded: their codes made there serve the next training step.
   void pause_input_recording(bool paused) { inputs_paused_ = paused; }
 
+  // Current scaling (tensorwise) under tensor or context parallelism: a tensor's slices or rows lie on the ranks of
+  // these groups, so each whole-tensor amax is maxed over them before its scale is formed (a tensor every rank holds
+  // whole gives the same max), and every rank scales as one rank holding the whole tensor would.
+  void combine_current_amaxes_over(std::vector<TensorParallelGroup> groups) { amax_groups_ = std::move(groups); }
+  // x's whole-tensor amax [1, 1], made whole over those groups in place. Collective over them.
+  void combine_current_amax(Tensor& amax) const {
+    for (const TensorParallelGroup& g : amax_groups_) g.max(amax);
+  }
+
   // The end of an optimizer step: every slot combined by `reduce_max` (an in-place max over the ranks holding parts
   // of the same tensors; null: none), then the next step's scales and the window moved on. Collective when
   // reduce_max is.
@@ -110,6 +120,7 @@ class Fp8Scaling {
   int64_t head_ = 0;           // the history row of the step in progress
   bool allocated_ = false;
   bool inputs_paused_ = false;
+  std::vector<TensorParallelGroup> amax_groups_;
   uint64_t weights_generation_ = 0;
   Tensor non_finite_;          // [1] i32
 };

@@ -139,7 +139,7 @@ BenchmarkResult run_benchmark_train(const ExperimentConfig& config, const Benchm
     note_device_memory(device, "optimizer");
     weights_ready(*model, *dp);
     note_device_memory(device, "weights ready");
-    const std::shared_ptr<Fp8Scaling> fp8 = enable_fp8(*model, t, device);
+    const std::shared_ptr<Fp8Scaling> fp8 = enable_fp8(*model, t, device, groups);
     result = time_steps(*model, optimizer, *dp, batch_split(groups), t, device, options, pipeline, fp8.get());
     result.world_size = world->size();
     result.parameters = model->params().numel();

@@ -53,17 +53,17 @@ Fp8Recipe fp8_recipe(const TrainingArgs& t) {
 std::string fp8_layout_refusal(const TrainingArgs& t) {
   if (t.fp8_format.empty()) return "";
   // Pipeline stages hold whole layers, so each quantises its own tensors as one rank would; expert parallelism splits
-  // only the routed experts, which stay in the compute dtype. Under tensor and context parallelism a tensor's rows or
-  // slices lie on several ranks: the delayed recipe combines their amaxes at the step's end (DataParallel: over
-  // dp × cp and tp), so each rank scales with the whole tensor's, as one rank does; current scaling would scale each
-  // part on its own amax. FSDP rebinds the modules fp8 replaces.
+  // only the routed experts, which stay in the compute dtype. Under tensor and context parallelism a tensor's slices
+  // or rows lie on several ranks, whose amaxes are combined: the delayed recipe's at the step's end (DataParallel,
+  // over dp × cp and tp), tensorwise's at each quantisation (enable_fp8), so every rank scales with the whole
+  // tensor's, as one rank does. Blockwise tiles would have to line up with the ranks' parts: not checked yet. FSDP
+  // rebinds the modules fp8 replaces.
   for (const auto& [size, key] : {std::pair{t.tensor_model_parallel_size, "tensor_model_parallel_size"},
                                   std::pair{t.context_parallel_size, "context_parallel_size"}}) {
-    if (size > 1 && t.fp8_recipe != "delayed") {
-      return fmt::format("fp8_recipe {} with {} {}: current scaling would scale each rank's part of a tensor on its "
-                         "own amax, unlike one rank; use fp8_recipe: delayed (its amaxes are combined over the ranks) "
-                         "or {}: 1",
-                         t.fp8_recipe, key, size, key);
+    if (size > 1 && t.fp8_recipe == "blockwise") {
+      return fmt::format("fp8_recipe blockwise with {} {}: its tiles are not yet checked to line up with each rank's "
+                         "part of a tensor; use fp8_recipe: tensorwise or delayed, or {}: 1",
+                         key, size, key);
     }
   }
   if (t.use_megatron_fsdp) {
@@ -74,10 +74,16 @@ std::string fp8_layout_refusal(const TrainingArgs& t) {
   return "";
 }
 
-std::shared_ptr<Fp8Scaling> enable_fp8(Model& model, const TrainingArgs& t, Device device) {
+std::shared_ptr<Fp8Scaling> enable_fp8(Model& model, const TrainingArgs& t, Device device,
+                                       const ProcessGroups& groups) {
   if (t.fp8_format.empty()) return nullptr;
   if (const std::string why = fp8_layout_refusal(t); !why.empty()) throw UsageError("[config] " + why);
   auto scaling = std::make_shared<Fp8Scaling>(fp8_recipe(t), device);
+  std::vector<TensorParallelGroup> split_over;  // the groups over which a tensor's parts lie
+  for (const std::shared_ptr<Communicator>& group : {groups.tp, groups.cp}) {
+    if (group != nullptr && group->size() > 1) split_over.emplace_back(group);
+  }
+  scaling->combine_current_amaxes_over(std::move(split_over));
   const int64_t layers = model.args().num_layers;
   const int64_t bf16_start = t.first_last_layers_bf16 ? t.num_layers_at_start_in_bf16 : 0;
   const int64_t bf16_end = t.first_last_layers_bf16 ? t.num_layers_at_end_in_bf16 : 0;

@@ -11,6 +11,7 @@
 #include "layers/fp8_scaling.h"
 #include "models/model.h"
 #include "parallel/data_parallel.h"
+#include "parallel/parallel_dims.h"
 
 namespace primus {
 
@@ -28,9 +29,11 @@ int64_t transformer_layer_index(const std::string& name);
 bool in_fp8_layer(const std::string& name, int64_t num_layers, const TrainingArgs& t);
 
 // With fp8_format set: every Linear module of the transformer layers outside the bf16 ones becomes an Fp8Linear
-// sharing the returned state; null when fp8 is off. Call after weights_ready (FSDP rebinds the modules) and before
-// the first step. Throws UsageError for a layout fp8_layout_refusal names.
-std::shared_ptr<Fp8Scaling> enable_fp8(Model& model, const TrainingArgs& t, Device device);
+// sharing the returned state; null when fp8 is off. Under tensor or context parallelism (`groups`) tensorwise
+// amaxes are combined over those ranks at each quantisation. Call after weights_ready (FSDP rebinds the modules)
+// and before the first step. Throws UsageError for a layout fp8_layout_refusal names.
+std::shared_ptr<Fp8Scaling> enable_fp8(Model& model, const TrainingArgs& t, Device device,
+                                       const ProcessGroups& groups);
 
 // After enable_fp8, on a resumed run: the checkpoint's delayed-scaling state (empty when it has none: a bf16
 // checkpoint, or a current-scaling recipe) set into `scaling`, or why it is not, logged. RuntimeError when the

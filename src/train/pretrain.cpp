@@ -279,7 +279,7 @@ int run_training(const ExperimentConfig& config, const RunOptions& options, std:
   }
   broadcast_tied_embedding(model, pipeline);  // the last stage's copy starts as the first stage's embedding
   weights_ready(model, *dp);
-  const std::shared_ptr<Fp8Scaling> fp8 = enable_fp8(model, t, device);
+  const std::shared_ptr<Fp8Scaling> fp8 = enable_fp8(model, t, device, groups);
   restore_fp8_scaling(fp8.get(), state.fp8_scaling, latest.has_value(), !pipeline.active());
   spdlog::info("model: {} layers, hidden {}, heads {}/{} (q/kv), head dim {}, ffn {}, vocab {}, {} parameters",
                model_args.num_layers, model_args.hidden_size, model_args.num_attention_heads,

@@ -518,15 +518,16 @@ TEST_F(Fp8Training, FirstAndLastLayersInBf16KeepTheirModules) {
 }
 
 TEST_F(Fp8Training, LayoutsNotYetCombinedExitTwoNamingTheKey) {
-  // The layout's key and the fp8 key to change; tensor and context parallelism refuse the current-scaling recipes.
-  for (const auto& [key, fp8_key, set] :
-       std::vector<std::tuple<std::string, std::string, std::function<void(TrainingArgs&)>>>{
-           {"tensor_model_parallel_size", "fp8_recipe", [](TrainingArgs& t) { t.tensor_model_parallel_size = 2; }},
-           {"context_parallel_size", "fp8_recipe", [](TrainingArgs& t) { t.context_parallel_size = 2; }},
-           {"use_megatron_fsdp", "fp8_format", [](TrainingArgs& t) { t.use_megatron_fsdp = true; }}}) {
+  // The layout's key and the fp8 key to change: blockwise tiles under tensor or context parallelism, FSDP.
+  for (const auto& [key, fp8_key, recipe, set] :
+       std::vector<std::tuple<std::string, std::string, std::string, std::function<void(TrainingArgs&)>>>{
+           {"tensor_model_parallel_size", "fp8_recipe", "blockwise",
+            [](TrainingArgs& t) { t.tensor_model_parallel_size = 2; }},
+           {"context_parallel_size", "fp8_recipe", "blockwise", [](TrainingArgs& t) { t.context_parallel_size = 2; }},
+           {"use_megatron_fsdp", "fp8_format", "tensorwise", [](TrainingArgs& t) { t.use_megatron_fsdp = true; }}}) {
     TrainingArgs t;
     t.fp8_format = "hybrid";
-    t.fp8_recipe = "tensorwise";
+    t.fp8_recipe = recipe;
     set(t);
     try {
       compute_dtype(t, kCpuDevice);
@@ -537,16 +538,18 @@ TEST_F(Fp8Training, LayoutsNotYetCombinedExitTwoNamingTheKey) {
       EXPECT_NE(std::string(e.what()).find(fp8_key), std::string::npos) << e.what();
     }
   }
-  // Pipeline stages hold whole layers, ep splits the bf16 experts, the delayed amaxes combine over tp and cp:
+  // Pipeline stages hold whole layers, ep splits the bf16 experts, tp's and cp's amaxes are combined:
   // fp8_parallel_test.cpp.
-  TrainingArgs accepted;
-  accepted.fp8_format = "hybrid";
-  accepted.fp8_recipe = "delayed";
-  accepted.pipeline_model_parallel_size = 2;
-  accepted.expert_model_parallel_size = 2;
-  accepted.context_parallel_size = 2;
-  accepted.tensor_model_parallel_size = 2;
-  EXPECT_EQ(fp8_layout_refusal(accepted), "");
+  for (const std::string recipe : {"delayed", "tensorwise"}) {
+    TrainingArgs accepted;
+    accepted.fp8_format = "hybrid";
+    accepted.fp8_recipe = recipe;
+    accepted.pipeline_model_parallel_size = 2;
+    accepted.expert_model_parallel_size = 2;
+    accepted.context_parallel_size = 2;
+    accepted.tensor_model_parallel_size = 2;
+    EXPECT_EQ(fp8_layout_refusal(accepted), "") << recipe;
+  }
 }
 
 }  // namespace
