@@ -138,9 +138,8 @@ void restore_fp8_scaling(Fp8Scaling* scaling, const std::vector<Fp8ScalingRecord
 }
 
 std::vector<Fp8ScalingRecord> fp8_records_of_all_stages(const Fp8Scaling& scaling, Communicator& pp) {
-  std::vector<Fp8ScalingRecord> all = scaling.records();
-  if (pp.size() == 1) return all;
-  all.clear();
+  if (pp.size() == 1) return scaling.records();
+  std::vector<Fp8ScalingRecord> all;
   for (const std::string& text : all_gather_text(pp, fp8_scaling_text(scaling.records()))) {
     for (Fp8ScalingRecord& r : parse_fp8_scaling(text, "a pipeline stage's fp8 scaling state")) {
       all.push_back(std::move(r));

@@ -1,4 +1,5 @@
-// fp8 under data and pipeline parallelism on CPU ranks over Gloo (the CPU reference path, PRIMUS_FP8_CPU_REFERENCE=1).
+// fp8 under data, pipeline, expert, tensor and context parallelism on CPU ranks over Gloo (the CPU reference path,
+// PRIMUS_FP8_CPU_REFERENCE=1), each layout against one rank.
 // Data parallelism: the delayed recipe's amaxes are combined over the data-parallel ranks at each step's end, so 2
 // ranks (with and without the distributed optimizer) scale every tensor as one rank does over the same micro-batches;
 // current scaling needs no combining. How close is close: the ranks sum gradients in another order than one rank
@@ -10,7 +11,7 @@
 // the parameters 1e-1.
 // Pipeline parallelism: each stage holds whole layers, so it quantises each of its tensors over the same rows as one
 // rank, and sums each weight's gradient over the micro-batches in the same order; a checkpoint holds every stage's
-// delayed-scaling state, and any layout resumes from it.
+// delayed-scaling state, and any layout resumes from it. Expert, tensor and context parallelism: below, each test.
 #include <gtest/gtest.h>
 
 #include <cmath>
