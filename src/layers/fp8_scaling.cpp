@@ -1,5 +1,7 @@
 #include "layers/fp8_scaling.h"
 
+#include <map>
+
 #include "core/error.h"
 #include "ops/fp8_ops.h"
 #include "ops/ops.h"
@@ -127,12 +129,14 @@ std::vector<Fp8ScalingRecord> Fp8Scaling::records() const {
   return out;
 }
 
-void Fp8Scaling::restore(const std::vector<Fp8ScalingRecord>& records) {
+void Fp8Scaling::restore(const std::vector<Fp8ScalingRecord>& records, bool others_allowed) {
   ++weights_generation_;
-  if (records.size() != entries_.size()) {
+  if (!others_allowed && records.size() != entries_.size()) {
     throw RuntimeError(fmt::format("[fp8] the checkpoint holds the scaling state of {} tensors, the model quantises {}",
                                    records.size(), entries_.size()));
   }
+  std::map<std::string, const Fp8ScalingRecord*> by_name;
+  for (const Fp8ScalingRecord& r : records) by_name[r.name] = &r;
   allocate();
   const int64_t len = recipe_.amax_history_len;
   std::vector<Tensor> history(groups_.size()), scale(groups_.size()), scale_inv(groups_.size());
@@ -142,13 +146,12 @@ void Fp8Scaling::restore(const std::vector<Fp8ScalingRecord>& records) {
     scale[k] = Tensor::zeros(groups_[k].scale.shape(), DType::kF32);
     scale_inv[k] = Tensor::zeros(groups_[k].scale.shape(), DType::kF32);
   }
-  for (size_t i = 0; i < records.size(); ++i) {
-    const Entry& e = entries_[i];
-    const Fp8ScalingRecord& r = records[i];
-    if (r.name != e.name) {
-      throw RuntimeError(
-          fmt::format("[fp8] the checkpoint's scaling state {} is {}, here {} (another model?)", i, r.name, e.name));
+  for (const Entry& e : entries_) {
+    const auto found = by_name.find(e.name);
+    if (found == by_name.end()) {
+      throw RuntimeError(fmt::format("[fp8] the checkpoint holds no scaling state for {} (another model?)", e.name));
     }
+    const Fp8ScalingRecord& r = *found->second;
     if (static_cast<int64_t>(r.amax_history.size()) != len) {
       throw RuntimeError(fmt::format("[fp8] {}: the checkpoint's amax history holds {} steps but fp8_amax_history_len "
                                      "is {}; resume with the checkpoint's length",

@@ -89,10 +89,11 @@ class Fp8Scaling {
   // The [1] i32 counter fp8_scale adds to.
   Tensor& non_finite() { return non_finite_; }
 
-  // Checkpoints: every delayed tensor's window and scale, and their restoration (names and window lengths must
-  // match: RuntimeError naming the first that does not).
+  // Checkpoints: every delayed tensor's window and scale, and their restoration, each tensor's record found by name
+  // (every tensor needs one and the window lengths must match: RuntimeError naming the first that does not). Records
+  // of tensors this state does not hold are refused, unless `others_allowed` (a pipeline stage's among every stage's).
   std::vector<Fp8ScalingRecord> records() const;
-  void restore(const std::vector<Fp8ScalingRecord>& records);
+  void restore(const std::vector<Fp8ScalingRecord>& records, bool others_allowed = false);
   int64_t tensor_count() const { return static_cast<int64_t>(entries_.size()); }
 
  private:

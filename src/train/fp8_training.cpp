@@ -2,8 +2,6 @@
 
 #include <spdlog/spdlog.h>
 
-#include <map>
-
 #include "checkpoint/checkpoint_dir.h"
 #include "core/error.h"
 #include "layers/fp8_linear.h"
@@ -85,8 +83,6 @@ std::shared_ptr<Fp8Scaling> enable_fp8(Model& model, const TrainingArgs& t, Devi
   }
   scaling->combine_current_amaxes_over(std::move(split_over));
   const int64_t layers = model.args().num_layers;
-  const int64_t bf16_start = t.first_last_layers_bf16 ? t.num_layers_at_start_in_bf16 : 0;
-  const int64_t bf16_end = t.first_last_layers_bf16 ? t.num_layers_at_end_in_bf16 : 0;
   int64_t fp8_modules = 0, kept = 0;
   model.for_each_linear([&](const std::string& name, std::unique_ptr<Linear>& slot) {
     // Multi-token prediction's modules (layers num_layers and above) stay in the compute dtype with the output layer.
@@ -100,7 +96,9 @@ std::shared_ptr<Fp8Scaling> enable_fp8(Model& model, const TrainingArgs& t, Devi
   spdlog::info("fp8: {} recipe, {} forward / {} gradients; {} Linear modules on fp8 GEMMs, {} kept in {}{}",
                t.fp8_recipe, fp8_format_name(scaling->recipe().forward_format),
                fp8_format_name(scaling->recipe().backward_format), fp8_modules, kept, t.bf16 ? "bf16" : "fp32",
-               t.first_last_layers_bf16 ? fmt::format(" (first {}, last {} layers)", bf16_start, bf16_end) : "");
+               t.first_last_layers_bf16 ? fmt::format(" (first {}, last {} layers)", t.num_layers_at_start_in_bf16,
+                                                        t.num_layers_at_end_in_bf16)
+                                          : "");
   return scaling;
 }
 
@@ -117,23 +115,8 @@ void restore_fp8_scaling(Fp8Scaling* scaling, const std::vector<Fp8ScalingRecord
     if (resumed) spdlog::info("fp8: the checkpoint has no delayed-scaling state; the scales start at 1");
     return;
   }
-  if (whole_model && records.size() != static_cast<size_t>(scaling->tensor_count())) {
-    throw RuntimeError(fmt::format("[fp8] the checkpoint holds the scaling state of {} tensors, the model quantises {}",
-                                   records.size(), scaling->tensor_count()));
-  }
-  // Each tensor's record by name: the checkpoint lists them in the order of the stages that wrote it, and a pipeline
-  // stage (not `whole_model`) finds its own among every stage's.
-  std::map<std::string, const Fp8ScalingRecord*> by_name;
-  for (const Fp8ScalingRecord& r : records) by_name[r.name] = &r;
-  std::vector<Fp8ScalingRecord> mine;
-  for (const Fp8ScalingRecord& own : scaling->records()) {
-    const auto it = by_name.find(own.name);
-    if (it == by_name.end()) {
-      throw RuntimeError(fmt::format("[fp8] the checkpoint holds no scaling state for {} (another model?)", own.name));
-    }
-    mine.push_back(*it->second);
-  }
-  scaling->restore(mine);
+  // A pipeline stage (not `whole_model`) finds its own tensors' records among every stage's.
+  scaling->restore(records, /*others_allowed=*/!whole_model);
   spdlog::info("fp8: delayed-scaling state of {} tensors restored from the checkpoint", scaling->tensor_count());
 }
 
