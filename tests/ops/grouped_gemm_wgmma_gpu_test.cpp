@@ -3,8 +3,8 @@
 // and against each other, element by element, for forward, dgrad and wgrad (dw added to a random start). The
 // problems have partial row, column and k tiles, empty and one-row experts, skew, k long enough for the 4-stage
 // ring to wrap many times (barrier phases), and wgrad experts whose rows end inside a k block. v2 must also give the
-// same bits twice. A shape v2 cannot take with PRIMUS_GROUPED_GEMM=wgmma, and an unknown value, are usage errors
-// naming the variable. Needs an sm_90 GPU for the v2 parts (skipped with the reason elsewhere).
+// same bits twice; so must a grid of 3 persistent blocks. A shape v2 cannot take with PRIMUS_GROUPED_GEMM=wgmma, an
+// unknown value and a bad PRIMUS_GROUPED_GEMM_BLOCKS are usage errors naming the variable. Needs an sm_90 GPU for the v2 parts (skipped with the reason elsewhere).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -165,10 +165,24 @@ TEST_F(GroupedGemmWgmma, SkewedManySmallExperts) {
   check_problem("skewed", 256, 192, counts, 1404);
 }
 
+// The persistent grid capped at 3 blocks (PRIMUS_GROUPED_GEMM_BLOCKS): each block runs dozens of tiles of different
+// k lengths, so the ring's stages and phases carry over from tile to tile, empty tiles are passed over, and the
+// producer loads a tile while the consumers store the one before.
+TEST_F(GroupedGemmWgmma, FewPersistentBlocksRunManyTilesEach) {
+  const testing::ScopedEnv guard("PRIMUS_GROUPED_GEMM_BLOCKS", "3");
+  check_problem("3 blocks, long k", 1024, 520, {2000, 3, 0, 700, 129}, 1407);
+  Rng rng(1408);
+  std::vector<int32_t> counts(24);
+  for (size_t e = 0; e < counts.size(); ++e) counts[e] = static_cast<int32_t>(rng.uniform() * 300.0);
+  counts[3] = counts[11] = 0;
+  counts[7] = 1;
+  check_problem("3 blocks, skewed", 264, 328, counts, 1409);
+}
+
 // The smallest shapes v2 takes: in = out = 8.
 TEST_F(GroupedGemmWgmma, TinyShapes) { check_problem("tiny", 8, 8, {1, 0, 5, 64}, 1405); }
 
-TEST_F(GroupedGemmWgmma, ForcedOnAShapeItCannotTakeIsAUsageError) {
+TEST_F(GroupedGemmWgmma, BadSettingsAreUsageErrorsNamingTheVariable) {
   Rng rng(1406);
   const Tensor x = bf16_on_gpu(random_tensor({10, 20}, rng)), w = bf16_on_gpu(random_tensor({2, 16, 20}, rng));
   const Tensor offsets = ops::to_device(offsets_of({4, 6}), kGpu);
@@ -178,6 +192,13 @@ TEST_F(GroupedGemmWgmma, ForcedOnAShapeItCannotTakeIsAUsageError) {
     const std::string message = testing::message_of<UsageError>([&] { ops::grouped_linear_forward(x, w, offsets, y); });
     EXPECT_NE(message.find("PRIMUS_GROUPED_GEMM=wgmma"), std::string::npos) << message;
     EXPECT_NE(message.find("multiples of 8"), std::string::npos) << message;
+  }
+  {
+    const testing::ScopedEnv guard("PRIMUS_GROUPED_GEMM_BLOCKS", "0");
+    const Tensor xa = bf16_on_gpu(random_tensor({10, 16}, rng)), wa = bf16_on_gpu(random_tensor({2, 16, 16}, rng));
+    const std::string message =
+        testing::message_of<UsageError>([&] { ops::grouped_linear_forward(xa, wa, offsets, y); });
+    EXPECT_NE(message.find("PRIMUS_GROUPED_GEMM_BLOCKS=0"), std::string::npos) << message;
   }
   {
     const testing::ScopedEnv guard("PRIMUS_GROUPED_GEMM", "v3");

@@ -137,6 +137,7 @@ CudaBackend::CudaBackend(int device_index) : state_(std::make_unique<State>(devi
   s.ctx.allocator = &s.allocator;
   s.ctx.max_shared_bytes = static_cast<int64_t>(props.sharedMemPerBlockOptin);
   s.ctx.compute_capability = props.major * 10 + props.minor;
+  s.ctx.multiprocessors = props.multiProcessorCount;
   s.gemm = std::make_unique<CublasLtGemm>();
 }
 

@@ -4,6 +4,7 @@
 // (cudaGetDriverEntryPointByVersion), so nothing links libcuda directly.
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled_v12000
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "backend/cuda/gpu_runtime.h"
@@ -63,6 +64,19 @@ bool grouped_gemm_take_wgmma(const KernelContext& ctx, const GroupedGemmShape& s
                     s.experts, s.out, s.in, s.rows, why));
   }
   return false;
+}
+
+int64_t grouped_gemm_wgmma_blocks(const KernelContext& ctx, int64_t tiles) {
+  int64_t blocks = ctx.multiprocessors > 0 ? std::min<int64_t>(tiles, ctx.multiprocessors) : tiles;
+  if (const char* value = std::getenv("PRIMUS_GROUPED_GEMM_BLOCKS"); value != nullptr && *value != '\0') {
+    char* end = nullptr;
+    const long long cap = std::strtoll(value, &end, 10);
+    if (*end != '\0' || cap <= 0) {
+      throw UsageError(fmt::format("PRIMUS_GROUPED_GEMM_BLOCKS={}: expected a positive number of blocks", value));
+    }
+    blocks = std::min<int64_t>(blocks, cap);
+  }
+  return blocks;
 }
 
 void encode_grouped_gemm_maps(wg::Form form, const wg::Extents& e, const bf16* a, const bf16* b, CUtensorMap& a_map,

@@ -10,13 +10,20 @@
 //  - warpgroups 1 and 2, the consumers, take the registers (setmaxnreg.inc 232) and each multiplies its 64 rows of
 //    the tile by the 256 columns: per stage four wgmma.mma_async m64n256k16 (k 64), fp32 accumulators in registers,
 //    one wgmma group kept in flight (a stage is released once the group after it is issued and it is complete).
+// Persistent: the grid is at most one block per SM, and block b computes tiles b, b + grid, b + 2·grid, ... of the
+// one-tile-a-block numbering (grouped_gemm_schedule.h), so the producer already loads a tile's first stages while
+// the consumers are still storing the previous tile, and no block pays a launch and a pipeline fill per tile. The
+// ring's stage and phase run on across tiles (one k-block count for the block); the consumers release a tile's last
+// stage as soon as its wgmma group is complete, before their epilogue.
 // Edges: TMA fills box elements outside a tensor with zeros, so the k, n and m ends of the tensors need nothing.
 // Rows split (forward, dgrad): a row tile's last rows may belong to the next expert; they are loaded, multiplied
 // and never stored (the epilogue stores only rows of the tile's expert, columns below n). Inner split (wgrad): the
 // last k block of an expert holds the next expert's rows; the consumers zero those box rows in shared memory (each
 // is one 128-byte line whatever the swizzle), make the writes visible to the async proxy (fence.proxy.async) and
 // meet at a named barrier before any wgmma reads the stage. One block owns each output tile and sums its k in a
-// fixed order: deterministic, no atomics; wgrad adds into the fp32 dw it reads.
+// fixed order: deterministic. wgrad adds into the fp32 dw with fire-and-forget reductions (red.global.add: the L2
+// does the read-modify-write while the consumers move on); each element gets one addition a launch, so the result
+// is the same every time (the reduction flushes subnormal fp32 results to zero, a plain add would not).
 //
 // The sm_90a machine code only: the kernel body is compiled where __CUDA_ARCH_FEAT_SM90_ALL is defined, so the
 // compute_90 PTX (for other GPUs' JIT) holds an empty kernel that the host never launches (refusal() wants 9.0).
@@ -40,6 +47,7 @@ struct WgmmaProblem {
   wg::Extents extents;
   int64_t m, n;  // wgrad: dw[e] is [m, n]; rows split: n columns of C (m comes from the offsets)
   int64_t ldc, expert_stride;
+  int64_t tiles;  // tiles of the one-tile-a-block numbering: rows_split_blocks or inner_split_blocks
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -177,20 +185,18 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
                               const WgmmaProblem p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace wg;
-  grouped::TileSpan span;
-  if constexpr (rows_split(kForm)) {
-    if (!grouped::rows_split_tile(blockIdx.x, p.offsets, p.tile_starts, p.extents.experts, p.extents.rows, p.n, kBM,
-                                  kBN, span)) {
-      return;
+  // Tile `tile`'s span, or false when it has no work (past the experts' row tiles, or an expert without rows).
+  const auto tile_span = [&](int64_t tile, grouped::TileSpan& span) {
+    if constexpr (rows_split(kForm)) {
+      return grouped::rows_split_tile(tile, p.offsets, p.tile_starts, p.extents.experts, p.extents.rows, p.n, kBM,
+                                      kBN, span);
+    } else {
+      return grouped::inner_split_tile(tile, p.offsets, p.extents.experts, p.extents.rows, p.m, p.n, kBM, kBN, span);
     }
-  } else {
-    if (!grouped::inner_split_tile(blockIdx.x, p.offsets, p.extents.experts, p.extents.rows, p.m, p.n, kBM, kBN,
-                                   span)) {
-      return;
-    }
-  }
-  const int64_t inner = inner_extent(kForm, span, p.extents);
-  const int64_t k_blocks = (inner + kBK - 1) / kBK;
+  };
+  const auto k_blocks_of = [&](const grouped::TileSpan& span) {
+    return (inner_extent(kForm, span, p.extents) + kBK - 1) / kBK;
+  };
 
   // Stages from the first 1024-byte boundary: stage s's A at base + s · kStageBytes, its B kABytes further; then the
   // full barriers, then the empty ones.
@@ -210,24 +216,32 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
   }
   __syncthreads();
 
+  // it counts the block's k blocks over all its tiles: stage it % kStages, round it / kStages.
   const int warpgroup = static_cast<int>(threadIdx.x) / kWarpgroup;
   if (warpgroup == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     if (threadIdx.x == 0) {
-      for (int64_t kb = 0; kb < k_blocks; ++kb) {
-        const int s = static_cast<int>(kb % kStages);
-        // Round r = kb / kStages waits for the consumers' release of round r − 1; round 0 passes at once (the
-        // phase "before" the first, parity 1, counts as completed).
-        barrier_wait(empty(s), static_cast<uint32_t>((kb / kStages) & 1) ^ 1u);
-        barrier_expect_bytes(full(s), kStageBytes);  // whole boxes: zero-filled elements count too
-        const uint32_t a = base + static_cast<uint32_t>(s * kStageBytes), b = a + kABytes;
+      int64_t it = 0;
+      for (int64_t tile = blockIdx.x; tile < p.tiles; tile += gridDim.x) {
+        grouped::TileSpan span;
+        if (!tile_span(tile, span)) continue;
+        const int64_t k_blocks = k_blocks_of(span);
+        for (int64_t kb = 0; kb < k_blocks; ++kb, ++it) {
+          const int s = static_cast<int>(it % kStages);
+          // Round r waits for the consumers' release of round r − 1; round 0 passes at once (the phase "before"
+          // the first, parity 1, counts as completed).
+          barrier_wait(empty(s), static_cast<uint32_t>((it / kStages) & 1) ^ 1u);
+          barrier_expect_bytes(full(s), kStageBytes);  // whole boxes: zero-filled elements count too
+          const uint32_t a = base + static_cast<uint32_t>(s * kStageBytes), b = a + kABytes;
 #pragma unroll
-        for (int j = 0; j < a_boxes(kForm); ++j) {
-          tma_load<2>(a + j * a_box_bytes(kForm), &a_map, full(s), a_box(kForm, span, kb, j));
-        }
+          for (int j = 0; j < a_boxes(kForm); ++j) {
+            tma_load<2>(a + j * a_box_bytes(kForm), &a_map, full(s), a_box(kForm, span, kb, j));
+          }
 #pragma unroll
-        for (int j = 0; j < b_boxes(kForm); ++j) {
-          tma_load<rows_split(kForm) ? 3 : 2>(b + j * b_box_bytes(kForm), &b_map, full(s), b_box(kForm, span, kb, j));
+          for (int j = 0; j < b_boxes(kForm); ++j) {
+            tma_load<rows_split(kForm) ? 3 : 2>(b + j * b_box_bytes(kForm), &b_map, full(s),
+                                                b_box(kForm, span, kb, j));
+          }
         }
       }
     }
@@ -238,67 +252,55 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
   const int consumer = warpgroup - 1, thread = static_cast<int>(threadIdx.x) % kWarpgroup;
   constexpr bool kAKMajor = a_k_major(kForm), kBKMajor = b_k_major(kForm);
   float d[kAccumulators];
+  int64_t it = 0;
+  for (int64_t tile = blockIdx.x; tile < p.tiles; tile += gridDim.x) {
+    grouped::TileSpan span;
+    if (!tile_span(tile, span)) continue;
+    const int64_t inner = inner_extent(kForm, span, p.extents), k_blocks = k_blocks_of(span);
 #pragma unroll
-  for (int i = 0; i < kAccumulators; ++i) d[i] = 0.0f;
+    for (int i = 0; i < kAccumulators; ++i) d[i] = 0.0f;
 
-  for (int64_t kb = 0; kb < k_blocks; ++kb) {
-    const int s = static_cast<int>(kb % kStages);
-    barrier_wait(full(s), static_cast<uint32_t>((kb / kStages) & 1));
-    const uint32_t a = base + static_cast<uint32_t>(s * kStageBytes), b = a + kABytes;
-    if constexpr (kForm == Form::kWgrad) {
-      const int valid = valid_k_rows(inner, kb);
-      if (valid < kBK) zero_rows_past(a, b, valid, static_cast<int>(threadIdx.x) - kWarpgroup);
-    }
-    pin(d);
-    wgmma_fence();
+    for (int64_t kb = 0; kb < k_blocks; ++kb, ++it) {
+      const int s = static_cast<int>(it % kStages);
+      barrier_wait(full(s), static_cast<uint32_t>((it / kStages) & 1));
+      const uint32_t a = base + static_cast<uint32_t>(s * kStageBytes), b = a + kABytes;
+      if constexpr (kForm == Form::kWgrad) {
+        const int valid = valid_k_rows(inner, kb);
+        if (valid < kBK) zero_rows_past(a, b, valid, static_cast<int>(threadIdx.x) - kWarpgroup);
+      }
+      pin(d);
+      wgmma_fence();
 #pragma unroll
-    for (int step = 0; step < kBK / kStep; ++step) {
-      const uint64_t da =
-          smem_descriptor(a + a_consumer_bytes(consumer) + step_bytes(kAKMajor, step), lbo(kAKMajor), kSbo);
-      const uint64_t db = smem_descriptor(b + step_bytes(kBKMajor, step), lbo(kBKMajor), kSbo);
-      wgmma_m64n256k16<kAKMajor ? 0 : 1, kBKMajor ? 0 : 1>(d, da, db);
+      for (int step = 0; step < kBK / kStep; ++step) {
+        const uint64_t da =
+            smem_descriptor(a + a_consumer_bytes(consumer) + step_bytes(kAKMajor, step), lbo(kAKMajor), kSbo);
+        const uint64_t db = smem_descriptor(b + step_bytes(kBKMajor, step), lbo(kBKMajor), kSbo);
+        wgmma_m64n256k16<kAKMajor ? 0 : 1, kBKMajor ? 0 : 1>(d, da, db);
+      }
+      wgmma_commit();
+      pin(d);
+      wgmma_wait<1>();  // the previous k block's group is complete: its stage can be refilled
+      pin(d);
+      if (kb > 0 && thread == 0) barrier_arrive(empty(static_cast<int>((it - 1) % kStages)));
     }
-    wgmma_commit();
+    wgmma_wait<0>();
     pin(d);
-    wgmma_wait<1>();  // the previous k block's group is complete: its stage can be refilled
-    pin(d);
-    if (kb > 0 && thread == 0) barrier_arrive(empty(static_cast<int>((kb - 1) % kStages)));
-  }
-  wgmma_wait<0>();
-  pin(d);
+    // The tile's last stage is read: the producer may refill it with the next tile's while this one is stored.
+    if (k_blocks > 0 && thread == 0) barrier_arrive(empty(static_cast<int>((it - 1) % kStages)));
 
-  // Epilogue straight from the registers: rows of the tile's expert (rows split) or of dw[e], columns below n.
-  // n, ldc and the bases are multiples of 8 elements, so a register pair (two adjacent columns) is 4- or 8-byte
-  // aligned and wholly inside or outside.
-  Out* c = static_cast<Out*>(p.c) + (rows_split(kForm) ? span.expert_begin * p.ldc : span.expert * p.expert_stride);
-  const int64_t row0 = span.row_begin + consumer * 64;
-  const auto pair_at = [&](int i) -> Out* {
-    const int64_t row = row0 + accumulator_row(thread, i), col = span.col_begin + accumulator_col(thread, i);
-    return row < span.row_end && col < span.col_end ? c + row * p.ldc + col : nullptr;
-  };
-  if constexpr (sizeof(Out) == 4) {
-    // wgrad adds into dw: the loads of a batch of pairs are all issued before any of its stores. Pair by pair, each
-    // load would wait for the store before it (the compiler cannot tell the addresses apart), 64 round trips to
-    // memory in a row while the SM computes nothing.
-    constexpr int kBatch = 16;  // pairs: 32 more registers beside the 128 accumulators
-#pragma unroll
-    for (int first = 0; first < kAccumulators; first += 2 * kBatch) {
-      float2 old[kBatch];
-#pragma unroll
-      for (int j = 0; j < kBatch; ++j) {
-        const Out* at = pair_at(first + 2 * j);
-        old[j] = at != nullptr ? *reinterpret_cast<const float2*>(at) : make_float2(0.0f, 0.0f);
-      }
-#pragma unroll
-      for (int j = 0; j < kBatch; ++j) {
-        const int i = first + 2 * j;
-        if (Out* at = pair_at(i)) *reinterpret_cast<float2*>(at) = make_float2(old[j].x + d[i], old[j].y + d[i + 1]);
-      }
-    }
-  } else {
+    // Epilogue straight from the registers: rows of the tile's expert (rows split) or of dw[e], columns below n.
+    // n, ldc and the bases are multiples of 8 elements, so a register pair (two adjacent columns) is 4- or 8-byte
+    // aligned and wholly inside or outside.
+    Out* c = static_cast<Out*>(p.c) + (rows_split(kForm) ? span.expert_begin * p.ldc : span.expert * p.expert_stride);
+    const int64_t row0 = span.row_begin + consumer * 64;
 #pragma unroll
     for (int i = 0; i < kAccumulators; i += 2) {
-      if (Out* at = pair_at(i)) {
+      const int64_t row = row0 + accumulator_row(thread, i), col = span.col_begin + accumulator_col(thread, i);
+      if (row >= span.row_end || col >= span.col_end) continue;
+      Out* at = c + row * p.ldc + col;
+      if constexpr (sizeof(Out) == 4) {
+        asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(at), "f"(d[i]), "f"(d[i + 1]) : "memory");
+      } else {
         *reinterpret_cast<uint32_t*>(at) =
             static_cast<uint32_t>(f32_to_bf16(d[i])) | (static_cast<uint32_t>(f32_to_bf16(d[i + 1])) << 16);
       }
@@ -313,7 +315,7 @@ template <Form kForm, typename Out>
 void launch_form(const KernelContext& ctx, const GroupedGemmShape& s, const bf16* a, const bf16* b, Out* c,
                  const int32_t* offsets, const int64_t* tile_starts) {
   const wg::Extents e{s.rows, s.experts, s.in, s.out};
-  WgmmaProblem p{c, offsets, tile_starts, e, 0, 0, 0, 0};
+  WgmmaProblem p{c, offsets, tile_starts, e, 0, 0, 0, 0, 0};
   if constexpr (kForm == Form::kForward) {
     p.n = s.out;
     p.ldc = s.out;
@@ -326,9 +328,10 @@ void launch_form(const KernelContext& ctx, const GroupedGemmShape& s, const bf16
     p.ldc = s.in;
     p.expert_stride = s.out * s.in;
   }
-  const int64_t blocks = wg::rows_split(kForm) ? grouped::rows_split_blocks(s.rows, s.experts, p.n, wg::kBM, wg::kBN)
-                                               : grouped::inner_split_blocks(s.experts, p.m, p.n, wg::kBM, wg::kBN);
-  if (blocks == 0) return;
+  p.tiles = wg::rows_split(kForm) ? grouped::rows_split_blocks(s.rows, s.experts, p.n, wg::kBM, wg::kBN)
+                                  : grouped::inner_split_blocks(s.experts, p.m, p.n, wg::kBM, wg::kBN);
+  if (p.tiles == 0) return;
+  const int64_t blocks = grouped_gemm_wgmma_blocks(ctx, p.tiles);
   CUtensorMap a_map{}, b_map{};
   encode_grouped_gemm_maps(kForm, e, a, b, a_map, b_map);
   auto kernel = grouped_gemm_wgmma_kernel<kForm, Out>;

@@ -22,6 +22,11 @@ bool grouped_gemm_take_wgmma(const KernelContext& ctx, const GroupedGemmShape& s
 void encode_grouped_gemm_maps(grouped::wgmma::Form form, const grouped::wgmma::Extents& e, const bf16* a, const bf16* b,
                               CUtensorMap& a_map, CUtensorMap& b_map);
 
+// The persistent kernel's grid for `tiles` tiles: one block per SM (ctx.multiprocessors; its shared memory admits one)
+// or fewer. PRIMUS_GROUPED_GEMM_BLOCKS=N caps it at N, so tests can make each block run many tiles; a value that is
+// not a positive integer is a UsageError naming the variable.
+int64_t grouped_gemm_wgmma_blocks(const KernelContext& ctx, int64_t tiles);
+
 // One grouped product (kernels.h, GroupedGemmShape) of the form `form`: a is x (forward) or dy, b is w or x (wgrad),
 // c is y, dx (bf16) or dw (fp32, added to). tile_starts: rows split, grouped::row_tile_starts of the offsets for
 // grouped::wgmma::kBM rows, already queued on ctx.stream; unused by wgrad. The caller has checked

@@ -57,6 +57,7 @@ struct KernelContext {
   Allocator* allocator = nullptr;        // scratch buffers (stream-ordered, see caching_allocator.h)
   int64_t max_shared_bytes = 48 * 1024;  // per block, opt-in limit of the device
   int compute_capability = 0;            // major · 10 + minor (90: Hopper, where the wgmma kernels run)
+  int multiprocessors = 0;               // SMs: the grid of persistent kernels (0: unknown, one block a tile)
 };
 
 // ids [N], table [rows, C] holding vocabulary rows [vocab_begin, vocab_begin + rows) of vocab_total (unsharded:
