@@ -4,7 +4,8 @@
 // problems have partial row, column and k tiles, empty and one-row experts, skew, k long enough for the 4-stage
 // ring to wrap many times (barrier phases), and wgrad experts whose rows end inside a k block. v2 must also give the
 // same bits twice; so must a grid of 3 persistent blocks. A shape v2 cannot take with PRIMUS_GROUPED_GEMM=wgmma, an
-// unknown value and a bad PRIMUS_GROUPED_GEMM_BLOCKS are usage errors naming the variable. Needs an sm_90 GPU for the v2 parts (skipped with the reason elsewhere).
+// unknown value and a bad PRIMUS_GROUPED_GEMM_BLOCKS are usage errors naming the variable. Needs an sm_90 GPU for the
+// v2 parts (skipped with the reason elsewhere).
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -188,8 +188,8 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
   // Tile `tile`'s span, or false when it has no work (past the experts' row tiles, or an expert without rows).
   const auto tile_span = [&](int64_t tile, grouped::TileSpan& span) {
     if constexpr (rows_split(kForm)) {
-      return grouped::rows_split_tile(tile, p.offsets, p.tile_starts, p.extents.experts, p.extents.rows, p.n, kBM,
-                                      kBN, span);
+      return grouped::rows_split_tile(tile, p.offsets, p.tile_starts, p.extents.experts, p.extents.rows, p.n, kBM, kBN,
+                                      span);
     } else {
       return grouped::inner_split_tile(tile, p.offsets, p.extents.experts, p.extents.rows, p.m, p.n, kBM, kBN, span);
     }
@@ -239,8 +239,7 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
           }
 #pragma unroll
           for (int j = 0; j < b_boxes(kForm); ++j) {
-            tma_load<rows_split(kForm) ? 3 : 2>(b + j * b_box_bytes(kForm), &b_map, full(s),
-                                                b_box(kForm, span, kb, j));
+            tma_load<rows_split(kForm) ? 3 : 2>(b + j * b_box_bytes(kForm), &b_map, full(s), b_box(kForm, span, kb, j));
           }
         }
       }
