@@ -297,6 +297,7 @@ struct MoeAuxLossArgs {
 struct Fp8Tiling {
   int64_t rows = 0;  // 0: all rows
   int64_t cols = 0;  // 0: all columns
+  bool whole_tensor() const { return rows == 0 && cols == 0; }  // one tile: tensorwise scaling
 };
 
 // amax[t] = max |x| over tile t (overwritten, or with accumulate max(amax[t], that)); NaN when the tile holds a NaN

@@ -41,7 +41,7 @@ void current_scales(const Fp8Scaling& scaling, const Tensor& x, Fp8Format format
                                 : ops::fp8_tile_grid(x.dim(0), x.dim(1), tiling);
   Tensor amax = Tensor::empty(grid, DType::kF32, x.device());
   ops::fp8_amax(x, tiling, amax, transposed);
-  if (tiling.rows == 0 && tiling.cols == 0) scaling.combine_current_amax(amax);
+  if (tiling.whole_tensor()) scaling.combine_current_amax(amax);
   scale = Tensor::empty(grid, DType::kF32, x.device());
   scale_inv = Tensor::empty(grid, DType::kF32, x.device());
   // Power-of-two block scales keep every dequantised product exact, as Transformer Engine's block recipe does.
@@ -65,7 +65,7 @@ Quantised quantise(Fp8Scaling& scaling, int handle, Fp8Role role, const Tensor& 
     q.plain.scale_inv = q.transposed.scale_inv = scaling.scale_inv(handle);
   } else {
     current_scales(scaling, x, format, tiling, false, scale, q.plain.scale_inv, scaling.non_finite());
-    if (transposed && tiling.rows == 0 && tiling.cols == 0) {
+    if (transposed && tiling.whole_tensor()) {
       scale_t = scale;  // one tile: the same scale either way
       q.transposed.scale_inv = q.plain.scale_inv;
     } else if (transposed) {

@@ -845,7 +845,7 @@ void CudaBackend::fp8_dequantize(const Fp8DequantizeArgs& args) {
 namespace {
 
 Fp8ScaleLayout fp8_scale_layout_of(Fp8Tiling tiling) {
-  if (tiling.rows == 0 && tiling.cols == 0) return Fp8ScaleLayout::kTensor;
+  if (tiling.whole_tensor()) return Fp8ScaleLayout::kTensor;
   return tiling.rows == 1 ? Fp8ScaleLayout::kVec128 : Fp8ScaleLayout::kBlock128x128;
 }
 
