@@ -167,22 +167,40 @@ Tensor MoeLayer::forward(const Tensor& x, int64_t sequences, float aux_grad_scal
   return y;
 }
 
-Tensor MoeLayer::backward(const Tensor& dy, MoeSaved& saved) {
+Tensor MoeLayer::backward(const Tensor& dy, MoeSaved& saved, ParamUnitHooks* hooks) {
   const bool padded = saved.padded_offsets.defined();
   const Tensor& offsets = padded ? saved.padded_offsets : saved.dispatch.offsets;
   const int64_t rows_each = saved.padded_rows;
   Tensor dweights;
   Tensor dexpert_out =
       dispatcher->combine_backward(dy, saved.combined, saved.topk_weights, saved.dispatch, dweights);
+  saved.combined = Tensor();
   if (padded) dexpert_out = to_padded(dexpert_out, saved.dispatch.offsets, rows_each);  // padding: no gradient
+  // The experts' data gradients first, then their weight gradients, gate/up's before down's: a holder of step-scoped
+  // buffers (the hooks) then frees each weight's compute copy before any of their gradients comes, and the largest
+  // inputs (gate/up's) are gone before the last gradient (down's) comes.
+  Tensor none;
   Tensor dact = Tensor::empty(saved.act.shape(), saved.act.dtype(), saved.act.device());
-  ops::grouped_linear_backward(saved.act, down_weight, offsets, dexpert_out, dact, down_grad);
+  ops::grouped_linear_backward(saved.act, down_weight, offsets, dexpert_out, dact, none);
+  if (hooks != nullptr) hooks->weights_read(down_weight);
   Tensor dgate_up = saved.gate_up;  // the pre-activations are not needed after this
   ops::swiglu_backward(saved.gate_up, dact, dgate_up);
+  dact = Tensor();
   Tensor drows = Tensor::empty(saved.rows.shape(), saved.rows.dtype(), saved.rows.device());
-  ops::grouped_linear_backward(saved.rows, gate_up_weight, offsets, dgate_up, drows, gate_up_grad);
+  ops::grouped_linear_backward(saved.rows, gate_up_weight, offsets, dgate_up, drows, none);
+  if (hooks != nullptr) hooks->weights_read(gate_up_weight);
   if (padded) drows = from_padded(drows, saved.dispatch.offsets, rows_each, saved.unpadded_rows);
   Tensor dx = dispatcher->dispatch_backward(drows, saved.dispatch);
+  drows = Tensor();
+  if (hooks != nullptr) hooks->grads_to_write(gate_up_grad);
+  ops::grouped_linear_backward(saved.rows, gate_up_weight, offsets, dgate_up, none, gate_up_grad);
+  dgate_up = Tensor();
+  saved.gate_up = Tensor();
+  saved.rows = Tensor();
+  if (hooks != nullptr) hooks->grads_to_write(down_grad);
+  ops::grouped_linear_backward(saved.act, down_weight, offsets, dexpert_out, none, down_grad);
+  dexpert_out = Tensor();
+  saved.act = Tensor();
   Tensor dlogits = Tensor::empty(saved.logits.shape(), DType::kF32, saved.logits.device());
   ops::moe_router_backward(saved.scores, saved.topk_experts, routing, dweights, saved.dscores_aux, dlogits);
   if (saved.dlogits_z.defined()) ops::add_inplace(dlogits, saved.dlogits_z);

@@ -16,6 +16,7 @@
 #include "layers/attention.h"
 #include "layers/linear.h"
 #include "ops/moe_ops.h"
+#include "ops/param_store.h"
 
 namespace primus {
 
@@ -142,7 +143,9 @@ struct MoeLayer {
   // sequence-level aux loss's). aux_grad_scale: the weight of this micro-batch's aux and z losses in the step's
   // objective (their gradients are formed here and kept for backward, as LmLoss does).
   Tensor forward(const Tensor& x, int64_t sequences, float aux_grad_scale, MoeSaved& saved);
-  Tensor backward(const Tensor& dy, MoeSaved& saved);  // -> dx [N, C]; releases `saved`
+  // -> dx [N, C]; releases `saved`. hooks (optional): told as the experts' weights are read for the last time and
+  // before their gradients are written (ParamUnitHooks::weights_read, grads_to_write).
+  Tensor backward(const Tensor& dy, MoeSaved& saved, ParamUnitHooks* hooks = nullptr);
 
   MoeRoutingTally tally;
   // Adds a training forward's routing to the tally (not a recomputed forward's: it would count twice).

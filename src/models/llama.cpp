@@ -320,6 +320,7 @@ LlamaModel::LlamaModel(const ModelArgs& args, int64_t max_seq_length, Device dev
   const Tensor& compute_flat = compute_dtype_ == DType::kF32 ? params_.flat_params() : compute_weights_;
   UnitBuffers own;
   for (const FlatRange& unit : param_units()) {
+    own.ranges.push_back(unit);
     own.compute.push_back(compute_flat.slice_elements(unit.begin, {unit.size()}));
     own.grads.push_back(params_.flat_grads().slice_elements(unit.begin, {unit.size()}));
   }
@@ -342,25 +343,22 @@ std::vector<FlatRange> LlamaModel::param_units() const {
   return units;
 }
 
-size_t LlamaModel::unit_of(size_t i, const std::vector<FlatRange>& units) const {
-  const int64_t offset = params_.offset(i);
-  for (size_t u = 0; u < units.size(); ++u) {
-    if (offset >= units[u].begin && offset < units[u].end) return u;
-  }
-  PRIMUS_CHECK(false, "[model] parameter {} lies in no unit", params_.specs()[i].name);
-  return 0;
-}
-
 void LlamaModel::bind_units(const UnitBuffers& buffers) {
-  const std::vector<FlatRange> units = param_units();
-  PRIMUS_CHECK(buffers.compute.size() == units.size() && buffers.grads.size() == units.size(),
-               "[model] {} unit buffers for {} units", buffers.compute.size(), units.size());
-  for (size_t u = 0; u < units.size(); ++u) {
-    PRIMUS_CHECK(buffers.compute[u].numel() >= units[u].size() && buffers.compute[u].dtype() == compute_dtype_ &&
-                     buffers.grads[u].numel() >= units[u].size() && buffers.grads[u].dtype() == DType::kF32,
-                 "[model] unit {} of {} elements bound to {} and {}", u, units[u].size(), buffers.compute[u].describe(),
-                 buffers.grads[u].describe());
+  PRIMUS_CHECK(buffers.compute.size() == buffers.ranges.size() && buffers.grads.size() == buffers.ranges.size(),
+               "[model] {} compute and {} gradient buffers for {} pieces", buffers.compute.size(), buffers.grads.size(),
+               buffers.ranges.size());
+  int64_t expected_begin = 0;
+  for (size_t i = 0; i < buffers.ranges.size(); ++i) {
+    const FlatRange& range = buffers.ranges[i];
+    PRIMUS_CHECK(range.begin == expected_begin && !range.empty() && buffers.compute[i].numel() >= range.size() &&
+                     buffers.compute[i].dtype() == compute_dtype_ && buffers.grads[i].numel() >= range.size() &&
+                     buffers.grads[i].dtype() == DType::kF32,
+                 "[model] piece {} [{}, {}) after {} bound to {} and {}", i, range.begin, range.end, expected_begin,
+                 buffers.compute[i].describe(), buffers.grads[i].describe());
+    expected_begin = range.end;
   }
+  PRIMUS_CHECK(expected_begin == params_.numel(), "[model] the pieces cover [0, {}) of {} parameters", expected_begin,
+               params_.numel());
   external_units_ = true;
   compute_weights_stale_ = false;
   compute_weights_ = Tensor();  // the model's own copy is no longer read
@@ -369,14 +367,22 @@ void LlamaModel::bind_units(const UnitBuffers& buffers) {
 
 void LlamaModel::bind_layers(const UnitBuffers& buffers) {
   const float eps = static_cast<float>(args_.norm_epsilon);
-  const std::vector<FlatRange> units = param_units();
-  // A parameter's view in its unit's buffer; `rows` > 0 widens it to that many rows (two adjacent tensors as one).
-  auto view = [&](const std::vector<Tensor>& unit_buffers, const std::string& name, int64_t rows = 0) {
+  // The piece holding `numel` elements from `offset` (a parameter, or adjacent parameters bound as one tensor).
+  auto piece_of = [&](int64_t offset, int64_t numel, const std::string& name) {
+    const auto after = std::upper_bound(buffers.ranges.begin(), buffers.ranges.end(), offset,
+                                        [](int64_t at, const FlatRange& r) { return at < r.begin; });
+    PRIMUS_CHECK(after != buffers.ranges.begin() && offset + numel <= std::prev(after)->end,
+                 "[model] {} ([{}, {})) does not lie within one piece of the bound buffers", name, offset,
+                 offset + numel);
+    return static_cast<size_t>(std::prev(after) - buffers.ranges.begin());
+  };
+  // A parameter's view in its piece's buffer; `rows` > 0 widens it to that many rows (two adjacent tensors as one).
+  auto view = [&](const std::vector<Tensor>& piece_buffers, const std::string& name, int64_t rows = 0) {
     const size_t i = params_.index_of(name);
-    const size_t u = unit_of(i, units);
     Shape shape = params_.specs()[i].shape;
     if (rows > 0) shape[0] = rows;
-    return unit_buffers[u].slice_elements(params_.offset(i) - units[u].begin, shape);
+    const size_t piece = piece_of(params_.offset(i), shape_numel(shape), name);
+    return piece_buffers[piece].slice_elements(params_.offset(i) - buffers.ranges[piece].begin, shape);
   };
   auto p = [&](const std::string& name) { return view(buffers.compute, name); };
   auto g = [&](const std::string& name) { return view(buffers.grads, name); };
@@ -396,10 +402,10 @@ void LlamaModel::bind_layers(const UnitBuffers& buffers) {
     // This rank's experts: E of them, from `first` (all of them, from 0, without expert parallelism).
     const int64_t E = ep_.local_experts(args_.num_experts), first = ep_.first_expert(args_.num_experts);
     const int64_t C = args_.hidden_size, F = args_.moe_ffn_hidden_size;
-    auto shaped = [&](const std::vector<Tensor>& unit_buffers, const std::string& name, const Shape& shape) {
+    auto shaped = [&](const std::vector<Tensor>& piece_buffers, const std::string& name, const Shape& shape) {
       const size_t i = params_.index_of(name);
-      const size_t u = unit_of(i, units);
-      return unit_buffers[u].slice_elements(params_.offset(i) - units[u].begin, shape);
+      const size_t piece = piece_of(params_.offset(i), shape_numel(shape), name);
+      return piece_buffers[piece].slice_elements(params_.offset(i) - buffers.ranges[piece].begin, shape);
     };
     auto at = [&](const std::string& name) { return params_.offset(params_.index_of(name)); };
     for (int64_t e = first; e < first + E; ++e) {
@@ -683,7 +689,7 @@ Tensor LlamaModel::block_backward(Block& b, BlockSaved& saved, const Tensor& dx,
     const ops::ProfileScope scope(b.name + ".mlp (backward)");
     // gate/up are column-parallel: each rank's columns give part of their input's gradient
     const Tensor dmlp = gathered(dx, ctx);
-    Tensor dh2 = summed(b.is_moe ? b.moe.backward(dmlp, saved.moe) : b.mlp.backward(dmlp, saved.mlp), ctx);
+    Tensor dh2 = summed(b.is_moe ? b.moe.backward(dmlp, saved.moe, hooks_) : b.mlp.backward(dmlp, saved.mlp), ctx);
     dmid = b.post_attention_norm.backward(dh2, saved.post_norm);
     ops::add_inplace(dmid, dx);
   }
@@ -1047,6 +1053,23 @@ std::vector<FlatRange> LlamaModel::expert_ranges() const {
     const size_t last = params_.index_of(n.down_proj[first + local - 1]);
     const int64_t begin = params_.offset(params_.index_of(n.gate_proj[first]));
     ranges.push_back({begin, params_.offset(last) + shape_numel(params_.specs()[last].shape)});
+  }
+  return ranges;
+}
+
+std::vector<FlatRange> LlamaModel::expert_weight_ranges() const {
+  std::vector<FlatRange> ranges;
+  const int64_t first = ep_.first_expert(args_.num_experts), local = ep_.local_experts(args_.num_experts);
+  auto range_of = [&](const std::string& from, const std::string& to) {
+    const size_t last = params_.index_of(to);
+    return FlatRange{params_.offset(params_.index_of(from)),
+                     params_.offset(last) + shape_numel(params_.specs()[last].shape)};
+  };
+  for (int64_t i = 0; i < args_.num_layers; ++i) {
+    if (!owns_layer(i) || !args_.is_moe_layer(i)) continue;
+    const MoeParamNames n = moe_param_names(args_, layer_prefix(i));
+    ranges.push_back(range_of(n.gate_proj[first], n.up_proj[first + local - 1]));
+    ranges.push_back(range_of(n.down_proj[first], n.down_proj[first + local - 1]));
   }
   return ranges;
 }

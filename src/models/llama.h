@@ -99,6 +99,7 @@ class LlamaModel final : public Model {
   std::vector<LossSum> mtp_losses() const override { return mtp_sums_; }
   void clear_mtp_losses() override { mtp_sums_.assign(mtp_.size(), LossSum()); }
   std::vector<FlatRange> expert_ranges() const override;
+  std::vector<FlatRange> expert_weight_ranges() const override;
 
  private:
   struct Block {
@@ -143,10 +144,8 @@ class LlamaModel final : public Model {
   void check_single_chunk(const char* what) const;
   struct Context;     // one micro-batch's (llama.cpp)
 
-  // Points every module at its weights and gradients in `buffers` (one tensor per param_units() unit).
+  // Points every module at its weights and gradients in `buffers`' pieces.
   void bind_layers(const UnitBuffers& buffers);
-  // The unit (of param_units()) holding parameter i of the ParamStore.
-  size_t unit_of(size_t i, const std::vector<FlatRange>& units) const;
   // Hooks, when set.
   void hook_before_forward(size_t unit) { if (hooks_ != nullptr) hooks_->before_forward(unit); }
   void hook_after_forward(size_t unit) { if (hooks_ != nullptr) hooks_->after_forward(unit); }

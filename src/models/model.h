@@ -211,6 +211,10 @@ class Model {
   // disjoint): their gradients sum over the ranks holding the same experts, not over all data-parallel ranks. Empty
   // without expert parallelism.
   virtual std::vector<FlatRange> expert_ranges() const { return {}; }
+  // Each MoE layer's experts as two ranges, their gate/up weights and their down weights (ascending, disjoint): the
+  // weights whose layer reports their last read and their gradients' first write in backward itself
+  // (ParamUnitHooks::weights_read, grads_to_write). Empty for a dense model.
+  virtual std::vector<FlatRange> expert_weight_ranges() const { return {}; }
 };
 
 // A family's parameter table, cost figures and constructor.

@@ -39,12 +39,21 @@ class ParamUnitHooks {
   virtual void after_forward(size_t unit) = 0;
   virtual void before_backward(size_t unit) = 0;  // also before a recomputed forward inside backward
   virtual void after_backward(size_t unit) = 0;
+  // Finer, from a layer whose few large weights make up most of its unit (a MoE layer's experts), inside its
+  // backward: after the last read of `weights` (a view of the unit's compute weights) and before the first write of
+  // `grads` (a view of its gradients). A holder that frees and allocates buffers as the step goes uses them
+  // (parallel/unit_residency.h); the rest ignore them.
+  virtual void weights_read(const Tensor& /*weights*/) {}
+  virtual void grads_to_write(const Tensor& /*grads*/) {}
 };
 
-// Storage for a model's modules given from outside, per parameter unit u: compute weights [>= n_u] in the compute
-// dtype and fp32 gradients [>= n_u], where n_u is the unit's size (its first n_u elements are the unit's, laid out
-// as in the flat buffers).
+// Storage for a model's modules given from outside, in pieces that tile the flat buffers in order: piece i holds
+// ranges[i] as compute weights [>= n_i] in the compute dtype and fp32 gradients [>= n_i], where n_i is the range's
+// size (its first n_i elements are the range's, laid out as in the flat buffers). A parameter lies within one
+// piece. Fully sharded data parallelism gives one piece per parameter unit; a single rank's residency
+// (parallel/unit_residency.h) cuts the experts' weights out of their units.
 struct UnitBuffers {
+  std::vector<FlatRange> ranges;
   std::vector<Tensor> compute;
   std::vector<Tensor> grads;
 };

@@ -55,46 +55,77 @@ const Tensor& AdamW::exp_avg_sq() const {
 void AdamW::step(ParamStore& params, double lr, double grad_scale, Tensor* compute_copy) {
   PRIMUS_CHECK(!packed_ || compute_copy == nullptr, "[adamw] a packed optimizer writes its own compute copy");
   ++steps_taken_;
-  const std::vector<ParamSpec>& specs = params.specs();
   for (size_t r = 0; r < owned_.size(); ++r) {
     const FlatRange range = owned_[r];
-    // Runs of adjacent tensors with the same weight decay, cut to the owned range: each is one launch.
-    for (size_t first = 0; first < specs.size();) {
-      size_t end = first + 1;
-      while (end < specs.size() && specs[end].weight_decay == specs[first].weight_decay) ++end;
-      const int64_t run_begin = params.offset(first);
-      const int64_t run_end = params.offset(end - 1) + shape_numel(specs[end - 1].shape);
-      const int64_t offset = std::max(run_begin, range.begin);
-      const int64_t n = std::min(run_end, range.end) - offset;
-      const bool decay = specs[first].weight_decay;
-      first = end;
-      if (n <= 0) continue;
-      const int64_t at = moment_offsets_[r] + offset - range.begin;  // in the moments (and packed shards)
-      Tensor p = packed_ ? packed_->master.slice_elements(at, {n}) : params.flat_params().slice_elements(offset, {n});
-      Tensor g = packed_ ? packed_->grads.slice_elements(at, {n}) : params.flat_grads().slice_elements(offset, {n});
-      Tensor m = exp_avg_.slice_elements(at, {n});
-      Tensor v = exp_avg_sq_.slice_elements(at, {n});
-      Tensor copy;
-      if (packed_ && packed_->compute_copy.defined()) {
-        copy = packed_->compute_copy.slice_elements(at, {n});
-      } else if (compute_copy != nullptr) {
-        copy = compute_copy->slice_elements(offset, {n});
-      }
-      AdamWArgs args;
-      args.param = &p;
-      args.grad = &g;
-      args.exp_avg = &m;
-      args.exp_avg_sq = &v;
-      args.lr = static_cast<float>(lr);
-      args.beta1 = static_cast<float>(config_.beta1);
-      args.beta2 = static_cast<float>(config_.beta2);
-      args.eps = static_cast<float>(config_.eps);
-      args.weight_decay = decay ? static_cast<float>(config_.weight_decay) : 0.0f;
-      args.step = steps_taken_;
-      args.grad_scale = static_cast<float>(grad_scale);
-      args.compute_copy = copy.defined() ? &copy : nullptr;
-      ops::adamw_step(args);
-    }
+    update_runs(
+        params, range, lr, grad_scale,
+        [&](int64_t offset, int64_t n, Tensor& p, Tensor& g, Tensor& m, Tensor& v, Tensor& copy) {
+          const int64_t at = moment_offsets_[r] + offset - range.begin;  // in the moments (and packed shards)
+          p = packed_ ? packed_->master.slice_elements(at, {n}) : params.flat_params().slice_elements(offset, {n});
+          g = packed_ ? packed_->grads.slice_elements(at, {n}) : params.flat_grads().slice_elements(offset, {n});
+          m = exp_avg_.slice_elements(at, {n});
+          v = exp_avg_sq_.slice_elements(at, {n});
+          if (packed_ && packed_->compute_copy.defined()) {
+            copy = packed_->compute_copy.slice_elements(at, {n});
+          } else if (compute_copy != nullptr) {
+            copy = compute_copy->slice_elements(offset, {n});
+          }
+        });
+  }
+}
+
+void AdamW::begin_step() {
+  PRIMUS_CHECK(owns_everything() && !packed_, "[adamw] an update by pieces needs the whole, unpacked optimizer");
+  ++steps_taken_;
+}
+
+void AdamW::update(ParamStore& params, FlatRange range, const Tensor& grads, const Tensor& compute, double lr,
+                   double grad_scale) {
+  PRIMUS_CHECK(owns_everything() && !packed_, "[adamw] an update by pieces needs the whole, unpacked optimizer");
+  PRIMUS_CHECK(range.begin >= 0 && range.end <= numel_ && grads.numel() >= range.size() &&
+                   (!compute.defined() || compute.numel() >= range.size()),
+               "[adamw] piece [{}, {}) with gradients {} and compute copy {}", range.begin, range.end, grads.describe(),
+               compute.defined() ? compute.describe() : "none");
+  update_runs(params, range, lr, grad_scale,
+              [&](int64_t offset, int64_t n, Tensor& p, Tensor& g, Tensor& m, Tensor& v, Tensor& copy) {
+                p = params.flat_params().slice_elements(offset, {n});
+                g = grads.slice_elements(offset - range.begin, {n});
+                m = exp_avg_.slice_elements(offset, {n});
+                v = exp_avg_sq_.slice_elements(offset, {n});
+                if (compute.defined()) copy = compute.slice_elements(offset - range.begin, {n});
+              });
+}
+
+void AdamW::update_runs(const ParamStore& params, FlatRange range, double lr, double grad_scale,
+                        const ViewsOf& views_of) const {
+  const std::vector<ParamSpec>& specs = params.specs();
+  // Runs of adjacent tensors with the same weight decay, cut to the range: each is one launch.
+  for (size_t first = 0; first < specs.size();) {
+    size_t end = first + 1;
+    while (end < specs.size() && specs[end].weight_decay == specs[first].weight_decay) ++end;
+    const int64_t run_begin = params.offset(first);
+    const int64_t run_end = params.offset(end - 1) + shape_numel(specs[end - 1].shape);
+    const int64_t offset = std::max(run_begin, range.begin);
+    const int64_t n = std::min(run_end, range.end) - offset;
+    const bool decay = specs[first].weight_decay;
+    first = end;
+    if (n <= 0) continue;
+    Tensor p, g, m, v, copy;
+    views_of(offset, n, p, g, m, v, copy);
+    AdamWArgs args;
+    args.param = &p;
+    args.grad = &g;
+    args.exp_avg = &m;
+    args.exp_avg_sq = &v;
+    args.lr = static_cast<float>(lr);
+    args.beta1 = static_cast<float>(config_.beta1);
+    args.beta2 = static_cast<float>(config_.beta2);
+    args.eps = static_cast<float>(config_.eps);
+    args.weight_decay = decay ? static_cast<float>(config_.weight_decay) : 0.0f;
+    args.step = steps_taken_;
+    args.grad_scale = static_cast<float>(grad_scale);
+    args.compute_copy = copy.defined() ? &copy : nullptr;
+    ops::adamw_step(args);
   }
 }
 

@@ -7,6 +7,7 @@
 // gradients of the owned ranges live in packed shard buffers instead of the ParamStore (PackedShards).
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -43,6 +44,12 @@ class AdamW {
   // bf16 [numel]) receives the updated weights rounded. Adjacent tensors with the same weight decay share
   // one launch. With packed shards, `params` gives only the layout and compute_copy must be null.
   void step(ParamStore& params, double lr, double grad_scale = 1.0, Tensor* compute_copy = nullptr);
+  // The same step for gradients and a compute copy held in pieces instead of flat buffers (a single rank's
+  // step-scoped buffers, parallel/unit_residency.h), unsharded and unpacked only: begin_step(), then update() of
+  // every piece once. `grads` and `compute` (undefined in fp32) hold the range's elements from their start.
+  void begin_step();
+  void update(ParamStore& params, FlatRange range, const Tensor& grads, const Tensor& compute, double lr,
+              double grad_scale = 1.0);
 
   int64_t steps_taken() const { return steps_taken_; }
   void set_steps_taken(int64_t n) { steps_taken_ = n; }
@@ -60,6 +67,14 @@ class AdamW {
   const Tensor& exp_avg_sq() const;
 
  private:
+  // Sets the parameter, gradient, moment and compute-copy views (copy left undefined for none) of n elements from
+  // flat offset `offset`.
+  using ViewsOf =
+      std::function<void(int64_t offset, int64_t n, Tensor& p, Tensor& g, Tensor& m, Tensor& v, Tensor& copy)>;
+  // One launch per run of adjacent tensors with the same weight decay, cut to `range`.
+  void update_runs(const ParamStore& params, FlatRange range, double lr, double grad_scale,
+                   const ViewsOf& views_of) const;
+
   AdamWConfig config_;
   int64_t numel_ = 0;
   std::vector<FlatRange> owned_;

@@ -66,6 +66,14 @@ DataParallel::DataParallel(std::shared_ptr<Communicator> dp, ParamStore& params,
     expert_dp_ = options_.expert_dp->split(0, options_.expert_dp->rank());
     ep_control_ = options_.ep->split(0, options_.ep->rank());
   }
+  if (options_.unit_residency) {
+    PRIMUS_CHECK(dp_->size() == 1 && !options_.fully_sharded && !options_.distributed_optimizer && !experts &&
+                     (!options_.tp || options_.tp->size() == 1) && (!options_.model || options_.model->size() == 1),
+                 "[ddp] step-scoped buffers are for a single rank without model parallelism or sharding");
+    residency_ =
+        std::make_unique<UnitResidency>(params, options_.units, options_.expert_weights, options_.compute_dtype);
+    return;
+  }
   if (options_.fully_sharded) {
     fsdp_ = std::make_unique<FullyShardedDataParallel>(*dp_, params, options_.units, options_.compute_dtype,
                                                        *options_.fully_sharded, options_.overlap_param_gather);
@@ -88,6 +96,7 @@ std::vector<FlatRange> DataParallel::optimizer_ranges() const {
 
 std::vector<FlatRange> DataParallel::shard_ranges() const {
   if (fsdp_) return fsdp_->owned();
+  if (residency_) return {FlatRange{0, params_.numel()}};
   return reducer_->layout().owned(dp_->rank(), expert_dp_ ? expert_dp_->rank() : 0);
 }
 
@@ -105,6 +114,8 @@ std::vector<FlatRange> DataParallel::counted_ranges() const {
 void DataParallel::zero_grads() {
   if (fsdp_) {
     fsdp_->begin_step();
+  } else if (residency_) {
+    residency_->begin_step();
   } else {
     params_.zero_grads();
   }
@@ -116,6 +127,7 @@ void DataParallel::begin_micro_batch() {
 
 void DataParallel::before_backward(bool last) {
   if (reducer_ && last) reducer_->start();
+  if (residency_) residency_->before_step_backward(last);
 }
 
 GradsReadyFn DataParallel::grads_ready_hook(bool last) {
@@ -127,7 +139,7 @@ void DataParallel::after_backward(bool last) {
   if (!last) return;
   if (fsdp_) {
     fsdp_->finish_backward();
-  } else {
+  } else if (reducer_) {
     reducer_->finish();
   }
 }
@@ -146,12 +158,14 @@ void DataParallel::max_in_place(Tensor& values) {
 }
 
 void DataParallel::wait_for_communication() {
+  if (residency_) return;  // nothing runs in the background
   if (reducer_) reducer_->wait_all_gathered();
   comm()->wait_all();
 }
 
 ParamUnitHooks* DataParallel::param_hooks() {
   if (fsdp_) return fsdp_.get();
+  if (residency_) return residency_.get();
   return options_.overlap_param_gather && sharded() ? this : nullptr;
 }
 
@@ -176,6 +190,7 @@ double DataParallel::grad_norm() {
                         : options_.tp && options_.tp->size() > 1   ? options_.tp.get()
                                                                     : nullptr;
   if (expert_dp_) return std::sqrt(expert_parallel_sum_squares(parts));
+  if (residency_) return std::sqrt(residency_->grad_sum_squares());
   double local = 0.0;
   if (parts != nullptr) {
     // Each parameter counted once over the parts: tensor-parallel duplicates and pipeline copies left out.
@@ -212,6 +227,7 @@ double DataParallel::expert_parallel_sum_squares(Communicator* parts) {
 
 std::vector<Tensor> DataParallel::held_grads() const {
   // The pieces this rank holds: everything, its optimizer shards, or FSDP's packed gradient shards.
+  PRIMUS_CHECK(residency_ == nullptr, "[ddp] step-scoped gradients are held in pieces, not flat ranges");
   const std::vector<FlatRange> held = optimizer_ranges();
   std::vector<Tensor> grads;
   for (size_t i = 0; i < held.size(); ++i) {

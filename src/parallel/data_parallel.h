@@ -18,6 +18,7 @@
 #include "ops/param_store.h"
 #include "parallel/fsdp.h"
 #include "parallel/grad_reducer.h"
+#include "parallel/unit_residency.h"
 
 namespace primus {
 
@@ -28,8 +29,12 @@ struct DataParallelOptions {
   // use_megatron_fsdp with optim_grads or optim_grads_params: sharded by parameter unit instead of buckets.
   std::optional<FullyShardedDataParallel::Strategy> fully_sharded;
   bool overlap_param_gather = false;   // gathers after the step overlap the next forward (sharded only)
-  std::vector<FlatRange> units;        // the model's parameter units (FSDP, overlap_param_gather)
-  DType compute_dtype = DType::kF32;   // FSDP: the dtype of the gathered weights
+  std::vector<FlatRange> units;        // the model's parameter units (FSDP, overlap_param_gather, unit_residency)
+  DType compute_dtype = DType::kF32;   // FSDP: the dtype of the gathered weights; unit_residency: of the copy
+  // A single rank without model parallelism or sharding: gradients and the compute copy held only while the step
+  // needs them (parallel/unit_residency.h), the experts' weights (Model::expert_weight_ranges) as pieces of their own.
+  bool unit_residency = false;
+  std::vector<FlatRange> expert_weights;
   // Tensor parallelism: the group whose ranks hold the other slices of this replica (null: none). The gradient
   // norm sums over it too, leaving out `tp_duplicates`: the ranges this rank holds that another rank of the group
   // holds too and counts (parameters every rank holds whole, on all but the group's first rank; replicated
@@ -66,6 +71,8 @@ class DataParallel final : public ParamUnitHooks {
   bool sharded() const { return options_.distributed_optimizer || fsdp_ != nullptr; }
   // The fully sharded strategies, or null.
   FullyShardedDataParallel* fsdp() { return fsdp_.get(); }
+  // A single rank's step-scoped buffers (unit_residency), or null. The step's update then goes by its pieces.
+  UnitResidency* residency() { return residency_.get(); }
   // The ranges whose optimizer state this rank keeps: its shards, or everything.
   std::vector<FlatRange> optimizer_ranges() const;
   // This rank's shards (of the bucket layout, distributed optimizer or not, or of FSDP's units): the part of a
@@ -152,6 +159,7 @@ class DataParallel final : public ParamUnitHooks {
   DataParallelOptions options_;
   std::unique_ptr<GradReducer> reducer_;            // buckets: DDP and the distributed optimizer
   std::unique_ptr<FullyShardedDataParallel> fsdp_;  // or units
+  std::unique_ptr<UnitResidency> residency_;        // or a single rank's step-scoped buffers
 };
 
 }  // namespace primus

@@ -83,6 +83,7 @@ UnitBuffers FullyShardedDataParallel::take_weights() {
       unit.grads.materialize_storage();
       ops::zero(unit.grads);
     }
+    buffers.ranges.push_back(unit.range);
     buffers.compute.push_back(unit.weights);
     buffers.grads.push_back(unit.grads);
   }

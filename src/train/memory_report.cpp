@@ -420,6 +420,28 @@ MemoryPlan plan_memory(const ModelArgs& whole, const TrainingArgs& t, Device dev
     // The units' buffers peak in backward, after the loss's transients are gone: the two peaks do not add up.
     plan.not_at_once_bytes =
         std::min(units_released_at_loss, plan.activations.peak_bytes - plan.activations.saved_bytes);
+    const bool one_rank = t.data_parallel_size * t.tensor_model_parallel_size * t.pipeline_model_parallel_size *
+                              std::max<int64_t>(1, t.context_parallel_size) ==
+                          1;
+    // With accumulation the gradients stay from the first micro-batch's backward through the next ones' forwards.
+    if (one_rank && plan.fully_sharded.empty() && micro_batches_per_step(t) == 1) {
+      // Step-scoped buffers (parallel/unit_residency.h), one micro-batch a step: at the loss the blocks' gradients are
+      // not allocated yet (the
+      // embedding's and the output layer's are); backward allocates a layer's gradients while the activations of the
+      // layers below it are still held, and frees its compute copy after it. Its peak is at its first layer (most
+      // activations) or at its last (most gradients), with that layer's compute copy and activations.
+      const int64_t outer = args.vocab_size * args.hidden_size * (args.untie_embeddings_and_output_weights ? 2 : 1);
+      const int64_t layers = std::max<int64_t>(1, args.num_layers);
+      const int64_t whole = plan.static_bytes() + plan.activations.peak_bytes;
+      const int64_t without_grads = plan.static_bytes() - plan.grad_bytes + 4 * outer;
+      const int64_t at_loss = without_grads + plan.activations.peak_bytes;
+      const int64_t first_layer = without_grads + (plan.grad_bytes - 4 * outer) / layers + plan.activations.peak_bytes -
+                                  plan.activations.logits_chunk_bytes;
+      const int64_t last_layer = plan.static_bytes() - plan.compute_copy_bytes + plan.compute_copy_bytes / layers +
+                                 plan.activations.layer_bytes;
+      plan.not_at_once_bytes = whole - std::max({at_loss, first_layer, last_layer});
+      plan.step_scoped_buffers = true;
+    }
     plan_fp8_codes(plan, args, t, recompute, plan.activations.tokens);
     return plan;
   }
@@ -546,7 +568,9 @@ std::vector<std::string> format_memory_table(const MemoryPlan& p) {
     lines.push_back(row("inputs not kept in bf16", -p.fp8_freed_inputs_bytes, "(their fp8 codes stand in)"));
   }
   if (p.not_at_once_bytes > 0) {
-    lines.push_back(row("not held at once", -p.not_at_once_bytes, "(units' buffers peak after the loss's transients)"));
+    lines.push_back(row("not held at once", -p.not_at_once_bytes,
+                        p.step_scoped_buffers ? "(one rank: gradients come as backward frees the compute copy)"
+                                              : "(units' buffers peak after the loss's transients)"));
   }
   lines.push_back(row("total", p.total_bytes()));
   if (p.device_total_bytes > 0) {

@@ -104,8 +104,10 @@ struct MemoryPlan {
   int64_t device_free_bytes = 0;   // CUDA: free when the plan was made
 
   // FSDP: of the units' buffers above, what is released while the activations peak (at the loss), so that the peak
-  // of the whole is less than the sum of the rows' peaks.
+  // of the whole is less than the sum of the rows' peaks. One rank (step_scoped_buffers): the larger of the loss's
+  // moment (no gradients of the blocks yet) and the end of backward (no compute copy) is the peak; this is the rest.
   int64_t not_at_once_bytes = 0;
+  bool step_scoped_buffers = false;
   // fp8 (above): the weights' codes, and the inputs' codes kept for backward by the micro-batches in flight.
   int64_t fp8_weight_codes_bytes = 0;
   int64_t fp8_input_codes_bytes = 0;

@@ -115,6 +115,11 @@ StepResult train_step(Model& model, AdamW& optimizer, DataParallel& dp, const st
       optimizer.step(model.params(), lr, clip.scale, model.compute_weights());
       Tensor* compute = model.compute_weights();
       dp.after_optimizer(compute != nullptr ? *compute : model.params().flat_params());
+    } else if (UnitResidency* residency = dp.residency(); residency != nullptr) {
+      optimizer.begin_step();
+      residency->update_pieces([&](FlatRange range, const Tensor& grads, const Tensor& compute) {
+        optimizer.update(model.params(), range, grads, compute, lr, clip.scale);
+      });
     } else {
       optimizer.step(model.params(), lr, clip.scale, model.compute_weights());
     }
@@ -300,6 +305,14 @@ std::unique_ptr<DataParallel> make_data_parallel(const ProcessGroups& groups, Mo
     throw UsageError("[config] overlap_param_gather: true needs sharded weights to gather: set "
                      "use_distributed_optimizer: true, or use_megatron_fsdp: true with a sharding strategy");
   }
+  // One rank: gradients and the compute copy only while the step needs them. The distributed optimizer has nothing to
+  // shard there (its one rank owns everything), so it gives way.
+  if (groups.world->size() == 1 && !fully_sharded) {
+    options.unit_residency = true;
+    options.distributed_optimizer = false;
+    options.overlap_param_gather = false;
+    options.expert_weights = model.expert_weight_ranges();
+  }
   return std::make_unique<DataParallel>(groups.dp_cp, model.params(), options);
 }
 
@@ -321,7 +334,8 @@ AdamW make_optimizer(Model& model, DataParallel& dp, const TrainingArgs& t) {
 
 void weights_ready(Model& model, DataParallel& dp) {
   if (FullyShardedDataParallel* fsdp = dp.fsdp(); fsdp != nullptr) model.bind_units(fsdp->take_weights());
-  model.weights_changed();  // no-op once bound to FSDP's units
+  if (UnitResidency* residency = dp.residency(); residency != nullptr) model.bind_units(residency->take_buffers());
+  model.weights_changed();  // no-op once bound to FSDP's units or step-scoped buffers
   model.set_param_hooks(dp.param_hooks());
 }
 

@@ -327,6 +327,9 @@ TEST_F(CudaOps, CachingAllocatorReusesFreedBlocks) {
   EXPECT_EQ(CachingAllocator::size_class(1024 * kMiB), 1024 * kMiB);
   EXPECT_EQ(CachingAllocator::size_class(1024 * kMiB + 1), 1040 * kMiB);
   EXPECT_EQ(CachingAllocator::size_class(size_t{1235814400} * 4), 4736 * kMiB);
+  // Above 2 GiB in steps of 32 MiB at most: the Mixtral layer shape's 22.6 GiB moments waste under 32 MiB each.
+  EXPECT_EQ(CachingAllocator::size_class(24 * 1024 * kMiB + 1), (24 * 1024 + 32) * kMiB);
+  EXPECT_EQ(CachingAllocator::size_class(size_t{6068000000} * 4), 23168 * kMiB);
   CachingAllocator& allocator = start_cuda_backend(0).allocator();
   const CudaMemoryStats before = allocator.stats();
   void* first = allocator.allocate(3000);

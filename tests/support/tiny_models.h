@@ -148,6 +148,35 @@ inline ModelArgs tiny_deepseek_args(bool q_lora, bool yarn, bool moe) {
   return a;
 }
 
+// Mixtral's layout: every layer MoE, 8 experts, top-2 renormalised, aux and z losses; head size 16 so bf16
+// attention runs on cuDNN as in real runs.
+inline ModelArgs tiny_mixtral_args() {
+  ModelArgs a = tiny_llama_args();
+  a.hidden_size = 64;
+  a.kv_channels = 16;
+  a.num_experts = 8;
+  a.moe_router_topk = 2;
+  a.moe_ffn_hidden_size = 48;
+  a.moe_aux_loss_coeff = 0.01;
+  a.moe_z_loss_coeff = 0.001;
+  return a;
+}
+
+// Qwen3-MoE's: q/k norms, tied head, the first layer dense, then 16 experts, top-4 renormalised (norm_topk_prob),
+// aux loss.
+inline ModelArgs tiny_qwen3_moe_args() {
+  ModelArgs a = tiny_qwen3_args();
+  a.num_layers = 3;
+  a.hidden_size = 64;
+  a.kv_channels = 16;
+  a.num_experts = 16;
+  a.moe_router_topk = 4;
+  a.moe_ffn_hidden_size = 32;
+  a.moe_first_k_dense_replace = 1;
+  a.moe_aux_loss_coeff = 0.001;
+  return a;
+}
+
 // One training micro-batch (host tokens and labels [B, T]) through `model`: forward with the loss gradient, then
 // backward, gradients accumulating. grad_scale 0 means 1 / this batch's counted tokens. Returns Σ token losses
 // and the counted tokens. `packed` holds host tensors (moved to the model's device here).

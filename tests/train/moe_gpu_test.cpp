@@ -1,8 +1,8 @@
 // Mixture-of-experts models on the CUDA engine against the CPU engine: tiny Mixtral-, Qwen3-MoE- and DeepSeek-routed
 // models, also with token dropping (expert capacity, both drop policies, with and without padding) and the
 // sequence-level aux loss, give the CPU's loss and gradient of every parameter in fp32 and track them in bf16 mixed
-// precision (router in fp32, experts in bf16), and a short bf16 run on one batch lowers the loss. Skipped, with the
-// reason, where there is no CUDA build or no GPU.
+// precision (router in fp32, experts in bf16), a short bf16 run on one batch lowers the loss, and step-scoped buffers
+// train as the flat ones. Skipped, with the reason, where there is no CUDA build or no GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,6 +12,7 @@
 #include "models/model.h"
 #include "ops/ops.h"
 #include "optim/adamw.h"
+#include "support/step_scoped_check.h"
 #include "support/test_support.h"
 #include "support/tiny_models.h"
 
@@ -20,34 +21,8 @@ namespace {
 
 constexpr Device kGpu{DeviceType::kCuda, 0};
 
-// Mixtral's layout: every layer MoE, 8 experts, top-2 renormalised, aux and z losses; head size 16 so bf16
-// attention runs on cuDNN as in real runs.
-ModelArgs tiny_mixtral_args() {
-  ModelArgs a = testing::tiny_llama_args();
-  a.hidden_size = 64;
-  a.kv_channels = 16;
-  a.num_experts = 8;
-  a.moe_router_topk = 2;
-  a.moe_ffn_hidden_size = 48;
-  a.moe_aux_loss_coeff = 0.01;
-  a.moe_z_loss_coeff = 0.001;
-  return a;
-}
-
-// Qwen3-MoE's: q/k norms, tied head, the first layer dense, then 16 experts, top-4 renormalised (norm_topk_prob),
-// aux loss.
-ModelArgs tiny_qwen3_moe_args() {
-  ModelArgs a = testing::tiny_qwen3_args();
-  a.num_layers = 3;
-  a.hidden_size = 64;
-  a.kv_channels = 16;
-  a.num_experts = 16;
-  a.moe_router_topk = 4;
-  a.moe_ffn_hidden_size = 32;
-  a.moe_first_k_dense_replace = 1;
-  a.moe_aux_loss_coeff = 0.001;
-  return a;
-}
+using testing::tiny_mixtral_args;
+using testing::tiny_qwen3_moe_args;
 
 // DeepSeek-V3's routing on the Mixtral layout: sigmoid scores, 4 groups of which 2, top-4 scaled by 2.5, and a shared
 // expert.
@@ -171,6 +146,18 @@ TEST(MoeGpu, Bf16TrainingLowersTheLoss) {
     std::printf("  %s bf16: loss %.4f -> %.4f\n", std::string(model_family_name(args)).c_str(), first, last);
     EXPECT_LT(last, 0.6 * first) << model_family_name(args) << ": " << first << " -> " << last;
   }
+}
+
+// A single rank's step-scoped buffers in bf16 on the GPU, where they free the experts' compute copy inside the MoE
+// layer's backward: the flat buffers' losses and weights bit for bit (deterministic mode: cuDNN's attention backward
+// otherwise adds in a varying order), also with gradient accumulation and for a dense model.
+TEST(MoeGpu, Bf16StepScopedBuffersMatchTheFlatBuffers) {
+  PRIMUS_SKIP_WITHOUT_GPU();
+  ops::set_deterministic(kGpu, true);
+  testing::expect_step_scoped_buffers_match_flat(tiny_mixtral_args(), kGpu, DType::kBF16, 2);
+  testing::expect_step_scoped_buffers_match_flat(tiny_qwen3_moe_args(), kGpu, DType::kBF16, 1);
+  testing::expect_step_scoped_buffers_match_flat(testing::tiny_llama_args(), kGpu, DType::kBF16, 1);
+  ops::set_deterministic(kGpu, false);
 }
 
 }  // namespace

@@ -234,6 +234,7 @@ TEST(MemoryEstimate, MatchesTheBytesTheEngineHolds) {
 TEST(MemoryPlan, TableRowsForFp32AndMixedPrecision) {
   ModelArgs args = testing::tiny_llama_args();
   TrainingArgs t;
+  t.data_parallel_size = 2;  // every buffer through the step (one rank's step-scoped buffers: the test after this)
   t.micro_batch_size = 2;
   t.seq_length = 8;
   const MemoryPlan plan = plan_memory(args, t, kCpuDevice, DType::kF32);
@@ -267,6 +268,40 @@ TEST(MemoryPlan, TableRowsForFp32AndMixedPrecision) {
   EXPECT_NE(mixed_lines[0].find("bf16 activations, recompute full (block, the first 1 layers)"), std::string::npos);
   EXPECT_EQ(format_memory_bytes(3 * (int64_t{1} << 30) / 2), "1.50 GiB");
   EXPECT_EQ(format_memory_bytes(12 * (int64_t{1} << 20)), "12.00 MiB");
+}
+
+// One rank holds the blocks' gradients only from backward on and its compute copy only until then
+// (parallel/unit_residency.h). Backward allocates a layer's gradients while the layers below it keep their activations:
+// the peak is at its first layer or its last, or at the loss.
+TEST(MemoryPlan, OneRankHoldsTheGradientsAndTheComputeCopyOnlyWhenTheStepNeedsThem) {
+  const ModelArgs args = testing::tiny_llama_args();  // 18,720 parameters, embedding and lm_head 1,600 each
+  TrainingArgs t;
+  t.micro_batch_size = 2;
+  t.global_batch_size = 2;
+  t.seq_length = 8;
+  const MemoryPlan fp32 = plan_memory(args, t, kCpuDevice, DType::kF32);
+  EXPECT_TRUE(fp32.step_scoped_buffers);
+  // Here the last layer's backward: master, moments and every gradient, and that layer's activations.
+  const int64_t everything = 74880 + 74880 + 149760;
+  EXPECT_EQ(fp32.total_bytes(), everything + fp32.activations.layer_bytes);
+  EXPECT_EQ(fp32.not_at_once_bytes, fp32.activations.peak_bytes - fp32.activations.layer_bytes);
+  const std::vector<std::string> lines = format_memory_table(fp32);
+  ASSERT_EQ(lines.size(), 7u);
+  EXPECT_NE(lines[5].find("not held at once"), std::string::npos) << lines[5];
+  EXPECT_NE(lines[5].find("(one rank: gradients come as backward frees the compute copy)"), std::string::npos);
+  // bf16: the compute copy is held at the loss and gone by the end of backward.
+  const MemoryPlan mixed = plan_memory(args, t, kCpuDevice, DType::kBF16);
+  EXPECT_LT(mixed.total_bytes(), mixed.static_bytes() + mixed.activations.peak_bytes);
+  EXPECT_GE(mixed.total_bytes(), everything);
+  // With gradient accumulation the gradients stay from the first backward through the next forwards; two ranks hold
+  // everything through the step.
+  t.global_batch_size = 4;
+  EXPECT_EQ(plan_memory(args, t, kCpuDevice, DType::kF32).not_at_once_bytes, 0);
+  t.global_batch_size = 2;
+  t.data_parallel_size = 2;
+  const MemoryPlan two = plan_memory(args, t, kCpuDevice, DType::kF32);
+  EXPECT_FALSE(two.step_scoped_buffers);
+  EXPECT_EQ(two.not_at_once_bytes, 0);
 }
 
 // fp8 keeps the codes of its weights (W and Wᵀ, 2 bytes a parameter of its Linear modules) and of its inputs (xᵀ, a

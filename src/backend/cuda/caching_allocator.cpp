@@ -15,6 +15,7 @@ namespace primus {
 namespace {
 
 constexpr size_t kMinBlockBytes = 512;  // also the alignment every block starts with (cudaMalloc gives 256+)
+constexpr size_t kMiB = size_t{1} << 20;
 constexpr size_t kGiB = size_t{1} << 30;
 
 double gib(size_t bytes) { return static_cast<double>(bytes) / static_cast<double>(kGiB); }
@@ -29,8 +30,10 @@ size_t CachingAllocator::size_class(size_t bytes) {
   // AdamW moments, the bf16 copy), allocated once at sizes the model dictates, where a quarter of a power of two
   // wasted up to 25% (1.8 GiB on the llama3.2 1B config, 6.3 GiB on the Mixtral layer shape); 64 classes waste at
   // most 1.6% and still let a block serve requests whose size varies a little from step to step.
+  // Above 2 GiB the step stops growing at 32 MiB: blocks that large are allocated once, not reused at varying sizes,
+  // and a 64th of 16 GiB (the moments of a 6 B-parameter model) would waste a quarter of a GiB each.
   const size_t top = std::bit_floor(bytes - 1);  // 2^e
-  const size_t step = top > kGiB / 2 ? top / 64 : top / 4;
+  const size_t step = top > kGiB / 2 ? std::min<size_t>(top / 64, 32 * kMiB) : top / 4;
   return (bytes + step - 1) / step * step;
 }
 

@@ -1,7 +1,8 @@
 // The stream-ordered caching allocator for device memory, registered for DeviceType::kCuda.
 //
 // Requests are rounded up to a size class (512 B minimum, then four classes per power of two, so at most
-// 25% is wasted; above 1 GiB sixty-four, at most 1.6%) and a freed block goes onto its class's free list instead of back to the driver. A later
+// 25% is wasted; above 1 GiB sixty-four, at most 1.6%, in steps of at most 32 MiB) and a freed block goes onto its
+// class's free list instead of back to the driver. A later
 // request of the same class reuses it at once. When the driver runs out of memory, the cache is returned to
 // it and the request retried once; a second failure throws OutOfMemoryError (core/error.h) with the request
 // size. Freed memory never goes back to the driver otherwise, so steady-state training steps make no
