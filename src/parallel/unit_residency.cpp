@@ -123,9 +123,9 @@ size_t UnitResidency::piece_of(const Tensor& view, bool grads) const {
 
 void UnitResidency::weights_read(const Tensor& weights) {
   if (!mixed() || !last_backward_) return;
-  Piece& piece = pieces_[piece_of(weights, false)];
-  // Only a piece of the layer's own weights: any other piece holds weights read later.
-  if (piece.expert && piece.compute.resident()) piece.compute.release_storage();
+  const size_t i = piece_of(weights, false);
+  // Only a piece the weights fill: a larger one holds others, read later.
+  if (weights.numel() == ranges_[i].size() && pieces_[i].compute.resident()) pieces_[i].compute.release_storage();
 }
 
 void UnitResidency::grads_to_write(const Tensor& grads) { ensure_grads(pieces_[piece_of(grads, true)]); }

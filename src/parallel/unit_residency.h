@@ -9,7 +9,8 @@
 //     first and last unit (a tied or untied output layer forms its gradient there), and freed once the optimizer has
 //     read them;
 //   - in mixed precision, a piece's compute copy is freed by the step's last backward after its last read (its unit's
-//     after_backward, or the experts' weights_read) and allocated again as the optimizer writes it.
+//     after_backward, or before it a layer's weights_read naming the whole piece: the experts, an untied embedding)
+//     and allocated again as the optimizer writes it.
 // So the end of forward holds the compute copy and the activations but no gradients of the blocks, and the end of
 // backward the gradients but no compute copy. The optimizer updates the pieces from the smallest: each frees twice
 // what it allocates (4 bytes of gradient an element against 2 of compute copy), so the large ones come once the most
