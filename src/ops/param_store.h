@@ -41,8 +41,8 @@ class ParamUnitHooks {
   virtual void after_backward(size_t unit) = 0;
   // Finer, from a layer whose few large weights make up most of its unit (a MoE layer's experts; an untied embedding,
   // which backward does not read), inside backward: after the last read of `weights` (a view of the unit's compute
-  // weights) and before the first write of `grads` (a view of its gradients). A holder that frees and allocates buffers as the step goes uses them
-  // (parallel/unit_residency.h); the rest ignore them.
+  // weights) and before the first write of `grads` (a view of its gradients). A holder that frees and allocates buffers
+  // as the step goes uses them (parallel/unit_residency.h); the rest ignore them.
   virtual void weights_read(const Tensor& /*weights*/) {}
   virtual void grads_to_write(const Tensor& /*grads*/) {}
 };
