@@ -873,8 +873,9 @@ Tensor LlamaModel::backward_hidden(Context& ctx, const Tensor& grad_output, cons
   };
   auto start_of = [&](const std::string& name) { return store.offset(store.index_of(name)); };
   // An untied embedding's table is read by forward only: backward scatters into its gradient.
-  if (plan.embeds && args_.untie_embeddings_and_output_weights && hooks_ != nullptr)
+  if (plan.embeds && args_.untie_embeddings_and_output_weights && hooks_ != nullptr) {
     hooks_->weights_read(embedding_.table);
+  }
   Tensor dx;
   if (plan.head) {
     const ops::ProfileScope scope("model.norm (backward)");
