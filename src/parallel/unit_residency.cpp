@@ -49,6 +49,11 @@ UnitResidency::UnitResidency(ParamStore& params, std::vector<FlatRange> units,
   PRIMUS_CHECK(expected_begin == params.numel() && next_expert == expert_weights.size(),
                "[residency] units cover [0, {}) of {} parameters; {} of {} expert ranges placed", expected_begin,
                params.numel(), next_expert, expert_weights.size());
+  // The update's order, from the smallest piece (see the header).
+  update_order_.resize(pieces_.size());
+  std::iota(update_order_.begin(), update_order_.end(), size_t{0});
+  std::stable_sort(update_order_.begin(), update_order_.end(),
+                   [&](size_t a, size_t b) { return ranges_[a].size() < ranges_[b].size(); });
   // At once, before the optimizer allocates its moments: the flat gradients are never used again.
   params.flat_grads().release_storage();
 }
@@ -140,11 +145,7 @@ double UnitResidency::grad_sum_squares() const {
 
 void UnitResidency::update_pieces(const UpdateFn& update) {
   const ops::ProfileScope scope("residency: update by pieces");
-  std::vector<size_t> order(pieces_.size());
-  std::iota(order.begin(), order.end(), size_t{0});
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return ranges_[a].size() < ranges_[b].size(); });
-  for (size_t i : order) {
+  for (size_t i : update_order_) {
     Piece& piece = pieces_[i];
     ensure_grads(piece);  // no backward wrote it: a zero gradient
     if (mixed() && !piece.compute.resident()) piece.compute.materialize_storage();  // the update writes all of it

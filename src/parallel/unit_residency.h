@@ -80,6 +80,7 @@ class UnitResidency final : public ParamUnitHooks {
   DType compute_dtype_;
   std::vector<FlatRange> ranges_;
   std::vector<Piece> pieces_;
+  std::vector<size_t> update_order_;  // piece indices by ascending size
   bool in_step_ = false;
   bool last_backward_ = false;
   bool taken_ = false;
